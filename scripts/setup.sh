@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install gnnpar with its dev tools.
+# torch: on a machine with no torch yet we ask for torch==2.13.0 first. Here that is a CPU build
+# lying on disk; elsewhere pip picks the platform's default build (CUDA on Linux). A torch that is
+# already installed (e.g. a CUDA build in an existing venv, or GNNPAR_PYTHON pointing at one) is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${GNNPAR_PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  PY=.venv/bin/python
+fi
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  "$PY" -m pip install -q "torch==${GNNPAR_TORCH_VERSION:-2.13.0}"
+fi
+if ! "$PY" -c "import gnnpar, pytest, ruff" >/dev/null 2>&1 || [ -n "${GNNPAR_REINSTALL:-}" ]; then
+  "$PY" -m pip install -q -e ".[dev]"
+fi
+echo "$PY"

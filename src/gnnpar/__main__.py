@@ -1,0 +1,5 @@
+import sys
+
+from gnnpar.cli import main
+
+sys.exit(main())

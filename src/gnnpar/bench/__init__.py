@@ -1,0 +1,28 @@
+"""`gnnpar bench [SUITE]`: suites of runs with a report.md, results.json and PNG plots.
+
+SUITES is the one explicit dict of suite names; each suite is a function
+``(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]`` that runs its
+training runs, writes its report into ``out`` and returns the result dicts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gnnpar import UsageError
+from gnnpar.bench.tour import tour
+
+SUITES = {
+    "tour": tour,
+}
+
+
+def run_suite(
+    name: str, quick: bool = False, out: str | None = None, data_root: str | None = None,
+    quiet: bool = False,
+) -> list[dict]:
+    if name not in SUITES:
+        raise UsageError(f"Unknown bench suite '{name}'. Choose one of: {', '.join(SUITES)}.")
+    out_dir = Path(out) if out else Path("runs") / f"bench-{name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return SUITES[name](quick=quick, out=out_dir, data_root=data_root, quiet=quiet)

@@ -1,0 +1,55 @@
+"""The quick tour (`gnnpar bench`): every strategy that exists, on bundled Cora, in one table.
+
+Each entry is (name, flags). Later strategies add their line here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gnnpar.bench.report import bar_plot, markdown_table, print_table, run_config, write_report
+
+COLS = ["run", "strategy", "model", "workers", "epochs", "score", "train_s", "step_ms",
+        "speedup"]
+
+
+def tour_runs(quick: bool) -> list[tuple[str, dict]]:
+    epochs = 30 if quick else 200
+    base = {"dataset": "cora", "epochs": epochs, "seed": 0}
+    return [
+        ("sequential-gcn", {**base, "model": "gcn", "strategy": "sequential"}),
+        ("sequential-gat", {**base, "model": "gat", "strategy": "sequential"}),
+        ("sequential-gcn-cluster", {**base, "model": "gcn", "strategy": "sequential",
+                                    "partitions": 8}),
+    ]
+
+
+def tour(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
+    results, rows = [], []
+    runs = tour_runs(quick)
+    for i, (name, flags) in enumerate(runs, 1):
+        if not quiet:
+            print(f"[{i}/{len(runs)}] {name}", flush=True)
+        if data_root:
+            flags = {**flags, "data-root": data_root}
+        results.append(run_config(flags, out, name))
+    baseline = {r["model"]: r["train_time_s"] / max(r["epochs"], 1) for r in results
+                if r["strategy"] == "sequential" and r["config"]["data"]["partitions"] is None}
+    for r in results:
+        per_epoch = r["train_time_s"] / max(r["epochs"], 1)
+        rows.append({
+            "run": r["run_name"], "strategy": r["strategy"], "model": r["model"],
+            "workers": r["workers"], "epochs": r["epochs"],
+            "score": f"{r['score_name']} {r['test_score']:.3f}",
+            "train_s": r["train_time_s"], "step_ms": r["step_time_s"]["median"] * 1e3,
+            "speedup": baseline.get(r["model"], per_epoch) / per_epoch,
+        })
+    print_table("gnnpar tour on Cora", rows, COLS)
+    bar_plot(out / "tour_train_time.png", [r["run"] for r in rows],
+             [r["train_s"] for r in rows], "train time (s)", "Training time on Cora")
+    note = ("speedup: per-epoch train time of the sequential full-batch run of the same model "
+            "divided by this run's (1.0 for the baseline itself).")
+    write_report(out, "gnnpar tour (bundled Cora)",
+                 [("Runs", markdown_table(rows, COLS) + "\n\n" + note),
+                  ("Plot", "![train time](tour_train_time.png)")], results)
+    return results

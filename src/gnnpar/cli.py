@@ -1,0 +1,118 @@
+"""Command line: argument parsing -> Config -> run. Nothing else lives here.
+
+    gnnpar train [flags]            one run, writes <out>/result.json
+    gnnpar bench [SUITE] [--quick]  a suite of runs, report.md, results.json, plots
+    gnnpar datasets                 what is available offline, and where files are expected
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gnnpar import UsageError
+from gnnpar.config import KEYS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: same shape, exit 2
+        self.print_usage(sys.stderr)
+        print(f"gnnpar: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+FLAG_HELP = {
+    "dataset": "dataset name (see `gnnpar datasets`)",
+    "model": "gcn, gat, gat3, sage, vig",
+    "strategy": "sequential, allreduce, gossip, gossip-bipartite, pipeline, hybrid, sampled",
+    "workers": "number of local ranks to start (ignored under torchrun)",
+    "partitions": "Cluster-GCN: number of subgraph mini-batches",
+    "partitioner": "random or metis",
+    "sync-every": "average every K steps",
+    "average": "grads or params",
+    "slowdown": "RANK=FACTOR[,RANK=FACTOR]: persistent stragglers",
+    "jitter": "random transient delays (fraction of a step)",
+    "stages": "pipeline stages",
+    "chunks": "micro-batches per mini-batch",
+    "balance": "blocks per stage, e.g. 4,4",
+    "microbatch": "exact or index (graph micro-batches)",
+    "replicas": "pipeline copies (hybrid)",
+    "schedule": "gpipe or 1f1b",
+    "fanouts": "neighbours sampled per layer, e.g. 25,10,10 (-1: all)",
+    "batch-size": "mini-batch size per rank (seed nodes or images)",
+    "loader-workers": "DataLoader worker processes per rank",
+    "timeout": "seconds any wait on another process may take before the run fails",
+    "out": "output folder for result.json",
+    "config": "TOML file with the same keys as these flags",
+    "max-steps": "at most this many training steps per epoch",
+    "eval-every": "evaluate every N epochs (0: only at the end)",
+    "threads": "torch threads per process",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="gnnpar", description="Train GNNs in parallel and measure what pays off.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    t = sub.add_parser("train", help="one training run; writes <out>/result.json")
+    t.add_argument("--config", help=FLAG_HELP["config"])
+    for key in KEYS:
+        if key == "quiet":
+            t.add_argument("--quiet", action="store_true", default=None, help="no progress display")
+            continue
+        t.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None,
+                       help=FLAG_HELP.get(key, ""))
+    b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
+    b.add_argument("suite", nargs="?", default="tour", help="suite name (default: the quick tour)")
+    b.add_argument("--quick", action="store_true", help="smaller runs for a fast look")
+    b.add_argument("--out", default=None, help="output folder (default runs/bench-<suite>)")
+    b.add_argument("--data-root", default=None)
+    b.add_argument("--quiet", action="store_true")
+    sub.add_parser("datasets", help="list datasets and whether they are available offline")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            from gnnpar.config import build_config
+            from gnnpar.train import run
+
+            flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+            cfg = build_config(args.config, flags)
+            result = run(cfg)
+            if result is not None and not cfg.run.quiet:
+                _print_summary(result)
+            return 0
+        if args.command == "bench":
+            from gnnpar.bench import run_suite
+
+            run_suite(args.suite, quick=args.quick, out=args.out, data_root=args.data_root,
+                      quiet=args.quiet)
+            return 0
+        if args.command == "datasets":
+            from gnnpar.data.listing import print_datasets
+
+            print_datasets()
+            return 0
+    except UsageError as e:
+        print(f"gnnpar: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gnnpar: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _print_summary(r: dict) -> None:
+    st = r["step_time_s"]
+    print(
+        f"{r['strategy']} {r['model']} on {r['dataset']} x{r['workers']}: "
+        f"{r['score_name']} val {r['val_score']:.4f} test {r['test_score']:.4f}; "
+        f"train {r['train_time_s']:.2f}s, step {st['mean'] * 1e3:.1f}±{st['std'] * 1e3:.1f} ms "
+        f"(median {st['median'] * 1e3:.1f} ms, n={st['count']})"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

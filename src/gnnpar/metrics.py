@@ -1,0 +1,190 @@
+"""Timers, summary statistics, scores, progress display and result.json.
+
+Every timing in result.json goes through :func:`summarize` so the tables of the studies
+(mean, std, min, max, and the median that makes comparisons robust) come out in one shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def summarize(times: Iterable[float]) -> dict[str, float]:
+    """{mean, std, min, max, median, count} of a list of seconds; zeros for an empty list."""
+    xs = [float(t) for t in times]
+    if not xs:
+        return {"mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "median": 0.0, "count": 0}
+    return {
+        "mean": statistics.fmean(xs),
+        "std": statistics.pstdev(xs) if len(xs) > 1 else 0.0,
+        "min": min(xs),
+        "max": max(xs),
+        "median": statistics.median(xs),
+        "count": len(xs),
+    }
+
+
+class StepTimer:
+    """Collects the wall time of each step: ``with timer: step()``."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._t0 = 0.0
+
+    def __enter__(self) -> StepTimer:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.times.append(time.perf_counter() - self._t0)
+
+    @property
+    def total(self) -> float:
+        return sum(self.times)
+
+
+@contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as t: ...`` then ``t[0]`` holds the elapsed seconds."""
+    out = [0.0]
+    t0 = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out[0] = time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------- scores
+def score_name(multilabel: bool) -> str:
+    return "micro_f1" if multilabel else "accuracy"
+
+
+@torch.no_grad()
+def score(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> float:
+    """Accuracy for single-label data; micro-F1 (logit > 0 is a positive) for multi-label data."""
+    if logits.numel() == 0:
+        return 0.0
+    if not multilabel:
+        return float((logits.argmax(dim=-1) == y).float().mean())
+    pred = logits > 0
+    truth = y > 0.5
+    tp = (pred & truth).sum().item()
+    fp = (pred & ~truth).sum().item()
+    fn = (~pred & truth).sum().item()
+    denom = 2 * tp + fp + fn
+    return 2 * tp / denom if denom else 1.0
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> torch.Tensor:
+    """Cross-entropy for single-label data, BCE-with-logits for multi-label (study 003)."""
+    if multilabel:
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, y.float())
+    return torch.nn.functional.cross_entropy(logits, y)
+
+
+# -------------------------------------------------------------------------------------- progress
+class Progress:
+    """A rich progress bar on rank 0 unless quiet; a no-op otherwise."""
+
+    def __init__(self, total: int, description: str, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._bar = None
+        if enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress as RichProgress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = RichProgress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=False,
+            )
+            self._task = self._bar.add_task(description, total=total, info="")
+            self._bar.start()
+
+    def update(self, advance: int = 1, info: str = "") -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=advance, info=info)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------------- result.json
+def versions() -> dict[str, str]:
+    import torch_geometric
+
+    import gnnpar
+
+    return {
+        "torch": torch.__version__,
+        "torch_geometric": torch_geometric.__version__,
+        "gnnpar": gnnpar.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def machine() -> dict[str, Any]:
+    accel = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu_count": os.cpu_count(),
+        "accelerator": accel,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+    }
+
+
+REQUIRED_KEYS = (
+    "dataset", "model", "strategy", "workers", "epochs", "seed", "config",
+    "train_time_s", "partition_time_s", "step_time_s", "test_step_time_s",
+    "score_name", "test_score", "val_score", "per_worker_batches", "loss_curve",
+    "versions", "machine",
+)
+
+
+def write_result(result: dict[str, Any], out_dir: str | os.PathLike) -> Path:
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:  # a programming error, not user input
+        raise RuntimeError(f"result.json is missing required keys: {missing}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "result.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=_jsonable))
+    tmp.replace(path)
+    return path
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
