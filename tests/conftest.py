@@ -14,12 +14,18 @@ from torch_geometric.data import Data
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, timeout: float = 240, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """`python -m gnnpar ARGS` in a fresh process; returns the completed process (text output)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "gnnpar", *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
     )
 
 
@@ -37,8 +43,14 @@ def tiny_graph() -> Data:
     train = torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.bool)
     val = torch.tensor([0, 1, 0, 0, 0, 0], dtype=torch.bool)
     test = torch.tensor([0, 0, 0, 0, 1, 0], dtype=torch.bool)
-    return Data(x=x, edge_index=torch.tensor([src, dst]), y=y, train_mask=train, val_mask=val,
-                test_mask=test)
+    return Data(
+        x=x,
+        edge_index=torch.tensor([src, dst]),
+        y=y,
+        train_mask=train,
+        val_mask=val,
+        test_mask=test,
+    )
 
 
 @pytest.fixture

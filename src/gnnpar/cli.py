@@ -1,8 +1,8 @@
 """Command line: argument parsing -> Config -> run. Nothing else lives here.
 
-    gnnpar train [flags]            one run, writes <out>/result.json
-    gnnpar bench [SUITE] [--quick]  a suite of runs, report.md, results.json, plots
-    gnnpar datasets                 what is available offline, and where files are expected
+gnnpar train [flags]            one run, writes <out>/result.json
+gnnpar bench [SUITE] [--quick]  a suite of runs, report.md, results.json, plots
+gnnpar datasets                 what is available offline, and where files are expected
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         if key == "quiet":
             t.add_argument("--quiet", action="store_true", default=None, help="no progress display")
             continue
-        t.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None,
-                       help=FLAG_HELP.get(key, ""))
+        t.add_argument(
+            f"--{key}", dest=key.replace("-", "_"), default=None, help=FLAG_HELP.get(key, "")
+        )
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
     b.add_argument("suite", nargs="?", default="tour", help="suite name (default: the quick tour)")
     b.add_argument("--quick", action="store_true", help="smaller runs for a fast look")
@@ -87,8 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from gnnpar.bench import run_suite
 
-            run_suite(args.suite, quick=args.quick, out=args.out, data_root=args.data_root,
-                      quiet=args.quiet)
+            run_suite(
+                args.suite,
+                quick=args.quick,
+                out=args.out,
+                data_root=args.data_root,
+                quiet=args.quiet,
+            )
             return 0
         if args.command == "datasets":
             from gnnpar.data.listing import print_datasets

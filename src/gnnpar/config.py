@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from gnnpar import UsageError
 
@@ -202,12 +203,29 @@ def _coerce(key: str, value: Any, current: Any) -> Any:
             return value
         raise UsageError(f"'quiet' must be true or false, got {value!r}.")
     types = {
-        "scale": float, "jitter": float, "lr": float, "weight-decay": float, "dropout": float,
+        "scale": float,
+        "jitter": float,
+        "lr": float,
+        "weight-decay": float,
+        "dropout": float,
         "timeout": float,
     }
     ints = {
-        "partitions", "hidden", "layers", "heads", "workers", "sync-every", "stages", "chunks",
-        "replicas", "batch-size", "loader-workers", "epochs", "seed", "eval-every", "max-steps",
+        "partitions",
+        "hidden",
+        "layers",
+        "heads",
+        "workers",
+        "sync-every",
+        "stages",
+        "chunks",
+        "replicas",
+        "batch-size",
+        "loader-workers",
+        "epochs",
+        "seed",
+        "eval-every",
+        "max-steps",
         "threads",
     }
     try:
@@ -243,7 +261,9 @@ def apply(cfg: Config, settings: dict[str, Any], source: str) -> None:
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"Config file {p} does not exist. Pass --config with a path to a TOML file.")
+        raise UsageError(
+            f"Config file {p} does not exist. Pass --config with a path to a TOML file."
+        )
     try:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -297,11 +317,22 @@ def resolve(cfg: Config) -> None:
         "vig": dict(hidden=96, layers=8, heads=1, dropout=0.0, lr=1e-3, wd=0.0, epochs=1),
     }.get(m.name, {})
     if m.name == "sage" and big:
-        defaults.update(hidden=512 if amazon else 128, dropout=0.1 if amazon else 0.2, lr=1e-2,
-                        wd=0.0, epochs=30)
+        defaults.update(
+            hidden=512 if amazon else 128,
+            dropout=0.1 if amazon else 0.2,
+            lr=1e-2,
+            wd=0.0,
+            epochs=30,
+        )
     if m.name == "gcn" and big:
-        defaults.update(hidden=512 if amazon else 128, dropout=0.1 if amazon else 0.2, lr=1e-2,
-                        wd=0.0, epochs=30, layers=3)
+        defaults.update(
+            hidden=512 if amazon else 128,
+            dropout=0.1 if amazon else 0.2,
+            lr=1e-2,
+            wd=0.0,
+            epochs=30,
+            layers=3,
+        )
     if m.hidden is None:
         m.hidden = defaults.get("hidden", 64)
     if m.layers is None:
@@ -365,7 +396,9 @@ def validate(cfg: Config) -> None:
         bad(f"--sync-every must be at least 1 (average every K steps), got {s.sync_every}.")
     for rank, factor in s.slowdown.items():
         if rank < 0 or factor < 1:
-            bad(f"--slowdown {rank}={factor}: ranks are >= 0 and factors >= 1 (3 = three times slower).")
+            bad(
+                f"--slowdown {rank}={factor}: ranks are >= 0 and factors >= 1 (3 = three times slower)."
+            )
     if s.jitter < 0:
         bad(f"--jitter must be >= 0, got {s.jitter}.")
     if s.stages < 1 or s.chunks < 1 or s.replicas < 1:

@@ -57,9 +57,7 @@ def setup(timeout_s: float = 120.0) -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend, timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     return DistContext(rank, world, local_rank, local_world, backend, device)
 
 

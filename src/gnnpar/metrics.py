@@ -103,10 +103,12 @@ class Progress:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
-                Progress as RichProgress,
                 TextColumn,
                 TimeElapsedColumn,
                 TimeRemainingColumn,
+            )
+            from rich.progress import (
+                Progress as RichProgress,
             )
 
             self._bar = RichProgress(
@@ -162,10 +164,24 @@ def machine() -> dict[str, Any]:
 
 
 REQUIRED_KEYS = (
-    "dataset", "model", "strategy", "workers", "epochs", "seed", "config",
-    "train_time_s", "partition_time_s", "step_time_s", "test_step_time_s",
-    "score_name", "test_score", "val_score", "per_worker_batches", "loss_curve",
-    "versions", "machine",
+    "dataset",
+    "model",
+    "strategy",
+    "workers",
+    "epochs",
+    "seed",
+    "config",
+    "train_time_s",
+    "partition_time_s",
+    "step_time_s",
+    "test_step_time_s",
+    "score_name",
+    "test_score",
+    "val_score",
+    "per_worker_batches",
+    "loss_curve",
+    "versions",
+    "machine",
 )
 
 

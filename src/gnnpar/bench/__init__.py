@@ -18,7 +18,10 @@ SUITES = {
 
 
 def run_suite(
-    name: str, quick: bool = False, out: str | None = None, data_root: str | None = None,
+    name: str,
+    quick: bool = False,
+    out: str | None = None,
+    data_root: str | None = None,
     quiet: bool = False,
 ) -> list[dict]:
     if name not in SUITES:

@@ -47,8 +47,9 @@ def print_table(title: str, rows: Sequence[dict[str, Any]], cols: Sequence[str])
     Console(width=160).print(table)
 
 
-def write_report(out: Path, title: str, sections: Sequence[tuple[str, str]],
-                 results: Sequence[dict[str, Any]]) -> Path:
+def write_report(
+    out: Path, title: str, sections: Sequence[tuple[str, str]], results: Sequence[dict[str, Any]]
+) -> Path:
     """report.md (title, then (heading, markdown body) sections) and results.json."""
     body = [f"# {title}", ""]
     for heading, text in sections:
@@ -58,8 +59,9 @@ def write_report(out: Path, title: str, sections: Sequence[tuple[str, str]],
     return out / "report.md"
 
 
-def bar_plot(path: Path, labels: Sequence[str], values: Sequence[float], ylabel: str,
-             title: str) -> Path:
+def bar_plot(
+    path: Path, labels: Sequence[str], values: Sequence[float], ylabel: str, title: str
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,8 +78,9 @@ def bar_plot(path: Path, labels: Sequence[str], values: Sequence[float], ylabel:
     return path
 
 
-def line_plot(path: Path, curves: dict[str, Sequence[float]], xlabel: str, ylabel: str,
-              title: str) -> Path:
+def line_plot(
+    path: Path, curves: dict[str, Sequence[float]], xlabel: str, ylabel: str, title: str
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from gnnpar.bench.report import bar_plot, markdown_table, print_table, run_config, write_report
 
-COLS = ["run", "strategy", "model", "workers", "epochs", "score", "train_s", "step_ms",
-        "speedup"]
+COLS = ["run", "strategy", "model", "workers", "epochs", "score", "train_s", "step_ms", "speedup"]
 
 
 def tour_runs(quick: bool) -> list[tuple[str, dict]]:
@@ -19,8 +18,10 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
     return [
         ("sequential-gcn", {**base, "model": "gcn", "strategy": "sequential"}),
         ("sequential-gat", {**base, "model": "gat", "strategy": "sequential"}),
-        ("sequential-gcn-cluster", {**base, "model": "gcn", "strategy": "sequential",
-                                    "partitions": 8}),
+        (
+            "sequential-gcn-cluster",
+            {**base, "model": "gcn", "strategy": "sequential", "partitions": 8},
+        ),
     ]
 
 
@@ -33,23 +34,45 @@ def tour(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dic
         if data_root:
             flags = {**flags, "data-root": data_root}
         results.append(run_config(flags, out, name))
-    baseline = {r["model"]: r["train_time_s"] / max(r["epochs"], 1) for r in results
-                if r["strategy"] == "sequential" and r["config"]["data"]["partitions"] is None}
+    baseline = {
+        r["model"]: r["train_time_s"] / max(r["epochs"], 1)
+        for r in results
+        if r["strategy"] == "sequential" and r["config"]["data"]["partitions"] is None
+    }
     for r in results:
         per_epoch = r["train_time_s"] / max(r["epochs"], 1)
-        rows.append({
-            "run": r["run_name"], "strategy": r["strategy"], "model": r["model"],
-            "workers": r["workers"], "epochs": r["epochs"],
-            "score": f"{r['score_name']} {r['test_score']:.3f}",
-            "train_s": r["train_time_s"], "step_ms": r["step_time_s"]["median"] * 1e3,
-            "speedup": baseline.get(r["model"], per_epoch) / per_epoch,
-        })
+        rows.append(
+            {
+                "run": r["run_name"],
+                "strategy": r["strategy"],
+                "model": r["model"],
+                "workers": r["workers"],
+                "epochs": r["epochs"],
+                "score": f"{r['score_name']} {r['test_score']:.3f}",
+                "train_s": r["train_time_s"],
+                "step_ms": r["step_time_s"]["median"] * 1e3,
+                "speedup": baseline.get(r["model"], per_epoch) / per_epoch,
+            }
+        )
     print_table("gnnpar tour on Cora", rows, COLS)
-    bar_plot(out / "tour_train_time.png", [r["run"] for r in rows],
-             [r["train_s"] for r in rows], "train time (s)", "Training time on Cora")
-    note = ("speedup: per-epoch train time of the sequential full-batch run of the same model "
-            "divided by this run's (1.0 for the baseline itself).")
-    write_report(out, "gnnpar tour (bundled Cora)",
-                 [("Runs", markdown_table(rows, COLS) + "\n\n" + note),
-                  ("Plot", "![train time](tour_train_time.png)")], results)
+    bar_plot(
+        out / "tour_train_time.png",
+        [r["run"] for r in rows],
+        [r["train_s"] for r in rows],
+        "train time (s)",
+        "Training time on Cora",
+    )
+    note = (
+        "speedup: per-epoch train time of the sequential full-batch run of the same model "
+        "divided by this run's (1.0 for the baseline itself)."
+    )
+    write_report(
+        out,
+        "gnnpar tour (bundled Cora)",
+        [
+            ("Runs", markdown_table(rows, COLS) + "\n\n" + note),
+            ("Plot", "![train time](tour_train_time.png)"),
+        ],
+        results,
+    )
     return results

@@ -145,19 +145,31 @@ def _planetoid_spec(name: str, source: str, size: str) -> DatasetSpec:
         for s in PLANETOID_FILES
     )
     return DatasetSpec(
-        lower, "graph", source, size, files,
-        "https://github.com/kimiyoung/planetoid (folder data/)", _planetoid(name),
+        lower,
+        "graph",
+        source,
+        size,
+        files,
+        "https://github.com/kimiyoung/planetoid (folder data/)",
+        _planetoid(name),
     )
 
 
 REGISTRY: dict[str, DatasetSpec] = {
-    "cora": _planetoid_spec("Cora", "bundled", "2,708 nodes, 10,556 edges, 1,433 features, 7 classes"),
+    "cora": _planetoid_spec(
+        "Cora", "bundled", "2,708 nodes, 10,556 edges, 1,433 features, 7 classes"
+    ),
     "citeseer": _planetoid_spec(
         "CiteSeer", "bundled", "3,327 nodes, 9,104 edges, 3,703 features, 6 classes"
     ),
     "karate": DatasetSpec(
-        "karate", "graph", "bundled", "34 nodes, 156 edges, 34 features, 4 classes", (),
-        "built into PyG (torch_geometric.datasets.KarateClub)", _karate,
+        "karate",
+        "graph",
+        "bundled",
+        "34 nodes, 156 edges, 34 features, 4 classes",
+        (),
+        "built into PyG (torch_geometric.datasets.KarateClub)",
+        _karate,
     ),
     "pubmed": _planetoid_spec(
         "PubMed", "user files", "19,717 nodes, 88,648 edges, 500 features, 3 classes"

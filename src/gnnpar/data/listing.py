@@ -12,15 +12,18 @@ def dataset_rows(root: Path | None = None) -> list[dict[str, str]]:
     root = Path(root) if root else default_data_root()
     rows = []
     for spec in REGISTRY.values():
-        rows.append({
-            "name": spec.name,
-            "kind": spec.kind,
-            "source": spec.source,
-            "size": spec.size,
-            "location": str(spec.folder(root)) if spec.source != "generated" else
-            f"generated, cached in {root / 'cache'}",
-            "available": "yes" if spec.available(root) else "no (see location)",
-        })
+        rows.append(
+            {
+                "name": spec.name,
+                "kind": spec.kind,
+                "source": spec.source,
+                "size": spec.size,
+                "location": str(spec.folder(root))
+                if spec.source != "generated"
+                else f"generated, cached in {root / 'cache'}",
+                "available": "yes" if spec.available(root) else "no (see location)",
+            }
+        )
     return rows
 
 
