@@ -1,13 +1,17 @@
-# Two entry points the README promises: `make bench` (the quick tour) and `make test`.
-PY := $(shell bash scripts/setup.sh | tail -n 1)
+# The README's two entry points: `make bench` (the quick tour) and `make test`.
+# Both set up .venv first (scripts/setup.sh); GNNPAR_PYTHON=/path/to/python uses an existing env.
+PY := $(or $(GNNPAR_PYTHON),.venv/bin/python)
 
-.PHONY: bench test lint
-bench:
+.PHONY: setup bench test lint
+setup:
+	bash scripts/setup.sh
+
+bench: setup
 	$(PY) -m gnnpar bench --out runs/tour
+
+lint: setup
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
 
 test: lint
 	$(PY) -m pytest -q tests
-
-lint:
-	$(PY) -m ruff check src tests benchmarks
-	$(PY) -m ruff format --check src tests benchmarks

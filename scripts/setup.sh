@@ -18,4 +18,4 @@ fi
 if ! "$PY" -c "import gnnpar, pytest, ruff" >/dev/null 2>&1 || [ -n "${GNNPAR_REINSTALL:-}" ]; then
   "$PY" -m pip install -q -e ".[dev]"
 fi
-echo "$PY"
+
