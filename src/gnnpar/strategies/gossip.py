@@ -1,0 +1,268 @@
+"""GossipGCN and its active/passive variant: asynchronous Cluster-GCN with a work pool.
+
+Study 003 chapter 4 (algorithms 5 and 6). Every rank keeps its own model and takes the next
+subgraph from a shared work pool whenever it is free, so fast ranks train more subgraphs (table
+4.8). Every ``--sync-every K`` steps a rank pairs with a random available partner, or serves the
+partner that already picked it, and the two average their gradients (``--average grads``, the
+study) or parameters (``--average params``) point to point. No rank ever waits for all others.
+The pool, the pairing protocol and its deadlock-freedom argument live in :mod:`gnnpar.gossip`.
+
+At the end two candidates are scored on the validation set: the best local model (the study's
+choice) and the average of all local models (one all-reduce); the better one is the final model
+(``final_model`` in result.json: ``"best-local:rank1"`` or ``"average"``).
+
+    gnnpar train --dataset cora --model gcn --strategy gossip --partitions 8 --workers 2
+    gnnpar train --dataset synthetic-reddit --scale 0.05 --model sage --strategy gossip \\
+        --partitions 40 --workers 2 --sync-every 20 --slowdown 1=3
+    gnnpar train ... --strategy gossip-bipartite --workers 4     # ranks 0,1 active; 2,3 passive
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from gnnpar import UsageError
+from gnnpar.config import Config
+from gnnpar.data.datasets import GraphDataset
+from gnnpar.data.partition import build_partition_batches
+from gnnpar.dist import DistContext
+from gnnpar.engine import evaluate_graph, graph_loss
+from gnnpar.gossip import AnyPeer, Bipartite, Pairing, Topology, WorkPool, exchange_average
+from gnnpar.gossip.protocol import Exchange
+from gnnpar.metrics import Progress
+from gnnpar.models import build_model
+from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
+
+# Test hook: "RANK:STEP:exit" makes that rank vanish after STEP steps, "RANK:STEP:stall" makes it
+# stop answering; its partners must then fail with GossipTimeoutError instead of hanging.
+FAULT_ENV = "GNNPAR_TEST_GOSSIP_FAULT"
+
+
+@dataclass
+class RankLog:
+    """What one rank did; gathered on rank 0 for result.json."""
+
+    batches: int = 0
+    exchanges: int = 0
+    wait_s: float = 0.0
+    taken: list[list[int]] = field(default_factory=list)  # [epoch, subgraph] in order taken
+    exchange_log: list[list] = field(default_factory=list)  # [step, partner, xid, initiated]
+    step_times: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    train_s: float = 0.0
+
+
+class GossipGCN:
+    name = "gossip"
+    topology: type[Topology] = AnyPeer
+
+    @classmethod
+    def validate_config(cls, cfg: Config) -> None:
+        from gnnpar.data.datasets import REGISTRY
+
+        d, s = cfg.data, cfg.strategy
+        if REGISTRY[d.dataset].kind == "image":
+            raise UsageError(
+                f"--strategy {cls.name} trains Cluster-GCN subgraphs of a graph; "
+                f"'{d.dataset}' holds images. Use a graph dataset."
+            )
+        if d.partitions is None:
+            raise UsageError(
+                f"--strategy {cls.name} needs Cluster-GCN subgraphs for its work "
+                "pool: pass --partitions N (study 003 uses 40 for Reddit)."
+            )
+        cls.check_world(cfg, s.workers)
+
+    @classmethod
+    def check_world(cls, cfg: Config, world: int) -> None:
+        if cfg.data.partitions < world:
+            raise UsageError(
+                f"--partitions {cfg.data.partitions} is fewer than the {world} "
+                "ranks: every rank needs at least one subgraph. Raise --partitions."
+            )
+
+    def run(self, cfg: Config, ds: GraphDataset, ctx: DistContext) -> Outcome:
+        self.check_world(cfg, ctx.world_size)
+        s, r = cfg.strategy, cfg.run
+        seed_everything(r.seed)  # the same initial model on every rank, as gossip assumes
+        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+        model.to(ctx.device)
+        opt = build_optimizer(cfg, model.parameters())
+        torch.manual_seed(r.seed + 1000 * (ctx.rank + 1))  # distinct dropout masks per rank
+        batches, partition_time = build_partition_batches(cfg, ds)
+        batches = [b.to(ctx.device) for b in batches]
+
+        store = (
+            dist.distributed_c10d._get_default_store() if ctx.is_distributed else dist.HashStore()
+        )
+        topo = self.topology(ctx.rank, ctx.world_size)
+        pool = WorkPool(store, "gnnpar/gossip/pool", len(batches), r.epochs, r.seed)
+        pairing = Pairing(store, "gnnpar/gossip", topo, random.Random(r.seed * 7919 + ctx.rank))
+        pairing.open()
+        if ctx.is_distributed:
+            dist.barrier()  # every state key exists before anybody claims; common start time
+
+        log = RankLog()
+        straggler = Straggler(s.slowdown.get(ctx.rank, 1.0), s.jitter, r.seed + ctx.rank)
+        fault = _fault_for(ctx.rank)
+        params = [p for p in model.parameters() if p.requires_grad]
+
+        def tensors() -> list[torch.Tensor]:
+            if s.average == "params":
+                return [p.data for p in params]
+            for p in params:  # a rank that never trained (or an unused parameter) sends zeros
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            return [p.grad for p in params]
+
+        def serve(x: Exchange) -> None:
+            log.wait_s += exchange_average(tensors(), x.partner, s.timeout_s, f"exchange {x.xid}")
+            log.exchanges += 1
+            log.exchange_log.append([log.batches, x.partner, x.xid, x.initiated])
+            pairing.finish()
+
+        since = 0  # steps since this rank last averaged (as claimer or claimed)
+
+        def sync_point() -> None:
+            nonlocal since
+            x = pairing.poll()
+            if x is None and since >= s.sync_every and topo.initiates:
+                x = pairing.initiate()
+            if x is not None:
+                serve(x)
+                since = 0
+
+        desc = f"{self.name} {cfg.model.name} x{ctx.world_size}"
+        shown, t0 = 0, time.perf_counter()
+        with Progress(pool.total, desc, ctx.is_main and not r.quiet) as bar:
+            while (item := pool.take()) is not None:
+                pos, epoch, idx = item
+                log.taken.append([epoch, idx])
+                t = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = graph_loss(model, batches[idx], ds.multilabel)
+                loss.backward()
+                compute = time.perf_counter() - t
+                log.batches += 1
+                since += 1
+                if s.average == "grads":
+                    sync_point()
+                t = time.perf_counter()
+                opt.step()
+                compute += time.perf_counter() - t
+                if s.average == "params":
+                    sync_point()
+                slept = straggler.delay_s
+                straggler.after_step(compute)
+                log.step_times.append(compute + straggler.delay_s - slept)
+                log.losses.append(loss.item())
+                if fault is not None and log.batches == fault[0]:
+                    _inject(fault[1])
+                info = f"loss {log.losses[-1]:.4f} exch {log.exchanges} wait {log.wait_s:.1f}s"
+                bar.update(pos + 1 - shown, info)  # the pool's progress, all ranks together
+                shown = pos + 1
+            while (x := pairing.retire()) is not None:  # clean-up: serve claims made on us
+                serve(x)
+            log.train_s = time.perf_counter() - t0
+            if ctx.is_distributed:
+                t = time.perf_counter()
+                dist.barrier()  # the fast ranks' idle time at the end counts as waiting
+                log.wait_s += time.perf_counter() - t
+        train_time = time.perf_counter() - t0
+        return self._finish(cfg, ds, ctx, model, params, log, train_time, partition_time)
+
+    def _finish(self, cfg, ds, ctx, model, params, log: RankLog, train_time, partition_time):
+        """Gather the logs, score both final candidates, keep the better one by validation."""
+        local, t_local = evaluate_graph(model, ds)
+        logs = _gather(ctx, {**vars(log), "val": local["val"], "test": local["test"]})
+        best = max(range(len(logs)), key=lambda i: (logs[i]["val"], -i))
+        if ctx.is_distributed:  # the average of all local models: one all-reduce, once
+            with torch.no_grad():
+                for p in params:
+                    dist.all_reduce(p.data)
+                    p.data.div_(ctx.world_size)
+        avg, t_avg = evaluate_graph(model, ds)
+        use_avg = avg["val"] >= logs[best]["val"]
+        final = "average" if use_avg else f"best-local:rank{best}"
+        val, test = (
+            (avg["val"], avg["test"]) if use_avg else (logs[best]["val"], logs[best]["test"])
+        )
+        s = cfg.strategy
+        me = logs[0]
+        return Outcome(
+            train_time_s=max(train_time, *(g["train_s"] for g in logs)),
+            step_times=me["step_times"],
+            test_step_times=[t_local, t_avg],
+            loss_curve=me["losses"],
+            per_worker_batches=[g["batches"] for g in logs],
+            val_score=val,
+            test_score=test,
+            partition_time_s=partition_time,
+            extra={
+                "final_model": final,
+                "candidates": {
+                    "best_local": {
+                        "rank": best,
+                        "val_score": logs[best]["val"],
+                        "test_score": logs[best]["test"],
+                    },
+                    "average": {"val_score": avg["val"], "test_score": avg["test"]},
+                },
+                "local_scores": [{"val": g["val"], "test": g["test"]} for g in logs],
+                "per_worker_exchanges": [g["exchanges"] for g in logs],
+                "per_worker_wait_s": [g["wait_s"] for g in logs],
+                "per_worker_train_s": [g["train_s"] for g in logs],
+                "sync_every": s.sync_every,
+                "average": s.average,
+                "topology": self.topology.name,
+                "slowdown": {str(k): v for k, v in s.slowdown.items()},
+                "jitter": s.jitter,
+                "pool_log": [g["taken"] for g in logs],
+                "exchange_log": [g["exchange_log"] for g in logs],
+            },
+        )
+
+
+class GossipBipartite(GossipGCN):
+    """Study 003 algorithm 5: active ranks pick partners only among passive ranks."""
+
+    name = "gossip-bipartite"
+    topology = Bipartite
+
+    @classmethod
+    def check_world(cls, cfg: Config, world: int) -> None:
+        super().check_world(cfg, world)
+        if world < 2:
+            raise UsageError(
+                "--strategy gossip-bipartite needs at least 2 ranks (an active and "
+                "a passive one): pass --workers 2 or more."
+            )
+
+
+def _gather(ctx: DistContext, item: dict) -> list[dict]:
+    if not ctx.is_distributed:
+        return [item]
+    out: list = [None] * ctx.world_size
+    dist.all_gather_object(out, item)
+    return out
+
+
+def _fault_for(rank: int) -> tuple[int, str] | None:
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    who, step, mode = spec.split(":")
+    return (int(step), mode) if int(who) == rank else None
+
+
+def _inject(mode: str) -> None:
+    if mode == "exit":
+        os._exit(0)  # vanish without a word, like a machine that lost power
+    while True:  # "stall": alive but never answers again (the agent kills us at the end)
+        time.sleep(3600)
