@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from gnnpar.strategies.gossip import GossipBipartite, GossipGCN
 from gnnpar.strategies.sequential import Sequential
 
 STRATEGIES: dict[str, type] = {
     "sequential": Sequential,
+    "gossip": GossipGCN,
+    "gossip-bipartite": GossipBipartite,
 }
