@@ -14,3 +14,7 @@ __version__ = "0.1.0"
 
 class UsageError(Exception):
     """Bad input from the user: the CLI prints the message and exits with status 2."""
+
+
+class RankFailedError(RuntimeError):
+    """A rank of a multi-process run failed: the CLI prints "rank R failed: <cause>", exit 1."""

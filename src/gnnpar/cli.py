@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gnnpar import UsageError
+from gnnpar import RankFailedError, UsageError
 from gnnpar.config import KEYS
 
 
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"gnnpar: error: {e}", file=sys.stderr)
         return 2
+    except RankFailedError as e:  # a rank of a multi-process run failed: not a usage problem
+        print(f"gnnpar: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("gnnpar: interrupted", file=sys.stderr)
         return 130

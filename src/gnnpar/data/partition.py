@@ -1,16 +1,49 @@
 """Node partitions for Cluster-GCN mini-batches (Chiang et al., KDD 2019; study 003 algorithm 2).
 
-``random_partition`` assigns every node to one of ``n`` parts uniformly at random (study 003
-algorithm 2); each mini-batch is the subgraph induced by one part (edges between parts dropped).
+A graph is split into ``n`` parts; mini-batch ``p`` is the subgraph induced by part ``p`` (edges
+between parts are dropped). Two partitioners:
+
+* ``random`` (study 003 algorithm 2): every node goes to a part uniformly at random (a seeded
+  permutation split evenly, so part sizes differ by at most one).
+* ``metis`` (Cluster-GCN's choice): pymetis' k-way partition minimising the edge cut. METIS needs
+  an undirected simple graph, so it gets the symmetric closure of ``edge_index`` without
+  self-loops or duplicates (directed inputs, self-loops and isolated nodes such as CiteSeer's 48
+  are all fine; an isolated node just goes wherever balance puts it).
+
+One sort by part builds every mini-batch at once (no per-node or per-part scan of the edges):
+nodes are ordered by part, so part ``p`` is the row range ``node_ptr[p]:node_ptr[p+1]`` of the
+reordered features, and intra-part edges, sorted by destination, are the column range
+``edge_ptr[p]:edge_ptr[p+1]`` of one local ``edge_index``. Each batch is a set of views into these
+tensors. They are cached on disk and memory-mapped, so the ranks of one machine share one copy of
+the reordered graph (study 003 likewise stores the partitioned subgraphs once and excludes the
+partition time from the training time).
+
+    gnnpar train --dataset citeseer --model gcn --partitions 8 --partitioner metis
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
+from gnnpar import UsageError
 
+FORMAT_VERSION = 1
+NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
+EDGE_CHUNK = 1 << 24  # edges handled at once while building: bounds temporary memory
+
+
+# ------------------------------------------------------------------------------- partitioners
 def random_partition(num_nodes: int, num_parts: int, seed: int) -> torch.Tensor:
     """part[i] in [0, num_parts): a balanced random assignment (a permutation split evenly)."""
     g = torch.Generator().manual_seed(seed)
@@ -20,15 +53,132 @@ def random_partition(num_nodes: int, num_parts: int, seed: int) -> torch.Tensor:
     return part
 
 
-def part_nodes(part: torch.Tensor, num_parts: int) -> list[torch.Tensor]:
-    """Sorted node ids of each part."""
-    order = torch.argsort(part, stable=True)
-    counts = torch.bincount(part, minlength=num_parts).tolist()
-    return list(torch.split(order, counts))
+def symmetric_csr(edge_index: torch.Tensor, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (indptr, indices) of the undirected simple graph under ``edge_index``.
+
+    Both directions of every edge, no self-loops, no duplicates: what METIS requires.
+    """
+    src, dst = edge_index[0], edge_index[1]
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    key = torch.cat([src * num_nodes + dst, dst * num_nodes + src]).unique()  # sorted by row
+    rows, cols = key // num_nodes, key % num_nodes
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=num_nodes), 0)
+    return indptr.numpy(), cols.numpy()
+
+
+def metis_partition(
+    edge_index: torch.Tensor, num_nodes: int, num_parts: int, seed: int
+) -> torch.Tensor:
+    """pymetis k-way partition of the symmetric closure of ``edge_index`` (seeded)."""
+    import pymetis
+
+    if num_parts == 1:
+        return torch.zeros(num_nodes, dtype=torch.long)
+    indptr, indices = symmetric_csr(edge_index, num_nodes)
+    dtype = pymetis.zero_copy_dtype()
+    adjacency = pymetis.CSRAdjacency(indptr.astype(dtype), indices.astype(dtype))
+    _, membership = pymetis.part_graph(
+        num_parts, adjacency=adjacency, options=pymetis.Options(seed=int(seed % 2**31))
+    )
+    return torch.as_tensor(np.asarray(membership), dtype=torch.long)
+
+
+def partition_nodes(
+    method: str, edge_index: torch.Tensor, num_nodes: int, num_parts: int, seed: int
+) -> torch.Tensor:
+    if method == "random":
+        return random_partition(num_nodes, num_parts, seed)
+    if method == "metis":
+        return metis_partition(edge_index, num_nodes, num_parts, seed)
+    raise UsageError(f"Unknown --partitioner '{method}'. Choose one of: random, metis.")
+
+
+# ------------------------------------------------------------------------------ batches
+@dataclass
+class PartitionedGraph:
+    """A graph reordered by part; ``batch(p)`` is the subgraph induced by part ``p`` (views)."""
+
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def num_parts(self) -> int:
+        return int(self.tensors["node_ptr"].numel() - 1)
+
+    def __len__(self) -> int:
+        return self.num_parts
+
+    def sizes(self) -> list[int]:
+        return torch.diff(self.tensors["node_ptr"]).tolist()
+
+    def batch(self, p: int) -> Data:
+        t = self.tensors
+        a, b = int(t["node_ptr"][p]), int(t["node_ptr"][p + 1])
+        ea, eb = int(t["edge_ptr"][p]), int(t["edge_ptr"][p + 1])
+        out = Data(edge_index=t["edge_index"][:, ea:eb], n_id=t["n_id"][a:b])
+        for key in NODE_KEYS:
+            if key in t:
+                out[key] = t[key][a:b]
+        out.num_nodes = b - a
+        return out
+
+    def batches(self) -> list[Data]:
+        return [self.batch(p) for p in range(self.num_parts)]
+
+
+def build_partitioned(data: Data, part: torch.Tensor, num_parts: int) -> PartitionedGraph:
+    """Reorder ``data`` by ``part`` and keep only intra-part edges, relabelled per part.
+
+    Vectorised: one stable sort of the nodes by part, one pass over the edges in chunks of
+    ``EDGE_CHUNK`` (each edge looked at once, whatever ``num_parts``), one sort of the kept edges.
+    """
+    n = int(data.num_nodes)
+    if part.numel() != n or (n and (int(part.min()) < 0 or int(part.max()) >= num_parts)):
+        raise ValueError("part must hold one id in [0, num_parts) per node")
+    counts = torch.bincount(part, minlength=num_parts)
+    if num_parts > n or bool((counts == 0).any()):
+        raise UsageError(
+            f"Cannot split a graph of {n} nodes into {num_parts} non-empty partitions "
+            f"({int((counts == 0).sum())} would be empty). Use fewer --partitions."
+        )
+    n_id = torch.argsort(part, stable=True)  # node ids grouped by part, ascending inside a part
+    node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
+    node_ptr[1:] = torch.cumsum(counts, 0)
+    pos = torch.empty(n, dtype=torch.long)  # position of each node in the reordered graph
+    pos[n_id] = torch.arange(n)
+    kept_src, kept_dst = [], []
+    ei = data.edge_index
+    for i in range(0, ei.size(1), EDGE_CHUNK):
+        src, dst = ei[0, i : i + EDGE_CHUNK], ei[1, i : i + EDGE_CHUNK]
+        same = part[src] == part[dst]
+        kept_src.append(pos[src[same]])
+        kept_dst.append(pos[dst[same]])
+    src = torch.cat(kept_src) if kept_src else torch.empty(0, dtype=torch.long)
+    dst = torch.cat(kept_dst) if kept_dst else torch.empty(0, dtype=torch.long)
+    # Sorting by destination position groups edges by part (positions are grouped by part) and
+    # gives each batch CSR-like order; the source breaks ties so the order is deterministic.
+    order = torch.argsort(dst * n + src)
+    src, dst = src[order], dst[order]
+    edge_part = part[n_id[dst]] if dst.numel() else dst
+    edge_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
+    edge_ptr[1:] = torch.cumsum(torch.bincount(edge_part, minlength=num_parts), 0)
+    start = node_ptr[edge_part]
+    tensors = {
+        "part": part,
+        "n_id": n_id,
+        "node_ptr": node_ptr,
+        "edge_ptr": edge_ptr,
+        "edge_index": torch.stack([src - start, dst - start]),
+    }
+    for key in NODE_KEYS:
+        if key in data:
+            tensors[key] = data[key][n_id]
+    return PartitionedGraph(tensors)
 
 
 def induced_batch(data: Data, nodes: torch.Tensor) -> Data:
-    """The subgraph induced by ``nodes`` with features, labels and masks (relabelled 0..n-1)."""
+    """The subgraph induced by ``nodes`` (relabelled 0..n-1): a slow reference for tests."""
     edge_index, _ = subgraph(nodes, data.edge_index, relabel_nodes=True, num_nodes=data.num_nodes)
     batch = Data(x=data.x[nodes], edge_index=edge_index, y=data.y[nodes])
     for key in ("train_mask", "val_mask", "test_mask"):
@@ -38,15 +188,138 @@ def induced_batch(data: Data, nodes: torch.Tensor) -> Data:
     return batch
 
 
-def build_partition_batches(cfg, ds) -> tuple[list[Data], float]:
-    """Partition the graph per ``cfg.data`` and build one induced subgraph per part.
+# ------------------------------------------------------------------------------ disk cache
+def cache_path(
+    root: str | os.PathLike, dataset: str, scale: float, parts: int, method: str, seed: int
+) -> Path:
+    """``<data_root>/cache/partitions/<dataset>-scale<scale>-<method>-<parts>-seed<seed>.pt``."""
+    name = f"{dataset}-scale{scale:g}-{method}-{parts}-seed{seed}.pt"
+    return Path(root) / "cache" / "partitions" / name
 
-    Returns the batches and the seconds spent (reported as partition_time_s, never train time).
+
+def _identity(data: Data) -> dict[str, int]:
+    """What must match for a cached file to belong to this graph (a regenerated graph differs)."""
+    ei = data.edge_index
+    step = max(1, ei.size(1) // 4096)
+    return {
+        "num_nodes": int(data.num_nodes),
+        "num_edges": int(ei.size(1)),
+        "num_features": int(data.x.size(1)),
+        "edge_sample": int(ei[:, ::step].sum()),  # a cheap check that the edges are the same
+    }
+
+
+def _read(path: Path, data: Data) -> PartitionedGraph | None:
+    try:
+        blob = torch.load(path, mmap=True, weights_only=True)
+    except (OSError, RuntimeError, EOFError):
+        return None
+    meta = blob.get("meta", {})
+    if meta.get("format") != FORMAT_VERSION or meta.get("graph") != _identity(data):
+        return None
+    return PartitionedGraph(blob["tensors"])
+
+
+def load_or_build(
+    data: Data,
+    method: str,
+    num_parts: int,
+    seed: int,
+    path: Path | None,
+    lock_timeout_s: float = 3600.0,
+) -> tuple[PartitionedGraph, bool]:
+    """The partitioned graph, read from ``path`` if cached there; returns ``(graph, cache_hit)``.
+
+    On-disk format (one file, written by this function): ``torch.save`` of a dict
+    ``{"meta": {"format": 1, "method", "num_parts", "seed", "graph": {num_nodes, num_edges,
+    num_features}}, "tensors": {...}}`` with tensors ``part`` [N] (part of each original node),
+    ``n_id`` [N] (original node ids ordered by part, ascending inside a part), ``node_ptr``
+    [P+1] and ``edge_ptr`` [P+1] (offsets of part p's nodes and edges), ``edge_index`` [2, E_in]
+    (intra-part edges sorted by part then destination; ids local to the part, 0..size_p-1), and
+    ``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask`` reordered by ``n_id``. It is read
+    with ``torch.load(mmap=True)``, so local ranks share its pages.
+
+    Concurrency: the builder holds an exclusive ``flock`` on ``<path>.lock`` (released by the
+    kernel if it dies); others wait on the lock, then read. The file is written to a temporary
+    name in the same folder and renamed into place, so a reader never sees a partial file.
     """
-    import time
 
+    def build() -> PartitionedGraph:
+        part = partition_nodes(method, data.edge_index, int(data.num_nodes), num_parts, seed)
+        return build_partitioned(data, part, num_parts)
+
+    if path is None:
+        return build(), False
+    cached = _read(path, data) if path.exists() else None
+    if cached is not None:
+        return cached, True
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(
+            f"Cannot create the partition cache folder {path.parent} ({e}). Point --data-root "
+            "or $GNNPAR_DATA at a writable folder."
+        ) from e
+    with open(f"{path}.lock", "w") as lock:
+        deadline = time.monotonic() + lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Waited {lock_timeout_s:.0f} s for another process to finish writing "
+                        f"{path}. Stop that process or wait for it."
+                    ) from None
+                time.sleep(0.1)
+        try:
+            cached = _read(path, data) if path.exists() else None  # built while we waited?
+            if cached is not None:
+                return cached, True
+            graph = build()
+            meta: dict[str, Any] = {
+                "format": FORMAT_VERSION,
+                "method": method,
+                "num_parts": num_parts,
+                "seed": seed,
+                "graph": _identity(data),
+            }
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            os.close(fd)
+            try:
+                torch.save({"meta": meta, "tensors": graph.tensors}, tmp)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    # Read back memory-mapped, so this rank shares the pages with the others instead of
+    # keeping its private copy of the reordered features.
+    del graph
+    shared = _read(path, data)
+    if shared is None:
+        raise RuntimeError(f"The partition file {path} just written cannot be read back.")
+    return shared, False
+
+
+def load_partitions(cfg, ds) -> tuple[PartitionedGraph, float, bool]:
+    """Partition ``ds`` per ``cfg.data`` (cached under ``cfg.data.data_root``).
+
+    Returns the partitioned graph, the seconds spent (reported as partition_time_s, never as
+    train time) and whether it came from the cache.
+    """
     t0 = time.perf_counter()
-    n = cfg.data.partitions
-    part = random_partition(ds.num_nodes, n, cfg.run.seed)
-    batches = [induced_batch(ds.data, nodes) for nodes in part_nodes(part, n)]
-    return batches, time.perf_counter() - t0
+    d = cfg.data
+    path = None
+    if d.data_root:
+        path = cache_path(d.data_root, ds.name, d.scale, d.partitions, d.partitioner, cfg.run.seed)
+    graph, hit = load_or_build(ds.data, d.partitioner, d.partitions, cfg.run.seed, path)
+    return graph, time.perf_counter() - t0, hit
+
+
+def build_partition_batches(cfg, ds) -> tuple[list[Data], float]:
+    """One induced subgraph per part (views into the cached reordered graph), and the seconds."""
+    graph, seconds, _ = load_partitions(cfg, ds)
+    return graph.batches(), seconds

@@ -1,0 +1,150 @@
+"""Start N local ranks with torch's elastic launcher (what ``torchrun`` runs underneath).
+
+    gnnpar train --strategy allreduce --partitions 8 --workers 2      # this module
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+        -m gnnpar train --strategy allreduce --partitions 64           # not this module
+
+``gnnpar train --workers N`` calls :func:`launch_local`, which runs one elastic agent in this
+process (``torch.distributed.launcher.api.elastic_launch``, c10d rendezvous on a free localhost
+port, no restarts). Each rank runs :func:`gnnpar.train.run_rank`, exactly what a torchrun rank
+runs, so ranks coordinate only through torch.distributed (process group and its TCP store):
+nothing here is shared between ranks but the environment torch's launcher sets.
+
+Failures: the first rank to fail ends the run; the agent stops the others. A
+:class:`gnnpar.UsageError` raised in a rank (bad input found only once data is loaded) is raised
+again here, so the CLI exits 2 with its message; any other failure becomes
+:class:`gnnpar.RankFailedError` ("rank R failed: <cause>", CLI exit 1), with the full traceback left
+in a per-rank log file named in the message. Every wait inside a rank has a timeout
+(``--timeout``), so a stuck collective turns into a failure instead of a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gnnpar import RankFailedError, UsageError
+from gnnpar.config import Config
+
+_USAGE_PREFIX = "UsageError: "
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(cfg_dict: dict[str, Any], log_dir: str) -> dict[str, Any] | None:
+    """What every local rank runs (module level so that ``spawn`` can pickle it)."""
+    from gnnpar.train import run_rank
+
+    # An exception propagates to torch's @record wrapper, which writes "<Type>: <message>" and
+    # the traceback into the agent's per-rank error file; _describe reads it back.
+    return run_rank(Config.from_dict(cfg_dict))
+
+
+def _collateral(message: str) -> int:
+    """Order failures so that the cause is reported, not the ranks that died because of it."""
+    if message.startswith(_USAGE_PREFIX):
+        return 0
+    if message.startswith(("DistBackendError", "DistNetworkError", "DistStoreError")):
+        return 2  # a peer vanished or timed out: usually the consequence of another failure
+    if message.startswith("Signal ") or "To enable traceback" in message:
+        return 3  # stopped by the agent (or killed): no exception of its own
+    return 1
+
+
+def launch_local(cfg: Config) -> dict[str, Any] | None:
+    """Run ``cfg`` on ``cfg.strategy.workers`` local ranks; return rank 0's result dict."""
+    outputs = launch(
+        _rank_main,
+        (cfg.to_dict(),),
+        cfg.strategy.workers,
+        cfg.strategy.timeout_s,
+        cfg.run.threads,
+    )
+    return outputs.get(0)
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: tuple,
+    nprocs: int,
+    timeout_s: float,
+    threads: int | None = None,
+) -> dict[int, Any]:
+    """Run ``fn(*args, log_dir)`` on ``nprocs`` local ranks; return {rank: return value}.
+
+    ``fn`` must be importable by name (module level): ranks are started with ``spawn``.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    timeout = max(1, int(timeout_s))
+    log_dir = tempfile.mkdtemp(prefix="gnnpar-ranks-")
+    launch_cfg = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nprocs,
+        run_id=f"gnnpar-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        rdzv_configs={"timeout": timeout, "join_timeout": timeout},
+        max_restarts=0,  # a failed rank fails the run: no silent retries
+        monitor_interval=0.1,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
+    # OMP reads its thread count at start-up, so it is set before spawning (children inherit
+    # it): the cores shared out between local ranks. run_rank sets torch's count again per rank.
+    old_omp = os.environ.get("OMP_NUM_THREADS")
+    if old_omp is None:
+        os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
+    # The agent's own chatter (and "Terminating process" notices when it stops the survivors of
+    # a failure) would bury the one line that matters; failures are reported by _describe.
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    old_levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        return elastic_launch(launch_cfg, fn)(*args, log_dir)
+    except ChildFailedError as e:
+        raise _describe(e, log_dir) from None
+    finally:
+        for lg, level in zip(loggers, old_levels):
+            lg.setLevel(level)
+        if old_omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _describe(e: Any, log_dir: str) -> Exception:
+    """The exception that explains a failed launch: the root-cause rank and its message."""
+    failures = []
+    for rank, f in e.failures.items():
+        data = f.message if isinstance(f.message, dict) else {"message": str(f.message)}
+        message = str(data.get("message", "")).strip()
+        stack = data.get("extraInfo", {}).get("py_callstack")
+        if stack:
+            Path(log_dir, f"rank{rank}.traceback.txt").write_text(stack)
+        failures.append((f.timestamp, _collateral(message), rank, message))
+    if not failures:
+        return RankFailedError(f"the ranks failed without a report (logs in {log_dir}).")
+    # A UsageError anywhere wins (it explains the run); then the earliest, least collateral one.
+    failures.sort(key=lambda t: (t[1] != 0, t[0], t[1], t[2]))
+    _, _, rank, message = failures[0]
+    if message.startswith(_USAGE_PREFIX):
+        return UsageError(message[len(_USAGE_PREFIX) :])
+    others = sorted(r for _, _, r, _ in failures[1:])
+    also = f" (then also rank {', '.join(map(str, others))})" if others else ""
+    tb = Path(log_dir, f"rank{rank}.traceback.txt")
+    where = f" Traceback: {tb}" if tb.exists() else f" Logs: {log_dir}"
+    return RankFailedError(f"rank {rank} failed: {message.rstrip('.')}{also}.{where}")
