@@ -1,0 +1,400 @@
+"""Neighbour sampling over a CSR graph in vectorised torch (GraphSAGE mini-batches, study 002).
+
+PyG's ``NeighborLoader`` needs pyg-lib or torch-sparse, which cannot be installed here, so this is
+the sampler of Hamilton et al. (NeurIPS 2017) written with plain tensor operations: no Python loop
+over nodes or edges, only over the (2-3) hops.
+
+A mini-batch has the shape PyG's ``NeighborLoader`` returns, so PyG layers consume it unchanged:
+
+* ``n_id``: global ids of the sampled nodes; the ``batch_size`` seed nodes come first, then the
+  nodes first reached at hop 1, hop 2, ... (each node appears once);
+* ``edge_index`` [2, E]: sampled edges relabelled to positions in ``n_id``, ``source -> target``
+  (row 0 is the neighbour, row 1 the node that aggregates it: PyG's ``source_to_target`` flow);
+* ``batch_size``: the number of seeds; the loss and metrics use only ``out[:batch_size]``.
+
+Hop ``k`` samples, for every node first reached at hop ``k-1`` (the seeds for ``k=1``), up to
+``fanouts[k-1]`` of its incoming neighbours (``-1``: all of them). Without replacement each of a
+node's ``min(deg, fanout)`` neighbours is distinct (a uniform random subset: random keys, one sort
+by ``(row, key)``, the first ``fanout`` of each row); with replacement each node draws exactly
+``fanout`` neighbours uniformly (PyG's ``replace=True``). With ``fanouts = [-1] * L`` the batch is
+the exact L-hop in-neighbourhood of the seeds, so an L-layer GNN gives the seeds the same outputs
+as full-graph inference. Every random number comes from the ``torch.Generator`` passed in, so the
+same seed gives the same batches.
+
+Relabelling uses node-mark arrays of size ``num_nodes`` owned by the sampler (reset after each
+batch, touching only the nodes it marked) instead of ``torch.unique`` over the sampled ids: a
+scatter plus a gather is O(sampled) and keeps nodes in order of first appearance.
+
+    from gnnpar.data.sampling import CSRGraph, NeighborSampler
+    csr = CSRGraph.from_edge_index(data.edge_index, data.num_nodes)
+    batch = NeighborSampler(csr, [25, 10, 10]).sample(seeds, torch.Generator().manual_seed(0))
+    out = model(data.x[batch.n_id], batch.edge_index)[: batch.batch_size]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from dataclasses import dataclass
+
+import torch
+from torch_geometric.data import Data
+
+_UNSEEN = torch.iinfo(torch.long).max
+
+
+@dataclass
+class CSRGraph:
+    """Incoming adjacency: the in-neighbours of node ``v`` are ``col[rowptr[v]:rowptr[v + 1]]``."""
+
+    rowptr: torch.Tensor  # [N + 1] int64
+    col: torch.Tensor  # [E] int64, source node of each edge, grouped by target node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.rowptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.col.numel()
+
+    @classmethod
+    def from_edge_index(cls, edge_index: torch.Tensor, num_nodes: int) -> CSRGraph:
+        """Group edges ``source -> target`` by target, so row ``v`` lists what ``v`` aggregates."""
+        src, dst = edge_index[0].long(), edge_index[1].long()
+        # stable sort keeps the original order of a node's neighbours (deterministic batches)
+        order = torch.sort(dst, stable=True).indices
+        counts = torch.bincount(dst, minlength=num_nodes)
+        rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+        torch.cumsum(counts, 0, out=rowptr[1:])
+        return cls(rowptr, src[order].contiguous())
+
+    def share_memory_(self) -> CSRGraph:
+        self.rowptr.share_memory_()
+        self.col.share_memory_()
+        return self
+
+
+@dataclass
+class SampledBatch:
+    n_id: torch.Tensor  # [n] global node ids, seeds first
+    edge_index: torch.Tensor  # [2, E] local ids, source -> target
+    batch_size: int  # number of seeds (the first rows of n_id)
+    num_sampled_nodes: list[int]  # nodes added per hop (hop 0 = seeds), as PyG reports them
+    num_sampled_edges: list[int]  # edges sampled per hop
+
+    @property
+    def num_nodes(self) -> int:
+        return self.n_id.numel()
+
+
+def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Concatenation of ``arange(s, s + c)`` for every (s, c), without a Python loop."""
+    total = int(counts.sum())
+    if total == 0:
+        return torch.empty(0, dtype=torch.long)
+    offsets = torch.cumsum(counts, 0) - counts  # where each range begins in the output
+    rep_start = torch.repeat_interleave(starts - offsets, counts, output_size=total)
+    return rep_start + torch.arange(total)
+
+
+class NeighborSampler:
+    """Layer-wise uniform neighbour sampling; see the module docstring for the batch layout.
+
+    One sampler per process: it owns two node-mark arrays of ``num_nodes`` entries (int64),
+    which is what makes relabelling O(sampled nodes) instead of a sort of every sampled id.
+    """
+
+    def __init__(self, csr: CSRGraph, fanouts: list[int], replace: bool = False) -> None:
+        if any(f == 0 or f < -1 for f in fanouts):
+            raise ValueError(f"fanouts must be positive or -1 (all neighbours), got {fanouts}")
+        self.csr = csr
+        self.fanouts = list(fanouts)
+        self.replace = replace
+        self._local = torch.full((csr.num_nodes,), -1, dtype=torch.long)
+        self._first = torch.full((csr.num_nodes,), _UNSEEN, dtype=torch.long)
+
+    def _neighbours(
+        self, nodes: torch.Tensor, fanout: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(edge positions in ``col``, index into ``nodes`` of the target) of the sampled edges."""
+        start = self.csr.rowptr[nodes]
+        deg = self.csr.rowptr[nodes + 1] - start
+        if fanout < 0:
+            take = deg
+            return _ranges(start, take), torch.repeat_interleave(torch.arange(nodes.numel()), take)
+        if self.replace:
+            # exactly `fanout` draws per node that has any neighbour (PyG's replace=True)
+            has = (deg > 0).nonzero().view(-1)
+            u = torch.rand(has.numel(), fanout, generator=gen, dtype=torch.float64)
+            pick = start[has, None] + (u * deg[has, None]).long().clamp_max(deg[has, None] - 1)
+            return pick.view(-1), has.repeat_interleave(fanout)
+        small = deg <= fanout  # these keep every neighbour, no randomness needed
+        idx_small = small.nonzero().view(-1)
+        pos_small = _ranges(start[idx_small], deg[idx_small])
+        tgt_small = torch.repeat_interleave(idx_small, deg[idx_small])
+        idx_big = (~small).nonzero().view(-1)
+        if idx_big.numel() == 0:
+            return pos_small, tgt_small
+        # Uniform subset of size `fanout` per row: random key per edge, sort by (row, key), keep
+        # the first `fanout` of each row. row + key in float64 is one sort; keys in [0, 0.5) so
+        # rounding never carries a key into the next row (exact for rows < 2**51).
+        deg_big = deg[idx_big]
+        pos = _ranges(start[idx_big], deg_big)
+        row = torch.repeat_interleave(torch.arange(idx_big.numel()), deg_big)
+        keys = row.double() + 0.5 * torch.rand(pos.numel(), generator=gen, dtype=torch.float64)
+        order = torch.sort(keys, stable=True).indices
+        row_begin = torch.cumsum(deg_big, 0) - deg_big
+        rank_in_row = torch.arange(pos.numel()) - row_begin[row]  # row is sorted already
+        keep = order[rank_in_row < fanout]
+        pos_big, tgt_big = pos[keep], idx_big[row[keep]]
+        return torch.cat([pos_small, pos_big]), torch.cat([tgt_small, tgt_big])
+
+    def sample(self, seeds: torch.Tensor, gen: torch.Generator) -> SampledBatch:
+        """Sample the ``len(fanouts)``-hop neighbourhood of ``seeds`` (distinct global node ids)."""
+        seeds = seeds.long()
+        local, first = self._local, self._first
+        n_ids = [seeds]
+        local[seeds] = torch.arange(seeds.numel())
+        total = seeds.numel()
+        frontier, frontier_begin = seeds, 0
+        rows, cols = [], []
+        num_nodes, num_edges = [seeds.numel()], []
+        try:
+            for fanout in self.fanouts:
+                pos, tgt = self._neighbours(frontier, fanout, gen)
+                nbr = self.csr.col[pos]
+                # nodes seen for the first time, each once, in order of first appearance:
+                # the smallest position of each id wins (scatter amin), whatever the write order
+                fresh = nbr[local[nbr] < 0]
+                order = torch.arange(fresh.numel())
+                first.scatter_reduce_(0, fresh, order, "amin")
+                new = fresh[first[fresh] == order]
+                first[fresh] = _UNSEEN
+                local[new] = torch.arange(total, total + new.numel())
+                rows.append(local[nbr])
+                cols.append(tgt + frontier_begin)
+                n_ids.append(new)
+                num_nodes.append(new.numel())
+                num_edges.append(nbr.numel())
+                frontier, frontier_begin = new, total
+                total += new.numel()
+        finally:
+            n_id = torch.cat(n_ids)
+            local[n_id] = -1  # leave the mark array clean for the next batch
+        edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows else None
+        if edge_index is None:
+            edge_index = torch.empty(2, 0, dtype=torch.long)
+        return SampledBatch(n_id, edge_index, seeds.numel(), num_nodes, num_edges)
+
+
+def reference_sample(
+    csr: CSRGraph, seeds: torch.Tensor, fanouts: list[int], gen: torch.Generator
+) -> SampledBatch:
+    """A straightforward per-node sampler (Python loop, one ``randperm`` per node, a dict for
+    relabelling) without replacement: the baseline of ``benchmarks/sampler_throughput.py`` and an
+    independent check of :class:`NeighborSampler` in the tests."""
+    local: dict[int, int] = {int(s): i for i, s in enumerate(seeds.tolist())}
+    n_id = list(local)
+    frontier = list(n_id)
+    rows: list[int] = []
+    cols: list[int] = []
+    num_nodes, num_edges = [len(n_id)], []
+    rowptr, col = csr.rowptr.tolist(), csr.col
+    for fanout in fanouts:
+        nxt: list[int] = []
+        edges_before = len(rows)
+        for v in frontier:
+            a, b = rowptr[v], rowptr[v + 1]
+            nbrs = col[a:b]
+            if 0 <= fanout < b - a:
+                nbrs = nbrs[torch.randperm(b - a, generator=gen)[:fanout]]
+            for u in nbrs.tolist():
+                if u not in local:
+                    local[u] = len(n_id)
+                    n_id.append(u)
+                    nxt.append(u)
+                rows.append(local[u])
+                cols.append(local[v])
+        num_nodes.append(len(nxt))
+        num_edges.append(len(rows) - edges_before)
+        frontier = nxt
+    return SampledBatch(
+        torch.tensor(n_id, dtype=torch.long),
+        torch.tensor([rows, cols], dtype=torch.long).view(2, -1),
+        len(seeds),
+        num_nodes,
+        num_edges,
+    )
+
+
+# ------------------------------------------------------------------- sharding and the DataLoader
+def shard_plan(num_train: int, world_size: int, batch_size: int) -> tuple[int, int]:
+    """(seed nodes per rank, steps per epoch): the same on every rank, so DDP never waits on a
+    rank that has run out of batches.
+
+    Each epoch the training nodes are shuffled and cut into ``world_size`` equal blocks of
+    ``num_train // world_size`` nodes; the ``num_train % world_size`` (< world_size) nodes left at
+    the end of that epoch's shuffle are dropped for that epoch only (a different few each epoch).
+    A rank's block is cut into batches of ``batch_size``; the last one may be smaller, and it is
+    the same size on every rank.
+    """
+    if world_size < 1 or batch_size < 1:
+        raise ValueError(f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}")
+    per_rank = num_train // world_size
+    return per_rank, -(-per_rank // batch_size)
+
+
+def epoch_seeds(
+    train_idx: torch.Tensor, seed: int, epoch: int, rank: int, world_size: int, batch_size: int
+) -> list[torch.Tensor]:
+    """This rank's seed batches for ``epoch``: one shuffle shared by all ranks (same generator
+    seed), then this rank's block of it (see :func:`shard_plan`)."""
+    per_rank, steps = shard_plan(train_idx.numel(), world_size, batch_size)
+    gen = torch.Generator().manual_seed(_mix(seed, epoch))
+    perm = train_idx[torch.randperm(train_idx.numel(), generator=gen)]
+    block = perm[rank * per_rank : (rank + 1) * per_rank]
+    return [block[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+
+
+def _mix(*parts: int) -> int:
+    """A deterministic 63-bit seed from several integers (Python's hash of ints is not mixed)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def save_shared_graph(path: str, csr: CSRGraph, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Write the tensors a sampler process needs to one file that every process then maps.
+
+    Format: ``torch.save`` of ``{"rowptr", "col", "x", "y"}``; read with
+    ``torch.load(path, mmap=True)`` so the pages are shared by every rank and loader worker of
+    the machine (one copy; ``/dev/shm`` keeps it in memory). Written to ``path + ".tmp"`` and
+    renamed, so a reader never sees half a file.
+    """
+    tmp = f"{path}.tmp"
+    torch.save({"rowptr": csr.rowptr, "col": csr.col, "x": x, "y": y}, tmp)
+    os.replace(tmp, path)
+
+
+class SampledBatches(torch.utils.data.Dataset):
+    """Mini-batch ``i`` of a run: epoch ``i // steps``, step ``i % steps`` of this rank.
+
+    What crosses into a loader worker when it starts is only this small object: the graph file's
+    path and this rank's plan. Each process maps the graph itself on first use
+    (:meth:`_graph`), so ``spawn``/``forkserver`` workers neither copy the graph nor inherit
+    anything of the parent (threads, process group). The random numbers of batch ``i`` come from
+    a generator seeded with ``(seed, epoch, rank, step)``, so a batch is the same whichever worker
+    (or the main process) makes it, and the same for any ``--loader-workers``.
+    """
+
+    def __init__(
+        self,
+        graph_path: str,
+        train_idx: torch.Tensor,
+        fanouts: list[int],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        steps: int,
+        replace: bool = False,
+    ) -> None:
+        self.graph_path = graph_path
+        self.train_idx = train_idx
+        self.fanouts = fanouts
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.steps = steps
+        self.replace = replace
+        self._state: dict | None = None  # mapped graph + sampler, per process
+        self._epoch: tuple[int, list[torch.Tensor]] | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_state"] = None  # never pickle the graph or the mark arrays to a worker
+        state["_epoch"] = None
+        return state
+
+    def _graph(self) -> dict:
+        if self._state is None:
+            g = torch.load(self.graph_path, mmap=True, weights_only=True)
+            csr = CSRGraph(g["rowptr"], g["col"])
+            g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
+            self._state = g
+        return self._state
+
+    def __getitem__(self, i: int) -> Data:
+        epoch, step = divmod(int(i), self.steps)
+        if self._epoch is None or self._epoch[0] != epoch:
+            seeds = epoch_seeds(
+                self.train_idx, self.seed, epoch, self.rank, self.world_size, self.batch_size
+            )
+            self._epoch = (epoch, seeds)
+        seeds = self._epoch[1][step]
+        g = self._graph()
+        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
+        b: SampledBatch = g["sampler"].sample(seeds, gen)
+        return Data(
+            x=g["x"][b.n_id],
+            y=g["y"][seeds],
+            edge_index=b.edge_index,
+            n_id=b.n_id,
+            batch_size=b.batch_size,
+            num_sampled_nodes=b.num_sampled_nodes,
+            num_sampled_edges=b.num_sampled_edges,
+        )
+
+
+class EpochSampler(torch.utils.data.Sampler[int]):
+    """Yields the batch numbers of one epoch; :meth:`set_epoch` moves on (as DistributedSampler)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(range(self.epoch * self.steps, (self.epoch + 1) * self.steps))
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def _worker_init(worker_id: int) -> None:
+    # One thread per sampler process: W workers x R ranks on C cores must not each start C
+    # OpenMP threads (oversubscription turns into minutes-long stalls that look like hangs).
+    torch.set_num_threads(1)
+
+
+def build_loader(
+    dataset: SampledBatches, workers: int, timeout_s: float, start_method: str = "forkserver"
+) -> tuple[torch.utils.data.DataLoader, EpochSampler]:
+    """A DataLoader over ``dataset`` with ``workers`` persistent worker processes (0: sample in
+    the training process). See :mod:`gnnpar.strategies.sampled` for why ``forkserver``."""
+    sampler = EpochSampler(dataset.steps)
+    if workers == 0:
+        return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler), sampler
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # the fork server imports these once; each worker is then a cheap fork of a process
+        # that has no threads, no OpenMP pool and no process group
+        ctx.set_forkserver_preload(["torch", "torch_geometric.data", __name__])
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=sampler,
+        num_workers=workers,
+        persistent_workers=True,
+        multiprocessing_context=ctx,
+        worker_init_fn=_worker_init,
+        timeout=timeout_s,  # a stuck or dead worker ends in an error, not a hang
+        prefetch_factor=2,
+    )
+    return loader, sampler

@@ -1,0 +1,285 @@
+"""Neighbour-sampled data-parallel training (study 002): GraphSAGE / GAT mini-batches under DDP.
+
+Every rank trains on its own neighbour-sampled mini-batches (:mod:`gnnpar.data.sampling`: seeds
+first, loss on ``out[:batch_size]``) and ``torch.nn.parallel.DistributedDataParallel`` averages
+the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0.5; ``gat3``
+3 x 16, 1 head, dropout 0.6; Adam lr 5e-3, weight decay 5e-4; fan-outs 25,10,10.
+
+    gnnpar train --dataset cora --model sage --strategy sampled --batch-size 512
+    gnnpar train --dataset synthetic-reddit --scale 0.05 --model gat3 --strategy sampled \\
+        --workers 4 --loader-workers 2 --batch-size 1024 --fanouts 25,10,10
+
+Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
+remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.
+shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
+end, on rank 0 (full-graph when small; layer by layer otherwise); ``--eval-every`` is not used
+because an evaluation in the middle would hold every other rank at the next all-reduce.
+
+Why study 002 deadlocked at 4 GPUs x 2 data workers (section 4.2), and what prevents it here.
+The usual culprits, all multiplied by ranks x workers:
+
+1. ``fork`` after threads exist. Linux's default DataLoader start method forks the rank, which
+   by then runs gloo/NCCL threads, an OpenMP/MKL pool and a CUDA context. The child inherits
+   locks held by threads that do not exist in it (malloc arenas, libgomp's pool, the process
+   group's store socket); its first parallel region or allocation may wait forever. Here workers
+   start with ``forkserver``: forked from a clean server process that imported torch and nothing
+   else, so they hold no thread, no pool and no process group (workers never call collectives).
+2. Oversubscription. Each worker would inherit the rank's thread count: 4 ranks x 2 workers x
+   all cores of OpenMP threads spin against each other and the gloo threads, which stalls steps
+   until a timeout looks like a hang. Workers run ``torch.set_num_threads(1)``; each rank gets
+   cores / local ranks threads (``train.set_threads``).
+3. Memory. Reddit (~6 GB in memory) loaded by 4 ranks, plus copy-on-write faults in forked
+   workers, exceeds 16 GB; a worker killed by the OOM killer leaves the rank waiting for a batch
+   that never comes. Here the graph is written once per machine to ``/dev/shm`` and every rank
+   and worker maps it (``torch.load(mmap=True)``); only mini-batches cross process boundaries.
+4. Uneven step counts across ranks (a rank with one batch more waits forever in its last
+   all-reduce): prevented by the equal-steps plan above.
+5. Waits without a deadline: the DataLoader has ``timeout=--timeout`` and the process group the
+   same timeout, so a stuck worker or peer ends the run with an error that names it.
+
+Result keys added: ``time_breakdown_s`` (per rank: data_wait, compute, sync seconds summed over
+the run), ``max_rank_train_time_s`` (study 002's headline: the longest training time of any rank),
+``per_worker_batches``, ``data_wait_share``. ``sync`` is the gradient all-reduce time that backward
+did not hide: from the moment the last gradient bucket is handed to the all-reduce to the moment
+the last all-reduce completes (it includes waiting for a slower rank).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from gnnpar import UsageError
+from gnnpar.config import Config
+from gnnpar.data.datasets import GraphDataset
+from gnnpar.data.sampling import (
+    CSRGraph,
+    NeighborSampler,
+    SampledBatches,
+    build_loader,
+    save_shared_graph,
+    shard_plan,
+)
+from gnnpar.dist import DistContext
+from gnnpar.engine import evaluate_graph
+from gnnpar.metrics import Progress, loss_fn, score
+from gnnpar.models import build_model
+from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
+
+FULL_GRAPH_EVAL_LIMIT = 50_000_000  # edges x widest layer: above this, evaluate layer by layer
+
+
+class SyncTimer:
+    """State of :func:`timed_allreduce`: when the last bucket was handed over and completed."""
+
+    def __init__(self) -> None:
+        self.last_call = 0.0
+        self.last_done = 0.0
+
+    def exposed(self) -> float:
+        return max(0.0, self.last_done - self.last_call)
+
+
+# No annotations on the arguments: DDP compares them with dist.GradBucket at run time, and
+# postponed annotations (strings) fail that check.
+def timed_allreduce(state, bucket):  # noqa: ANN001
+    """DDP comm hook: the default all-reduce (average), timed (``sync`` in the module docstring)."""
+    state.last_call = time.perf_counter()
+
+    def done(fut: torch.futures.Future) -> torch.Tensor:
+        state.last_done = time.perf_counter()
+        return fut.value()
+
+    return allreduce_hook(None, bucket).then(done)
+
+
+class Sampled:
+    @staticmethod
+    def validate_config(cfg: Config) -> None:
+        s, m = cfg.strategy, cfg.model
+        if m.name == "vig":
+            raise UsageError("--strategy sampled trains graph models; use --model sage or gat3.")
+        if len(s.fanouts) != m.layers:
+            raise UsageError(
+                f"--fanouts gives {len(s.fanouts)} fan-outs ({','.join(map(str, s.fanouts))}) but "
+                f"--model {m.name} has {m.layers} layers: give one fan-out per layer, "
+                f"e.g. --fanouts {','.join(['10'] * m.layers)}."
+            )
+
+    def run(self, cfg: Config, ds: GraphDataset, ctx: DistContext) -> Outcome:
+        r = cfg.run
+        data = ds.data
+        train_idx = data.train_mask.nonzero().view(-1)
+        if train_idx.numel() < ctx.world_size:
+            raise UsageError(
+                f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
+                f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
+            )
+        seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
+        t0 = time.perf_counter()
+        path = _share_graph(ds, ctx)
+        setup_s = time.perf_counter() - t0
+        try:
+            return self._train(cfg, ds, ctx, path, train_idx, setup_s)
+        finally:
+            if ctx.is_distributed:
+                dist.barrier()  # nobody still maps the file when it goes
+            if ctx.local_rank == 0:
+                os.unlink(path)
+
+    def _train(self, cfg, ds: GraphDataset, ctx, path: str, train_idx, setup_s: float) -> Outcome:
+        s, r = cfg.strategy, cfg.run
+        per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
+        steps = min(steps, r.max_steps or steps)
+        batches = SampledBatches(
+            path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, steps
+        )
+        loader, epoch_sampler = build_loader(batches, s.loader_workers, s.timeout_s)
+        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+        model.to(ctx.device)
+        sync = SyncTimer()
+        net: nn.Module = model
+        if ctx.is_distributed:
+            net = DistributedDataParallel(model)
+            net.register_comm_hook(sync, timed_allreduce)
+        opt = build_optimizer(cfg, net.parameters())
+        straggler = Straggler(s.slowdown.get(ctx.rank, 1.0), s.jitter, r.seed + ctx.rank)
+        wait_s = compute_s = sync_s = train_s = 0.0
+        step_times: list[float] = []
+        losses: list[float] = []
+        bar = Progress(r.epochs * steps, f"sampled {cfg.model.name}", ctx.is_main and not r.quiet)
+        t0 = time.perf_counter()
+        first = iter(loader)  # starts the persistent workers: set-up, not a training step
+        loader_start_s = time.perf_counter() - t0
+        with bar:
+            for epoch in range(r.epochs):
+                epoch_sampler.set_epoch(epoch)
+                t_epoch = time.perf_counter()
+                it, first = (first if epoch == 0 else iter(loader)), None
+                wait_s += time.perf_counter() - t_epoch  # later epochs: re-arming the workers
+                epoch_loss = 0.0
+                for batch in _timed(it, step_times):
+                    t1 = time.perf_counter()
+                    wait_s += t1 - step_times[-1]
+                    batch = batch.to(ctx.device)
+                    opt.zero_grad(set_to_none=True)
+                    out = net(batch.x, batch.edge_index)[: batch.batch_size]
+                    loss = loss_fn(out, batch.y, ds.multilabel)
+                    loss.backward()
+                    opt.step()
+                    epoch_loss += loss.item()
+                    t2 = time.perf_counter()
+                    straggler.after_step(t2 - t1)
+                    t3 = time.perf_counter()
+                    step_sync = sync.exposed() if ctx.is_distributed else 0.0
+                    sync_s += step_sync
+                    compute_s += t3 - t1 - step_sync
+                    step_times[-1] = t3 - step_times[-1]  # start time -> whole step duration
+                    bar.update(1, f"epoch {epoch + 1} loss {loss.item():.4f}")
+                train_s += time.perf_counter() - t_epoch
+                losses.append(epoch_loss / steps)
+        del it, first, loader  # stops the persistent workers before evaluation
+        breakdown = {"data_wait": wait_s, "compute": compute_s, "sync": sync_s}
+        gathered = _gather(ctx, (breakdown, train_s, len(step_times)))
+        t0 = time.perf_counter()
+        scores = _evaluate(model, ds, path) if ctx.is_main else {"val": 0.0, "test": 0.0}
+        eval_s = time.perf_counter() - t0
+        total_wait = sum(b["data_wait"] for b, _, _ in gathered)
+        total = sum(sum(b.values()) for b, _, _ in gathered)
+        return Outcome(
+            train_time_s=train_s,
+            step_times=step_times,
+            test_step_times=[eval_s],
+            loss_curve=losses,
+            per_worker_batches=[n for _, _, n in gathered],
+            val_score=scores["val"],
+            test_score=scores["test"],
+            extra={
+                "time_breakdown_s": [b for b, _, _ in gathered],
+                "max_rank_train_time_s": max(t for _, t, _ in gathered),
+                "rank_train_time_s": [t for _, t, _ in gathered],
+                "data_wait_share": total_wait / total if total else 0.0,
+                "train_score": scores.get("train", 0.0),
+                "steps_per_epoch": steps,
+                "seeds_per_rank": per_rank,
+                "loader_workers": s.loader_workers,
+                "graph_setup_time_s": setup_s,
+                "loader_start_time_s": loader_start_s,
+            },
+        )
+
+
+def _timed(it, starts: list[float]):
+    """Iterate ``it``, appending the time each ``next()`` began (the data wait starts)."""
+    while True:
+        starts.append(time.perf_counter())
+        try:
+            batch = next(it)
+        except StopIteration:
+            starts.pop()
+            return
+        yield batch
+
+
+def _gather(ctx: DistContext, item: object) -> list:
+    if not ctx.is_distributed:
+        return [item]
+    out: list = [None] * ctx.world_size
+    dist.all_gather_object(out, item)
+    return out
+
+
+def _share_graph(ds: GraphDataset, ctx: DistContext) -> str:
+    """Local rank 0 writes CSR + features + labels once per machine; every rank gets the path."""
+    path = None
+    if ctx.local_rank == 0:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        path = os.path.join(folder, f"gnnpar-sampled-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
+        d = ds.data
+        save_shared_graph(path, CSRGraph.from_edge_index(d.edge_index, ds.num_nodes), d.x, d.y)
+    paths = _gather(ctx, path)
+    return paths[ctx.rank - ctx.local_rank]  # torchrun numbers a machine's ranks contiguously
+
+
+@torch.no_grad()
+def _evaluate(model: nn.Module, ds: GraphDataset, path: str) -> dict[str, float]:
+    """Full-graph inference when it fits; otherwise exact layer-by-layer inference."""
+    widest = max(ds.num_features, *(p.shape[0] for p in model.parameters() if p.dim() == 2))
+    if ds.data.edge_index.size(1) * widest <= FULL_GRAPH_EVAL_LIMIT:
+        return evaluate_graph(model, ds)[0]
+    g = torch.load(path, mmap=True, weights_only=True)
+    out = layerwise_inference(model, g["x"], CSRGraph(g["rowptr"], g["col"]))
+    d = ds.data
+    return {
+        split: score(out[d[f"{split}_mask"]], d.y[d[f"{split}_mask"]], ds.multilabel)
+        for split in ("train", "val", "test")
+    }
+
+
+@torch.no_grad()
+def layerwise_inference(
+    model: nn.Module, x: torch.Tensor, csr: CSRGraph, chunk: int = 4096
+) -> torch.Tensor:
+    """Exact full-neighbourhood outputs of a :class:`BlockModel`, one block at a time over chunks
+    of target nodes (each chunk: its 1-hop in-neighbourhood), so memory stays O(chunk x degree)
+    instead of O(edges x width) for the whole graph at once."""
+    model.eval()
+    sampler = NeighborSampler(csr, [-1])
+    gen = torch.Generator()
+    h = model.stem(x)
+    for block in model.blocks:
+        parts = []
+        for start in range(0, csr.num_nodes, chunk):
+            b = sampler.sample(torch.arange(start, min(start + chunk, csr.num_nodes)), gen)
+            parts.append(block(h[b.n_id], b.edge_index)[: b.batch_size])
+        h = torch.cat(parts)
+    model.train()
+    return model.head(h)
