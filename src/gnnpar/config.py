@@ -316,7 +316,7 @@ def resolve(cfg: Config) -> None:
         # study 000: 8 ViG blocks; the study trains with Adam (accuracy was not its focus)
         "vig": dict(hidden=96, layers=8, heads=1, dropout=0.0, lr=1e-3, wd=0.0, epochs=1),
     }.get(m.name, {})
-    if m.name == "sage" and big:
+    if m.name == "sage" and big and s.name != "sampled":  # sampled: study 002's table 1
         defaults.update(
             hidden=512 if amazon else 128,
             dropout=0.1 if amazon else 0.2,
