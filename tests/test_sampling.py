@@ -1,0 +1,216 @@
+"""The neighbour sampler: batches are subgraphs of the graph, obey fan-outs, put seeds first,
+never repeat a neighbour without replacement, equal the exact L-hop neighbourhood at fan-out -1,
+are reproducible from the seed, and shard into equal step counts on every rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.utils import k_hop_subgraph
+
+from conftest import tiny_graph
+from gnnpar.data.sampling import (
+    CSRGraph,
+    NeighborSampler,
+    SampledBatches,
+    build_loader,
+    epoch_seeds,
+    reference_sample,
+    save_shared_graph,
+    shard_plan,
+)
+
+
+def random_graph(n: int = 300, e: int = 3000, seed: int = 0) -> torch.Tensor:
+    """A directed multigraph-free random graph with skewed degrees (some nodes have none)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (e,), generator=g)
+    dst = (torch.rand(e, generator=g) ** 2 * n).long()  # in-degrees skewed to low ids
+    ei = torch.unique(torch.stack([src, dst]), dim=1)
+    return ei[:, ei[0] != ei[1]]
+
+
+def edge_set(ei: torch.Tensor) -> set[tuple[int, int]]:
+    return set(zip(ei[0].tolist(), ei[1].tolist()))
+
+
+def global_edges(batch) -> list[tuple[int, int]]:
+    src, dst = batch.n_id[batch.edge_index[0]], batch.n_id[batch.edge_index[1]]
+    return list(zip(src.tolist(), dst.tolist()))
+
+
+def test_csr_rows_hold_in_neighbours(graph6):
+    csr = CSRGraph.from_edge_index(graph6.edge_index, 6)
+    assert csr.rowptr.tolist() == [0, 2, 4, 7, 10, 12, 14]
+    # node 3 aggregates from 2, 4 and 5 (edges 2->3, 4->3, 5->3)
+    assert sorted(csr.col[csr.rowptr[3] : csr.rowptr[4]].tolist()) == [2, 4, 5]
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_sampled_edges_exist_fanouts_hold_seeds_first(replace):
+    ei = random_graph()
+    csr = CSRGraph.from_edge_index(ei, 300)
+    fanouts = [4, 3]
+    sampler = NeighborSampler(csr, fanouts, replace=replace)
+    seeds = torch.tensor([5, 0, 17, 250, 3])
+    b = sampler.sample(seeds, torch.Generator().manual_seed(1))
+    assert b.n_id[:5].tolist() == seeds.tolist()
+    assert b.batch_size == 5
+    assert b.n_id.unique().numel() == b.n_id.numel()  # each node once
+    assert set(global_edges(b)) <= edge_set(ei)
+    assert sum(b.num_sampled_nodes) == b.num_nodes
+    assert sum(b.num_sampled_edges) == b.edge_index.size(1)
+    deg = csr.rowptr[1:] - csr.rowptr[:-1]
+    # hop k: targets are the nodes added at hop k-1, each with its own fan-out budget
+    begin, e0 = 0, 0
+    for hop, fanout in enumerate(fanouts):
+        end = begin + b.num_sampled_nodes[hop]
+        e1 = e0 + b.num_sampled_edges[hop]
+        tgt = b.edge_index[1, e0:e1]
+        assert ((tgt >= begin) & (tgt < end)).all()
+        counts = torch.bincount(tgt - begin, minlength=end - begin)
+        frontier_deg = deg[b.n_id[begin:end]]
+        if replace:  # exactly `fanout` draws for every node that has a neighbour
+            assert counts.tolist() == torch.where(frontier_deg > 0, fanout, 0).tolist()
+        else:
+            assert counts.tolist() == frontier_deg.clamp(max=fanout).tolist()
+        begin, e0 = end, e1
+
+
+def test_without_replacement_no_neighbour_twice():
+    ei = random_graph(200, 4000, seed=3)
+    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 200), [6, 6, 6])
+    b = sampler.sample(torch.arange(0, 200, 7), torch.Generator().manual_seed(0))
+    pairs = global_edges(b)
+    assert len(pairs) == len(set(pairs))
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_full_fanout_is_exact_l_hop_neighbourhood(hops):
+    ei = random_graph(400, 1600, seed=hops)
+    seeds = torch.tensor([1, 30, 399])
+    b = NeighborSampler(CSRGraph.from_edge_index(ei, 400), [-1] * hops).sample(
+        seeds, torch.Generator()
+    )
+    subset, _, _, _ = k_hop_subgraph(seeds, hops, ei, num_nodes=400)
+    assert sorted(b.n_id.tolist()) == subset.tolist()
+    # every edge into a node within hops-1 of the seeds (what L layers read), nothing else
+    inner, _, _, _ = k_hop_subgraph(seeds, hops - 1, ei, num_nodes=400)
+    want = {(s, t) for s, t in edge_set(ei) if t in set(inner.tolist())}
+    got = global_edges(b)
+    assert len(got) == len(set(got)) and set(got) == want
+
+
+def test_matches_reference_sampler_at_full_fanout():
+    ei = random_graph(150, 900, seed=5)
+    csr = CSRGraph.from_edge_index(ei, 150)
+    seeds = torch.tensor([9, 2, 77])
+    fast = NeighborSampler(csr, [-1, -1]).sample(seeds, torch.Generator())
+    ref = reference_sample(csr, seeds, [-1, -1], torch.Generator())
+    assert fast.n_id.tolist() == ref.n_id.tolist()  # same order: first appearance
+    assert sorted(global_edges(fast)) == sorted(global_edges(ref))
+    assert fast.num_sampled_nodes == ref.num_sampled_nodes
+
+
+def test_same_seed_same_batch_other_seed_other_batch():
+    ei = random_graph()
+    csr = CSRGraph.from_edge_index(ei, 300)
+    seeds = torch.arange(0, 300, 11)
+
+    def run(seed: int):
+        return NeighborSampler(csr, [5, 5]).sample(seeds, torch.Generator().manual_seed(seed))
+
+    a, b, c = run(0), run(0), run(1)
+    assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+    assert not torch.equal(a.edge_index, c.edge_index)
+
+
+def test_without_replacement_is_uniform():
+    """One node with 10 in-neighbours, fan-out 3, 6000 draws: each neighbour is kept with
+    probability 3/10; the counts stay within 5 standard deviations of 1800 (seeded: not flaky)."""
+    ei = torch.stack([torch.arange(1, 11), torch.zeros(10, dtype=torch.long)])
+    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 11), [3])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(11)
+    for _ in range(6000):
+        b = sampler.sample(torch.tensor([0]), gen)
+        counts.index_add_(0, b.n_id[1:], torch.ones(b.num_nodes - 1))
+    sd = (6000 * 0.3 * 0.7) ** 0.5
+    assert counts[0] == 0 and ((counts[1:] - 1800).abs() < 5 * sd).all()
+
+
+@pytest.mark.parametrize("model", ["sage", "gat3"])
+def test_full_fanout_batch_gives_seeds_full_graph_outputs(model):
+    from gnnpar.config import ModelConfig
+    from gnnpar.models import build_model
+
+    torch.manual_seed(0)
+    n = 120
+    ei = random_graph(n, 700, seed=11)
+    x = torch.randn(n, 8)
+    net = build_model(ModelConfig(model, hidden=16, layers=3, heads=1, dropout=0.5), 8, 4).eval()
+    seeds = torch.tensor([3, 64, 100, 7])
+    b = NeighborSampler(CSRGraph.from_edge_index(ei, n), [-1, -1, -1]).sample(
+        seeds, torch.Generator()
+    )
+    with torch.no_grad():
+        full = net(x, ei)[seeds]
+        batch = net(x[b.n_id], b.edge_index)[: b.batch_size]
+    torch.testing.assert_close(batch, full, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_fanouts_rejected():
+    csr = CSRGraph.from_edge_index(tiny_graph().edge_index, 6)
+    with pytest.raises(ValueError, match="fanouts"):
+        NeighborSampler(csr, [3, 0])
+
+
+def test_equal_steps_on_every_rank_for_every_size():
+    """For every training-set size, rank count and batch size: every rank gets the same number of
+    batches, ranks' seeds are disjoint, batches respect the size, and fewer than `world` nodes
+    are dropped per epoch."""
+    for world in range(1, 9):
+        for n in range(world, 90):
+            train = torch.arange(n) * 3  # node ids need not be 0..n-1
+            for bs in (1, 2, 5, 16, 64):
+                per_rank, steps = shard_plan(n, world, bs)
+                ranks = [epoch_seeds(train, 7, 2, r, world, bs) for r in range(world)]
+                assert all(len(batches) == steps for batches in ranks)
+                flat = torch.cat([torch.cat(batches) for batches in ranks])
+                assert flat.numel() == per_rank * world and n - flat.numel() < world
+                assert flat.unique().numel() == flat.numel()
+                assert all(0 < b.numel() <= bs for batches in ranks for b in batches)
+
+
+def test_epochs_reshuffle():
+    train = torch.arange(50)
+    a = torch.cat(epoch_seeds(train, 0, 0, 0, 2, 8))
+    b = torch.cat(epoch_seeds(train, 0, 1, 0, 2, 8))
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.timeout(120)
+def test_loader_workers_give_the_same_batches(tmp_path):
+    """Two persistent forkserver workers produce, over two epochs, exactly the batches the
+    training process makes itself (batch randomness depends on epoch/rank/step, not worker)."""
+    n = 200
+    ei = random_graph(n, 1500, seed=2)
+    path = str(tmp_path / "g.pt")
+    save_shared_graph(
+        path, CSRGraph.from_edge_index(ei, n), torch.randn(n, 3), torch.randint(0, 2, (n,))
+    )
+    train = torch.arange(0, n, 2)
+    _, steps = shard_plan(train.numel(), 2, 16)
+    batches = {}
+    for workers in (0, 2):
+        ds = SampledBatches(path, train, [4, 4], 16, 1, 2, 0, steps)
+        loader, sampler = build_loader(ds, workers, timeout_s=60)
+        got = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            got += [(b.n_id, b.edge_index, b.x, b.y) for b in loader]
+        batches[workers] = got
+        del loader
+    assert len(batches[0]) == 2 * steps
+    for a, b in zip(batches[0], batches[2], strict=True):
+        assert all(torch.equal(u, v) for u, v in zip(a, b))
