@@ -3,7 +3,21 @@
 Every dataset is a :class:`DatasetSpec` in :data:`REGISTRY` (one explicit dict). Loading returns a
 :class:`GraphDataset` (a PyG ``Data`` with ``x, edge_index, y, train_mask, val_mask, test_mask``)
 or an :class:`ImageDataset`. Missing files raise :class:`gnnpar.UsageError` naming the files,
-the folder, and where to obtain them.
+the folder, and where to obtain them (the CLI exits 2).
+
+- bundled: cora, citeseer (raw Planetoid files in ``planetoid/``, PyG's reader, public split),
+  karate (built into PyG).
+- user files under ``<data_root>/<name>/`` (``--data-root``, ``$GNNPAR_DATA``, or
+  ``$XDG_CACHE_HOME/gnnpar``): pubmed, reddit, amazon, ogbn-arxiv, ogbn-products, cifar10
+  (formats in readers.py). Except pubmed (small), they are converted once into
+  ``<data_root>/cache/<name>/`` and memory-mapped from there (cache.py).
+- generated: synthetic-reddit, synthetic-amazon, synthetic-cifar10 (synthetic.py), cached in
+  ``<data_root>/cache/<name>-scale<F>-seed<S>/``.
+
+Tensors loaded from the cache are memory-mapped (read-only in spirit, copy-on-write if written):
+ranks on one machine share one copy through the page cache. Multi-label ``y`` is uint8 0/1.
+
+Run: ``gnnpar datasets`` lists every dataset, where its files go, and whether it is available.
 """
 
 from __future__ import annotations
@@ -17,6 +31,8 @@ import torch
 from torch_geometric.data import Data
 
 from gnnpar import UsageError
+from gnnpar.data import readers, synthetic
+from gnnpar.data.cache import cached, fingerprint
 
 BUNDLED = Path(__file__).parent / "planetoid"
 
@@ -24,7 +40,7 @@ BUNDLED = Path(__file__).parent / "planetoid"
 @dataclass
 class GraphDataset:
     name: str
-    data: Data  # x [N, F] float, edge_index [2, E] long, y [N] long or [N, C] float (multilabel)
+    data: Data  # x [N, F] float32, edge_index [2, E] long, y [N] long or [N, C] uint8 (multilabel)
     num_classes: int
     multilabel: bool = False
 
@@ -52,6 +68,12 @@ class ImageDataset:
     @property
     def num_features(self) -> int:
         return int(self.train_x.size(1))
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(
+            f"{s}={getattr(self, f'{s}_x').size(0)}" for s in ("train", "val", "test")
+        )
+        return f"ImageDataset({self.name!r}, {sizes}, num_classes={self.num_classes})"
 
 
 Loaded = GraphDataset | ImageDataset
@@ -138,6 +160,75 @@ def _karate(root: Path, scale: float, seed: int) -> Loaded:
     return GraphDataset("karate", data, int(data.y.max()) + 1)
 
 
+# ---------------------------------------------------------------- user files and generated data
+READER_VERSION = "readers-1"
+
+
+def _graph_from_tensors(name: str, t: dict, meta: dict) -> GraphDataset:
+    data = Data(
+        x=t["x"],
+        edge_index=t["edge_index"],
+        y=t["y"],
+        train_mask=t["train_mask"],
+        val_mask=t["val_mask"],
+        test_mask=t["test_mask"],
+    )
+    return GraphDataset(name, data, int(meta["num_classes"]), bool(meta["multilabel"]))
+
+
+def _images_from_tensors(name: str, t: dict, meta: dict) -> ImageDataset:
+    keys = ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y")
+    return ImageDataset(name, *(t[k] for k in keys), num_classes=int(meta["num_classes"]))
+
+
+def _user_cached(name: str, root: Path, read: Callable[[Path], tuple[dict, dict]]):
+    """Read a user dataset once into the cache (keyed by the source files' size and mtime)."""
+    spec = REGISTRY[name]
+    folder = _require_files(spec, root)
+    version = f"{READER_VERSION}|{fingerprint([folder / f for f in spec.files])}"
+    tensors, meta, _ = cached(root, name, version, lambda: read(folder))
+    return tensors, meta
+
+
+def _user_graph(name: str, read: Callable[[Path], tuple[dict, dict]]):
+    def load(root: Path, scale: float, seed: int) -> Loaded:
+        return _graph_from_tensors(name, *_user_cached(name, root, read))
+
+    return load
+
+
+def _user_images(root: Path, scale: float, seed: int) -> Loaded:
+    return _images_from_tensors("cifar10", *_user_cached("cifar10", root, readers.read_cifar10))
+
+
+def generated_key(name: str, scale: float, seed: int) -> str:
+    return f"{name}-scale{scale:g}-seed{seed}"
+
+
+def _generated_graph(recipe: synthetic.GraphRecipe):
+    def load(root: Path, scale: float, seed: int) -> Loaded:
+        key = generated_key(recipe.name, scale, seed)
+        tensors, meta, _ = cached(
+            root,
+            key,
+            synthetic.VERSION,
+            lambda: synthetic.generate_graph(recipe, scale, seed),
+        )
+        return _graph_from_tensors(recipe.name, tensors, meta)
+
+    return load
+
+
+def _generated_images(root: Path, scale: float, seed: int) -> Loaded:
+    def build() -> tuple[dict, dict]:
+        raw, meta = synthetic.generate_cifar(scale, seed)
+        return readers.normalise_images(raw), meta
+
+    key = generated_key("synthetic-cifar10", scale, seed)
+    tensors, meta, _ = cached(root, key, synthetic.CIFAR_VERSION, build)
+    return _images_from_tensors("synthetic-cifar10", tensors, meta)
+
+
 def _planetoid_spec(name: str, source: str, size: str) -> DatasetSpec:
     lower = name.lower()
     files = tuple(
@@ -173,6 +264,82 @@ REGISTRY: dict[str, DatasetSpec] = {
     ),
     "pubmed": _planetoid_spec(
         "PubMed", "user files", "19,717 nodes, 88,648 edges, 500 features, 3 classes"
+    ),
+    "reddit": DatasetSpec(
+        "reddit",
+        "graph",
+        "user files",
+        "232,965 nodes, 114,615,892 edges, 602 features, 41 classes",
+        readers.REDDIT_FILES,
+        "https://data.dgl.ai/dataset/reddit.zip (unzip; PyG's Reddit raw files)",
+        _user_graph("reddit", lambda folder: readers.read_reddit(folder)),
+    ),
+    "amazon": DatasetSpec(
+        "amazon",
+        "graph",
+        "user files",
+        "1,569,960 nodes, 264,339,468 edges, 200 features, 107 classes (multi-label)",
+        readers.AMAZON_FILES,
+        "GraphSAINT's AmazonProducts folder, https://github.com/GraphSAINT/GraphSAINT "
+        "(Google Drive link in its README; the files PyG's AmazonProducts downloads)",
+        _user_graph("amazon", lambda folder: readers.read_graphsaint(folder)),
+    ),
+    "ogbn-arxiv": DatasetSpec(
+        "ogbn-arxiv",
+        "graph",
+        "user files",
+        "169,343 nodes, 2,315,598 edges (symmetric), 128 features, 40 classes",
+        readers.ogb_files("ogbn-arxiv"),
+        "http://snap.stanford.edu/ogb/data/nodeproppred/arxiv.zip (unzip; put its raw/ and "
+        "split/ folders here)",
+        _user_graph("ogbn-arxiv", lambda folder: readers.read_ogb(folder, "ogbn-arxiv")),
+    ),
+    "ogbn-products": DatasetSpec(
+        "ogbn-products",
+        "graph",
+        "user files",
+        "2,449,029 nodes, 123,718,280 edges (symmetric), 100 features, 47 classes",
+        readers.ogb_files("ogbn-products"),
+        "http://snap.stanford.edu/ogb/data/nodeproppred/products.zip (unzip; put its raw/ and "
+        "split/ folders here)",
+        _user_graph("ogbn-products", lambda folder: readers.read_ogb(folder, "ogbn-products")),
+    ),
+    "cifar10": DatasetSpec(
+        "cifar10",
+        "image",
+        "user files",
+        "60,000 3x32x32 images (45,000 train, 5,000 val, 10,000 test), 10 classes",
+        readers.CIFAR_FILES,
+        "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (untar here: it creates "
+        "cifar-10-batches-py/)",
+        _user_images,
+    ),
+    "synthetic-reddit": DatasetSpec(
+        "synthetic-reddit",
+        "graph",
+        "generated",
+        "232,965 nodes, 114,848,856 edges, 602 features, 41 classes (x scale)",
+        (),
+        "generated on first use (stochastic block model, gnnpar.data.synthetic)",
+        _generated_graph(synthetic.REDDIT),
+    ),
+    "synthetic-amazon": DatasetSpec(
+        "synthetic-amazon",
+        "graph",
+        "generated",
+        "1,598,960 nodes, 132,169,734 edges, 200 features, 107 classes multi-label (x scale)",
+        (),
+        "generated on first use (stochastic block model, gnnpar.data.synthetic)",
+        _generated_graph(synthetic.AMAZON),
+    ),
+    "synthetic-cifar10": DatasetSpec(
+        "synthetic-cifar10",
+        "image",
+        "generated",
+        "60,000 3x32x32 images (45,000 train, 5,000 val, 10,000 test), 10 classes (x scale)",
+        (),
+        "generated on first use (class tint + oriented grating + noise, gnnpar.data.synthetic)",
+        _generated_images,
     ),
 }
 
