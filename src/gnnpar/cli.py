@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="output folder (default runs/bench-<suite>)")
     b.add_argument("--data-root", default=None)
     b.add_argument("--quiet", action="store_true")
-    sub.add_parser("datasets", help="list datasets and whether they are available offline")
+    d = sub.add_parser("datasets", help="list datasets and whether they are available offline")
+    d.add_argument("--data-root", default=None, help="folder holding <name>/ (default: see list)")
     return p
 
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "datasets":
             from gnnpar.data.listing import print_datasets
 
-            print_datasets()
+            print_datasets(args.data_root)
             return 0
     except UsageError as e:
         print(f"gnnpar: error: {e}", file=sys.stderr)
