@@ -1,0 +1,225 @@
+"""Pipeline strategy: real processes over gloo give the sequential model's loss and gradients.
+
+The multi-rank checks spawn ranks (torch.multiprocessing, gloo, a 60 s process-group timeout)
+that each build the same model, run one pipeline step on their stage and compare the stage's
+gradients with a sequential full-batch step computed in the same process. The CLI checks run
+``gnnpar train`` end to end and check the usage errors (exit 2) found before or after launch.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch_geometric.data import Data
+from torch_geometric.utils import to_undirected
+
+from gnnpar.config import Config, ModelConfig
+from gnnpar.data.datasets import GraphDataset, ImageDataset
+from gnnpar.models import build_model
+from gnnpar.models.base import BlockModel
+from gnnpar.strategies.pipeline_jobs import GraphJob, ImageJob, Mesh, StageRunner
+
+
+def graph_dataset(n: int = 60, seed: int = 0) -> GraphDataset:
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, 150), generator=g)
+    ei = to_undirected(ei[:, ei[0] != ei[1]], num_nodes=n)
+    idx = torch.arange(n)
+    data = Data(
+        x=torch.randn(n, 6, generator=g),
+        edge_index=ei,
+        y=torch.randint(0, 3, (n,), generator=g),
+        train_mask=idx % 3 == 0,
+        val_mask=idx % 3 == 1,
+        test_mask=idx % 3 == 2,
+    )
+    return GraphDataset("tiny", data, 3)
+
+
+def image_dataset(n: int = 48, seed: int = 0) -> ImageDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 8, 8, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return ImageDataset("tiny-images", x, y, x[:8], y[:8], x[:12], y[:12])
+
+
+class ToyBlock(nn.Module):
+    """An image block (ignores edge_index): Linear + ReLU with a residual, like ViG's FFN."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, edge_index=None) -> torch.Tensor:
+        return x + torch.relu(self.fc(x))
+
+
+def toy_image_model() -> BlockModel:
+    stem = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16))
+    return BlockModel([ToyBlock(16) for _ in range(4)], head=nn.Linear(16, 10), stem=stem)
+
+
+def config(kind: str, stages: int, replicas: int, chunks: int, schedule: str) -> Config:
+    cfg = Config()
+    cfg.strategy.stages, cfg.strategy.replicas, cfg.strategy.chunks = stages, replicas, chunks
+    cfg.strategy.schedule, cfg.strategy.batch_size = schedule, 12
+    cfg.run.seed = 0
+    if kind == "graph":
+        cfg.model = ModelConfig(name="gat", hidden=4, layers=2, heads=2, dropout=0.0)
+    else:
+        cfg.model = ModelConfig(name="vig", layers=4, dropout=0.0)
+    return cfg
+
+
+def reference_grads(kind: str, model: nn.Module, ds, cfg: Config) -> tuple[float, dict]:
+    """One sequential step on the same data: full graph, or the global image batch."""
+    if kind == "graph":
+        d = ds.data
+        loss = F.cross_entropy(model(d.x, d.edge_index)[d.train_mask], d.y[d.train_mask])
+    else:
+        from gnnpar.engine import image_batches
+
+        n = cfg.strategy.batch_size * cfg.strategy.replicas
+        x, y = next(image_batches(ds.train_x, ds.train_y, n, cfg.run.seed))
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return float(loss), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def _rank(rank: int, world: int, port: int, kind: str, cfg: Config, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        ds = graph_dataset() if kind == "graph" else image_dataset()
+        torch.manual_seed(0)
+        model = build_model(cfg.model, 6, 3) if kind == "graph" else toy_image_model()
+        ref = copy.deepcopy(model)
+        mesh = Mesh.create(cfg.strategy.replicas, cfg.strategy.stages, rank, 60)
+        job = GraphJob(cfg, ds, mesh) if kind == "graph" else ImageJob(cfg, ds, mesh)
+        balance = [1, 1] if kind == "graph" else [1, 3]  # uneven on purpose
+        runner = StageRunner(cfg, model, job, mesh, balance, torch.device("cpu"))
+        losses = runner.train_step(next(iter(job.train_batches(0))))
+        mesh.reduce_grads(runner.parameters())
+        ref_loss, ref_grads = reference_grads(kind, ref, ds, cfg)
+        mine = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+        assert mine, "this stage got no gradients"
+        for k, g in mine.items():
+            torch.testing.assert_close(g, ref_grads[k], atol=1e-5, rtol=1e-4, msg=k)
+        result = {"rank": rank, "params": sorted(mine), "loss": None}
+        if runner.last:
+            result["loss"] = sum(float(v.detach()) for v in losses) * 1.0
+            result["ref_loss"] = ref_loss
+            result["replica_scale"] = next(iter(job.train_batches(0))).own_scale
+        if kind == "graph" and cfg.strategy.replicas == 1:
+            payload, _ = runner.evaluate(job)
+            if runner.last:
+                ref.eval()
+                with torch.no_grad():
+                    full = ref(ds.data.x, ds.data.edge_index)
+                ids, rows = payload
+                torch.testing.assert_close(rows, full[ids], atol=1e-5, rtol=1e-4)
+                result["evaluated"] = int(ids.numel())
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(tmp_path, kind: str, stages: int, replicas: int, chunks: int, schedule="gpipe"):
+    cfg = config(kind, stages, replicas, chunks, schedule)
+    world = stages * replicas
+    mp.spawn(_rank, args=(world, free_port(), kind, cfg, str(tmp_path)), nprocs=world, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    params = [set(r["params"]) for r in results[:stages]]
+    assert all(not (a & b) for i, a in enumerate(params) for b in params[i + 1 :])  # disjoint
+    return results
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_gat_exact_two_stages_equal_sequential(tmp_path, schedule):
+    results = run_ranks(tmp_path, "graph", stages=2, replicas=1, chunks=3, schedule=schedule)
+    last = results[-1]
+    assert last["loss"] == pytest.approx(last["ref_loss"], abs=1e-5)
+    assert last["evaluated"] == 60  # every node's output equals the full-graph output
+
+
+@pytest.mark.timeout(120)
+def test_image_blocks_two_stages_equal_sequential(tmp_path):
+    results = run_ranks(tmp_path, "image", stages=2, replicas=1, chunks=4)
+    assert results[-1]["loss"] == pytest.approx(results[-1]["ref_loss"], abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------ the CLI
+def _train(cli, tmp_path, *flags: str):
+    return cli("train", "--quiet", "--out", str(tmp_path), *flags)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model", "gat", "--stages", "3", "--workers", "3"], "more than the 2 blocks"),
+        (["--model", "gat", "--balance", "2,1", "--workers", "2"], "add up to the model's 2"),
+        (["--model", "gat", "--stages", "2", "--workers", "3"], "needs 2 ranks"),
+        (["--model", "gat", "--chunks", "1", "--schedule", "1f1b", "--workers", "2"], "1f1b"),
+        (["--strategy", "hybrid", "--replicas", "2", "--workers", "2"], "needs 4 ranks"),
+    ],
+)
+def test_bad_pipeline_settings_exit_2_before_launch(cli, tmp_path, flags, message):
+    base = ["--dataset", "cora", "--strategy", "pipeline", "--epochs", "1"]
+    proc = _train(cli, tmp_path, *base, *flags)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_more_chunks_than_images_exit_2(cli, tmp_path):
+    flags = ["--dataset", "synthetic-cifar10", "--model", "vig", "--strategy", "pipeline"]
+    proc = _train(cli, tmp_path, *flags, "--workers", "2", "--batch-size", "4", "--chunks", "5")
+    assert proc.returncode == 2 and "more than the 4 images" in proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_more_chunks_than_training_nodes_exit_2_through_launcher(cli, tmp_path):
+    # Cora has 140 training nodes: only known once the data is loaded, inside the ranks.
+    flags = ["--dataset", "cora", "--model", "gat", "--strategy", "pipeline", "--workers", "2"]
+    proc = _train(cli, tmp_path, *flags, "--chunks", "141", "--epochs", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "more than the 140 training nodes" in proc.stderr
+
+
+@pytest.mark.timeout(240)
+def test_cli_pipeline_matches_sequential_without_dropout(cli, tmp_path):
+    common = ["--dataset", "cora", "--model", "gat", "--epochs", "3", "--dropout", "0"]
+    seq = _train(cli, tmp_path / "seq", *common)
+    assert seq.returncode == 0, seq.stderr
+    pipe = _train(
+        cli, tmp_path / "pipe", *common, "--strategy", "pipeline", "--workers", "2", "--chunks", "4"
+    )
+    assert pipe.returncode == 0, pipe.stderr
+    a = json.loads((tmp_path / "seq" / "result.json").read_text())
+    b = json.loads((tmp_path / "pipe" / "result.json").read_text())
+    assert b["loss_curve"] == pytest.approx(a["loss_curve"], abs=1e-4)
+    assert b["test_score"] == pytest.approx(a["test_score"], abs=1e-6)
+    assert b["gpipe_bound"] == pytest.approx(2 * 4 / 5)
+    assert b["balance"] == [1, 1] and b["halo_overhead"] > 0
+    assert b["step_time_s"]["count"] == 3 and b["test_step_time_s"]["count"] >= 1
