@@ -313,8 +313,9 @@ def resolve(cfg: Config) -> None:
         "gcn": dict(hidden=16, layers=2, heads=1, dropout=0.5, lr=0.01, wd=5e-4, epochs=200),
         # study 002: 3 x 256 dropout 0.5; study 003: 2 hidden layers (3 convs) 128/512, lr 1e-2
         "sage": dict(hidden=256, layers=3, heads=1, dropout=0.5, lr=5e-3, wd=5e-4, epochs=20),
-        # study 000: 8 ViG blocks; the study trains with Adam (accuracy was not its focus)
-        "vig": dict(hidden=96, layers=8, heads=1, dropout=0.0, lr=1e-3, wd=0.0, epochs=1),
+        # study 000: 8 ViG blocks of C = 107 channels (138K parameters each, see models/vig.py);
+        # the study trains with Adam (accuracy was not its focus)
+        "vig": dict(hidden=107, layers=8, heads=1, dropout=0.0, lr=1e-3, wd=0.0, epochs=1),
     }.get(m.name, {})
     if m.name == "sage" and big and s.name != "sampled":  # sampled: study 002's table 1
         defaults.update(
