@@ -22,6 +22,10 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
             "sequential-gcn-cluster",
             {**base, "model": "gcn", "strategy": "sequential", "partitions": 8},
         ),
+        (
+            "allreduce-gcn-cluster-x2",
+            {**base, "model": "gcn", "strategy": "allreduce", "partitions": 8, "workers": 2},
+        ),
     ]
 
 

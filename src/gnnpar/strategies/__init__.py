@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gnnpar.strategies.allreduce import AllReduce
 from gnnpar.strategies.gossip import GossipBipartite, GossipGCN
 from gnnpar.strategies.hybrid import Hybrid
 from gnnpar.strategies.pipeline import Pipeline
@@ -10,6 +11,7 @@ from gnnpar.strategies.sequential import Sequential
 
 STRATEGIES: dict[str, type] = {
     "sequential": Sequential,
+    "allreduce": AllReduce,
     "pipeline": Pipeline,
     "hybrid": Hybrid,
     "sampled": Sampled,
