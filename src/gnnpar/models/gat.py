@@ -44,9 +44,6 @@ from gnnpar.models.base import BlockModel, output_head
 # product is ~20x cheaper than the dense one; near 10% the two cost about the same on CPU.
 MAX_SPARSE_DENSITY = 0.1
 
-# torch prints this once per process for every CSR tensor; the CSR ops used here are stable.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """``F.dropout`` with the mask drawn by ``torch.rand``: P(U >= p) = 1 - p, scaled 1/(1-p)."""
@@ -83,18 +80,16 @@ class CSRPlan:
         return cls(crow, col, x[row, col], (n, f), t_crow, row[t_perm], t_perm)
 
     def matrix(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.sparse_csr_tensor(
-            self.crow, self.col, values, self.shape, check_invariants=False
-        )
+        return _csr(self.crow, self.col, values, self.shape)
 
     def transposed(self, values: torch.Tensor) -> torch.Tensor:
-        return torch.sparse_csr_tensor(
-            self.t_crow,
-            self.t_col,
-            values[self.t_perm],
-            (self.shape[1], self.shape[0]),
-            check_invariants=False,
-        )
+        return _csr(self.t_crow, self.t_col, values[self.t_perm], (self.shape[1], self.shape[0]))
+
+
+def _csr(crow, col, values, shape) -> torch.Tensor:
+    with warnings.catch_warnings():  # "CSR support is in beta": the ops used here are stable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 
 class _CSRMatmul(torch.autograd.Function):
