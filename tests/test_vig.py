@@ -1,0 +1,144 @@
+"""ViG (study 000): parameter counts, the dynamic kNN graph, max-relative convolution, layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.nn import MessagePassing
+
+from gnnpar.config import Config, resolve
+from gnnpar.models import build_model
+from gnnpar.models.vig import MRConv, ViGBlock, knn_graph, max_relative
+
+
+def vig_config(**overrides):
+    cfg = Config()
+    cfg.data.dataset = "synthetic-cifar10"
+    cfg.model.name = "vig"
+    for k, v in overrides.items():
+        setattr(cfg.model, k, v)
+    resolve(cfg)
+    return cfg.model
+
+
+def count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_parameter_counts_match_study_000_within_5_percent():
+    model = build_model(vig_config(), in_dim=3, num_classes=10)
+    assert len(model.blocks) == 8
+    per_block = count(model.blocks[0])
+    c = 107
+    assert per_block == 12 * c * c + 8 * c == 138_244  # the formula in the vig docstring
+    assert abs(per_block - 138_258) / 138_258 < 0.05
+    assert all(count(b) == per_block for b in model.blocks)
+    assert abs(count(model) - 1_120_410) / 1_120_410 < 0.05
+    assert count(model) == 1_119_016
+
+
+class MaxRelativeReference(MessagePassing):
+    """The textbook PyG formulation: messages x_j - x_i, max aggregation."""
+
+    def __init__(self) -> None:
+        super().__init__(aggr="max")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return x_j - x_i
+
+
+def test_max_relative_equals_pyg_message_passing_values_and_gradients():
+    torch.manual_seed(0)
+    b, n, c, k = 3, 7, 5, 3
+    h = torch.randn(b, n, c, requires_grad=True)
+    idx = knn_graph(h, k)
+    ours = max_relative(h, idx)
+    src = (idx + (torch.arange(b) * n).view(b, 1, 1)).reshape(-1)
+    dst = torch.arange(b * n).repeat_interleave(k)
+    h_ref = h.detach().clone().requires_grad_(True)
+    ref = MaxRelativeReference()(h_ref.reshape(b * n, c), torch.stack([src, dst])).view(b, n, c)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    weights = torch.randn(b, n, c)
+    (ours * weights).sum().backward()
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(h.grad, h_ref.grad)
+
+
+def test_max_relative_by_hand():
+    # One image, 3 nodes with 2 channels; node 0's neighbours are itself and node 2, etc.
+    h = torch.tensor([[[0.0, 4.0], [1.0, 1.0], [3.0, 0.0]]])
+    idx = torch.tensor([[[0, 2], [1, 0], [2, 1]]])
+    expected = torch.tensor([[[3.0, 0.0], [0.0, 3.0], [0.0, 1.0]]])
+    torch.testing.assert_close(max_relative(h, idx), expected)
+
+
+def test_knn_graph_equals_per_image_cdist_reference():
+    torch.manual_seed(1)
+    h = torch.randn(4, 30, 6)
+    idx = knn_graph(h, 9)
+    assert idx.shape == (4, 30, 9)
+    for img in range(4):  # reference: one image at a time, Euclidean distance of unit vectors
+        hn = torch.nn.functional.normalize(h[img], dim=-1)
+        ref = torch.cdist(hn, hn).topk(9, largest=False).indices
+        assert torch.equal(idx[img].sort(-1).values, ref.sort(-1).values)
+    assert torch.equal(idx[..., 0], torch.arange(30).expand(4, 30))  # each node is its own nearest
+
+
+def test_mrconv_is_linear_over_node_and_max_relative_features():
+    torch.manual_seed(0)
+    conv = MRConv(4)
+    h, idx = torch.randn(2, 5, 4), torch.randint(0, 5, (2, 5, 3))
+    expected = conv.lin(torch.cat([h, max_relative(h, idx)], -1))
+    torch.testing.assert_close(conv(h, idx), expected)
+    assert count(conv) == 2 * 4 * 4 + 4
+
+
+def test_block_layouts_and_images_are_independent_in_a_batch():
+    torch.manual_seed(0)
+    block = ViGBlock(8).eval()
+    x = torch.randn(3, 16, 8)  # [B, N, C] with N = 4 x 4 pixels
+    out = block(x)
+    assert out.shape == (3, 16, 8)
+    as_image = x.transpose(1, 2).reshape(3, 8, 4, 4)  # the same activations as [B, C, H, W]
+    torch.testing.assert_close(block(as_image), out)
+    # The kNN graph is per image: an image's output does not depend on its batch mates.
+    torch.testing.assert_close(block(x[1:2]), out[1:2], rtol=1e-5, atol=1e-6)
+
+
+def test_graph_is_dynamic_from_the_blocks_own_features():
+    """The graph follows fc_in's output: changing fc_in changes which neighbours are used."""
+    torch.manual_seed(0)
+    block = ViGBlock(6, k=2)
+    x = torch.randn(1, 12, 6)
+    h = block.fc_in(x)
+    before = knn_graph(h, 2)
+    with torch.no_grad():
+        block.fc_in.weight.copy_(torch.randn(6, 6))
+    after = knn_graph(block.fc_in(x), 2)
+    assert not torch.equal(before, after)
+
+
+def test_vig_model_on_tiny_images():
+    torch.manual_seed(0)
+    model = build_model(vig_config(hidden=8, layers=2), in_dim=3, num_classes=10)
+    images = torch.randn(4, 3, 8, 8)
+    out = model(images)
+    assert out.shape == (4, 10)
+    torch.testing.assert_close(out.exp().sum(-1), torch.ones(4))
+    h = model.stem(images)
+    assert h.shape == (4, 64, 8)  # pixels are the nodes
+    for block in model.blocks:
+        h = block(h)
+        assert h.shape == (4, 64, 8)
+    torch.testing.assert_close(model.head(h), out)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("k", [1, 9])
+def test_knn_graph_with_fewer_nodes_than_k(k):
+    h = torch.randn(2, 4, 3)
+    assert knn_graph(h, k).shape == (2, 4, min(k, 4))
