@@ -38,7 +38,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-from torch_geometric.data import Data
 
 _UNSEEN = torch.iinfo(torch.long).max
 
@@ -82,6 +81,23 @@ class SampledBatch:
     batch_size: int  # number of seeds (the first rows of n_id)
     num_sampled_nodes: list[int]  # nodes added per hop (hop 0 = seeds), as PyG reports them
     num_sampled_edges: list[int]  # edges sampled per hop
+    x: torch.Tensor | None = None  # features of n_id (filled by SampledBatches)
+    y: torch.Tensor | None = None  # labels of the seeds
+
+    def to_data(self):  # -> torch_geometric.data.Data
+        """The batch as the PyG ``Data`` a ``NeighborLoader`` yields (imported here, so that
+        loader workers, which only build SampledBatch objects, never import PyG)."""
+        from torch_geometric.data import Data
+
+        return Data(
+            x=self.x,
+            y=self.y,
+            edge_index=self.edge_index,
+            n_id=self.n_id,
+            batch_size=self.batch_size,
+            num_sampled_nodes=self.num_sampled_nodes,
+            num_sampled_edges=self.num_sampled_edges,
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -328,7 +344,7 @@ class SampledBatches(torch.utils.data.Dataset):
             self._state = g
         return self._state
 
-    def __getitem__(self, i: int) -> Data:
+    def __getitem__(self, i: int) -> SampledBatch:
         epoch, step = divmod(int(i), self.steps)
         if self._epoch is None or self._epoch[0] != epoch:
             seeds = epoch_seeds(
@@ -339,15 +355,8 @@ class SampledBatches(torch.utils.data.Dataset):
         g = self._graph()
         gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
         b: SampledBatch = g["sampler"].sample(seeds, gen)
-        return Data(
-            x=g["x"][b.n_id],
-            y=g["y"][seeds],
-            edge_index=b.edge_index,
-            n_id=b.n_id,
-            batch_size=b.batch_size,
-            num_sampled_nodes=b.num_sampled_nodes,
-            num_sampled_edges=b.num_sampled_edges,
-        )
+        b.x, b.y = g["x"][b.n_id], g["y"][seeds]
+        return b
 
 
 class EpochSampler(torch.utils.data.Sampler[int]):
@@ -385,7 +394,7 @@ def build_loader(
     if start_method == "forkserver":
         # the fork server imports these once; each worker is then a cheap fork of a process
         # that has no threads, no OpenMP pool and no process group
-        ctx.set_forkserver_preload(["torch", "torch_geometric.data", __name__])
+        ctx.set_forkserver_preload(["torch", __name__])
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=None,

@@ -169,7 +169,7 @@ class Sampled:
                 for batch in _timed(it, step_times):
                     t1 = time.perf_counter()
                     wait_s += t1 - step_times[-1]
-                    batch = batch.to(ctx.device)
+                    batch = batch.to_data().to(ctx.device)
                     opt.zero_grad(set_to_none=True)
                     out = net(batch.x, batch.edge_index)[: batch.batch_size]
                     loss = loss_fn(out, batch.y, ds.multilabel)

@@ -1,0 +1,124 @@
+"""The `sampled` strategy: it learns, runs 2 ranks x 2 loader workers to the end with the time
+breakdown in result.json, evaluates big graphs layer by layer exactly, and rejects bad input with
+exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import run_cli, tiny_graph
+from gnnpar import UsageError
+from gnnpar.config import ModelConfig, build_config
+from gnnpar.data.datasets import GraphDataset
+from gnnpar.data.sampling import CSRGraph
+from gnnpar.dist import DistContext
+from gnnpar.models import build_model
+from gnnpar.strategies.sampled import Sampled, layerwise_inference
+from gnnpar.train import run_rank
+
+
+@pytest.mark.parametrize("model", ["sage", "gat3"])
+def test_layerwise_inference_equals_full_graph(model):
+    torch.manual_seed(0)
+    n = 150
+    g = torch.Generator().manual_seed(1)
+    ei = torch.unique(torch.randint(0, n, (2, 900), generator=g), dim=1)
+    x = torch.randn(n, 6)
+    net = build_model(ModelConfig(model, hidden=8, layers=3, heads=1, dropout=0.5), 6, 3).eval()
+    with torch.no_grad():
+        full = net(x, ei)
+    chunked = layerwise_inference(net, x, CSRGraph.from_edge_index(ei, n), chunk=17)
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-6)
+
+
+def test_single_process_learns_cora_and_cleans_up(tmp_path):
+    cfg = build_config(
+        None,
+        {
+            "dataset": "cora",
+            "model": "sage",
+            "strategy": "sampled",
+            "epochs": 10,
+            "batch-size": 32,
+            "hidden": 64,
+            "lr": 0.01,
+            "threads": 1,
+            "quiet": True,
+            "out": str(tmp_path),
+        },
+    )
+    assert cfg.strategy.fanouts == [25, 10, 10]
+    result = run_rank(cfg)
+    assert result["test_score"] > 0.6  # 10 epochs of 5 sampled batches (0.79 seen)
+    assert result["per_worker_batches"] == [10 * 5]
+    assert result["loss_curve"][-1] < result["loss_curve"][0]
+    (bd,) = result["time_breakdown_s"]
+    assert bd["sync"] == 0.0 and bd["compute"] > 0
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"gnnpar-sampled-{os.getpid()}")]
+
+
+def test_study_002_defaults():
+    for dataset in ("cora", "synthetic-reddit"):  # big graphs must not get study 003's sage
+        cfg = build_config(None, {"dataset": dataset, "model": "sage", "strategy": "sampled"})
+        assert (cfg.model.hidden, cfg.model.layers, cfg.model.dropout) == (256, 3, 0.5)
+        assert (cfg.optim.lr, cfg.optim.weight_decay) == (5e-3, 5e-4)
+    cfg = build_config(None, {"model": "gat3", "strategy": "sampled"})
+    assert (cfg.model.hidden, cfg.model.heads, cfg.model.dropout) == (16, 1, 0.6)
+    assert cfg.strategy.fanouts == [25, 10, 10]
+
+
+def test_bad_input_is_a_usage_error():
+    with pytest.raises(UsageError, match="3 layers"):
+        build_config(None, {"strategy": "sampled", "model": "sage", "fanouts": "10,10"})
+    with pytest.raises(UsageError, match="batch-size"):
+        build_config(None, {"strategy": "sampled", "model": "sage", "batch-size": 0})
+    data = tiny_graph()
+    data.train_mask = torch.zeros(6, dtype=torch.bool)
+    data.train_mask[2] = True
+    cfg = build_config(None, {"strategy": "sampled", "model": "sage"})
+    with pytest.raises(UsageError, match="fewer than the 2 ranks"):
+        Sampled().run(cfg, GraphDataset("tiny", data, 2), DistContext(world_size=2))
+
+
+@pytest.mark.timeout(120)
+def test_cli_fanout_mismatch_exits_2():
+    p = run_cli(
+        "train", "--strategy", "sampled", "--model", "gat3", "--fanouts", "5,5", timeout=100
+    )
+    assert p.returncode == 2, p.stderr
+    assert "gnnpar: error:" in p.stderr and "one fan-out per layer" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.timeout(240)
+def test_more_ranks_than_training_nodes_exits_2_through_the_launcher():
+    # karate has 4 labelled training nodes
+    p = run_cli(
+        "train", "--dataset", "karate", "--strategy", "sampled", "--model", "sage",
+        "--workers", "5", "--quiet", timeout=220,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    assert "4 training nodes, fewer than the 5 ranks" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_two_loader_workers_run_two_epochs(tmp_path):
+    p = run_cli(
+        "train", "--dataset", "cora", "--strategy", "sampled", "--model", "sage",
+        "--workers", "2", "--loader-workers", "2", "--epochs", "2", "--batch-size", "32",
+        "--timeout", "120", "--quiet", "--out", str(tmp_path), timeout=280,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    r = json.loads((tmp_path / "result.json").read_text())
+    # 140 training nodes: 70 per rank, 3 batches of <= 32, 2 epochs
+    assert r["workers"] == 2 and r["per_worker_batches"] == [6, 6]
+    assert len(r["time_breakdown_s"]) == 2
+    for bd in r["time_breakdown_s"]:
+        assert set(bd) == {"data_wait", "compute", "sync"} and min(bd.values()) >= 0
+    assert r["max_rank_train_time_s"] == max(r["rank_train_time_s"])
+    assert r["step_time_s"]["count"] == 6 and 0 <= r["test_score"] <= 1
