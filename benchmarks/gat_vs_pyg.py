@@ -1,0 +1,185 @@
+"""Study 001's GAT on Cora and CiteSeer: a plain PyG script against ``gnnpar train``, same run.
+
+The plain side is the textbook PyG example (examples/gat.py) with study 001's model: dropout 0.6
+on the dense feature matrix -> GATConv(8 heads x 8) -> ELU -> dropout 0.6 -> GATConv(8 heads,
+averaged) -> log-softmax, Adam lr 0.005, weight decay 5e-4, features row-normalised, the public
+Planetoid split. The gnnpar side goes through the public path (``build_config`` + ``train.run``,
+exactly what ``gnnpar train --dataset D --model gat --seed S --threads T`` does). Both train 300
+epochs and evaluate after every epoch, as the PyG example does.
+
+Epoch time is the training step (forward, backward, optimizer step), timed the same way on both
+sides; the target compares medians: gnnpar / plain <= 0.3 with test accuracy no lower than plain
+minus 1 point (Cora >= 0.79). The two sides alternate within every repetition (which goes first
+alternates too), so both see the same machine load; each repetition uses a new seed on both sides.
+
+    .venv/bin/python benchmarks/gat_vs_pyg.py                       # 3 repetitions, 1 thread
+    .venv/bin/python benchmarks/gat_vs_pyg.py --reps 5 --threads 2 --out runs/gat_vs_pyg.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import torch_geometric
+import torch_geometric.transforms as T
+from torch_geometric.datasets import Planetoid
+from torch_geometric.nn import GATConv
+
+import gnnpar
+from gnnpar.config import build_config
+from gnnpar.data.datasets import BUNDLED
+from gnnpar.train import run
+
+PLANETOID_NAMES = {"cora": "Cora", "citeseer": "CiteSeer"}
+
+
+# --------------------------------------------------------------------- the plain PyG script
+class PlainGAT(torch.nn.Module):
+    def __init__(self, in_channels: int, hidden: int, out_channels: int, heads: int = 8) -> None:
+        super().__init__()
+        self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=0.6)
+        self.conv2 = GATConv(hidden * heads, out_channels, heads=heads, concat=False, dropout=0.6)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        x = F.dropout(x, p=0.6, training=self.training)
+        x = F.elu(self.conv1(x, edge_index))
+        x = F.dropout(x, p=0.6, training=self.training)
+        x = self.conv2(x, edge_index)
+        return F.log_softmax(x, dim=-1)
+
+
+def plain_pyg(name: str, epochs: int, seed: int, root: Path) -> dict:
+    dataset = Planetoid(str(root), PLANETOID_NAMES[name], transform=T.NormalizeFeatures())
+    data = dataset[0]
+    torch.manual_seed(seed)
+    model = PlainGAT(dataset.num_features, 8, dataset.num_classes)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+
+    def train() -> float:
+        model.train()
+        optimizer.zero_grad()
+        out = model(data.x, data.edge_index)
+        loss = F.nll_loss(out[data.train_mask], data.y[data.train_mask])
+        loss.backward()
+        optimizer.step()
+        return float(loss)
+
+    @torch.no_grad()
+    def test() -> list[float]:
+        model.eval()
+        pred = model(data.x, data.edge_index).argmax(dim=-1)
+        return [
+            float((pred[m] == data.y[m]).float().mean())
+            for m in (data.train_mask, data.val_mask, data.test_mask)
+        ]
+
+    steps, evals = [], []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        train()
+        steps.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _, val_acc, test_acc = test()
+        evals.append(time.perf_counter() - t0)
+    return {
+        "step_median_s": statistics.median(steps),
+        "epoch_with_eval_s": (sum(steps) + sum(evals)) / epochs,
+        "val": val_acc,
+        "test": test_acc,
+    }
+
+
+# ------------------------------------------------------------------------------ gnnpar
+def gnnpar_train(name: str, epochs: int, seed: int, threads: int) -> dict:
+    flags = {"dataset": name, "model": "gat", "epochs": epochs, "seed": seed}
+    flags.update(threads=threads, quiet=True)
+    result = run(build_config(None, flags))
+    evals = result["test_step_time_s"]
+    return {
+        "step_median_s": result["step_time_s"]["median"],
+        "epoch_with_eval_s": (result["train_time_s"] + evals["mean"] * evals["count"]) / epochs,
+        "val": result["val_score"],
+        "test": result["test_score"],
+    }
+
+
+def summarize(runs: list[dict]) -> dict:
+    def med(side: str, key: str) -> float:
+        return statistics.median(r[side][key] for r in runs)
+
+    return {
+        "ratio_median": statistics.median(r["ratio"] for r in runs),
+        "plain_step_ms": med("plain", "step_median_s") * 1e3,
+        "gnnpar_step_ms": med("gnnpar", "step_median_s") * 1e3,
+        "plain_epoch_with_eval_ms": med("plain", "epoch_with_eval_s") * 1e3,
+        "gnnpar_epoch_with_eval_ms": med("gnnpar", "epoch_with_eval_s") * 1e3,
+        "plain_test": med("plain", "test"),
+        "gnnpar_test": med("gnnpar", "test"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--datasets", default="cora,citeseer")
+    p.add_argument("--epochs", type=int, default=300)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    root = Path(tempfile.mkdtemp(prefix="gat_vs_pyg_"))
+    for folder in PLANETOID_NAMES.values():  # a private copy: Planetoid writes processed/ files
+        shutil.copytree(BUNDLED / folder, root / folder)
+    load_before = os.getloadavg()
+    report: dict = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__},
+        "gnnpar": gnnpar.__version__,
+        "threads": args.threads,
+        "epochs": args.epochs,
+        "datasets": {},
+    }
+    for name in args.datasets.split(","):
+        runs = []
+        for rep in range(args.reps):
+            order = ["gnnpar", "plain"] if rep % 2 else ["plain", "gnnpar"]
+            row = {}
+            for side in order:
+                if side == "plain":
+                    row[side] = plain_pyg(name, args.epochs, rep, root)
+                else:
+                    row[side] = gnnpar_train(name, args.epochs, rep, args.threads)
+            row["ratio"] = row["gnnpar"]["step_median_s"] / row["plain"]["step_median_s"]
+            runs.append(row)
+            print(
+                f"{name} rep {rep}: step plain {row['plain']['step_median_s'] * 1e3:.1f} ms, "
+                f"gnnpar {row['gnnpar']['step_median_s'] * 1e3:.1f} ms (ratio {row['ratio']:.3f}); "
+                f"test plain {row['plain']['test']:.3f}, gnnpar {row['gnnpar']['test']:.3f}",
+                flush=True,
+            )
+        summary = summarize(runs)
+        summary["target_met"] = summary["ratio_median"] <= 0.3 and summary["gnnpar_test"] >= (
+            summary["plain_test"] - 0.01
+        )
+        report["datasets"][name] = {"summary": summary, "runs": runs}
+        print(f"{name}: {summary}", flush=True)
+    report["loadavg_before_after"] = [load_before, os.getloadavg()]
+    shutil.rmtree(root, ignore_errors=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: v["summary"] for k, v in report["datasets"].items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
