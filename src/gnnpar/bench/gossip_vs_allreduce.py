@@ -1,0 +1,228 @@
+"""`gnnpar bench gossip-vs-allreduce`: study 003's comparison of AllReduce-GCN and GossipGCN.
+
+The grid of study 003 section 4.4 on 2 ranks (one core each, as the study gives each worker one
+GPU): the sequential Cluster-GCN baseline (1 rank), ``allreduce`` and ``gossip`` at averaging
+intervals K = 1, 20, 100, and ``gossip-bipartite`` (algorithm 5), each once on equal ranks and
+once with rank 1 slowed 3x (``--slowdown 1=3``, the study's non-dedicated GPUs). Datasets:
+synthetic-reddit and synthetic-amazon, scaled to this machine (``--quick``: synthetic-reddit only,
+smaller, K = 1 and 20, one repetition).
+
+Output (in ``--out``): report.md with tables in the shape of study tables 4.6/4.7 (speed-up over
+the sequential baseline, per interval) and 4.8/4.9 (time, score and mini-batches per rank), the
+gossip / allreduce time ratio at equal K (target: <= 0.6 with the straggler, test score within one
+point), speedup_<dataset>.png (figures 4.6-4.8) and results.json.
+
+    gnnpar bench gossip-vs-allreduce --quick
+    gnnpar bench gossip-vs-allreduce --out runs/gossip-vs-allreduce
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gnnpar.bench.report import fmt, markdown_table, print_table, run_config, write_report
+
+STRAGGLER = "1=3"
+
+
+def grid(quick: bool) -> tuple[list[dict[str, Any]], list[int], int]:
+    """(datasets with their settings, intervals, repetitions)."""
+    if quick:
+        data = [dict(dataset="synthetic-reddit", scale=0.01, partitions=40, epochs=5)]
+        return data, [1, 20], 1
+    data = [
+        dict(dataset="synthetic-reddit", scale=0.02, partitions=40, epochs=10),
+        dict(dataset="synthetic-amazon", scale=0.005, partitions=64, epochs=5),
+    ]
+    return data, [1, 20, 100], 2
+
+
+def runs_for(data: dict[str, Any], intervals: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    base = {**data, "model": "sage", "seed": 0, "eval-every": 0, "threads": 1}
+    runs = [("sequential", {**base, "strategy": "sequential"})]
+    for slow in (None, STRAGGLER):
+        par = {**base, "workers": 2, **({"slowdown": slow} if slow else {})}
+        tag = "-slow" if slow else ""
+        for strategy in ("allreduce", "gossip"):
+            for k in intervals:
+                runs.append(
+                    (f"{strategy}-k{k}{tag}", {**par, "strategy": strategy, "sync-every": k})
+                )
+        bip = {**par, "strategy": "gossip-bipartite", "sync-every": 20}  # table 4.1's middle K
+        runs.append((f"gossip-bipartite-k20{tag}", bip))
+    return runs
+
+
+def _median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repetition with the median train time (its scores and counts go with it)."""
+    ordered = sorted(results, key=lambda r: r["train_time_s"])
+    pick = dict(ordered[(len(ordered) - 1) // 2])
+    pick["train_times"] = [r["train_time_s"] for r in results]
+    return pick
+
+
+def _row(name: str, r: dict[str, Any], seq_time: float) -> dict[str, Any]:
+    cfg = r["config"]["strategy"]
+    return {
+        "run": name,
+        "strategy": r["strategy"],
+        "K": cfg["sync_every"] if r["strategy"] != "sequential" else "-",
+        "straggler": "rank1 x3" if cfg["slowdown"] else "-",
+        "train_s": r["train_time_s"],
+        "reps_s": " ".join(fmt(t) for t in r.get("train_times", [r["train_time_s"]])),
+        "speedup": seq_time / r["train_time_s"],
+        "test": r["test_score"],
+        "val": r["val_score"],
+        "final": r.get("final_model", "-"),
+        "batches/rank": " ".join(str(b) for b in r["per_worker_batches"]),
+        "exchanges/rank": " ".join(str(e) for e in r.get("per_worker_exchanges", [])) or "-",
+        "wait_s/rank": " ".join(fmt(w) for w in r.get("per_worker_wait_s", [])) or "-",
+    }
+
+
+def speedup_table(rows: list[dict[str, Any]], intervals: list[int]) -> list[dict[str, Any]]:
+    """Study tables 4.6/4.7: speed-up over the sequential baseline, one row per (algorithm, K)."""
+    by = {(r["strategy"], r["K"], r["straggler"]): r for r in rows}
+    out = []
+    for strategy in ("allreduce", "gossip", "gossip-bipartite"):
+        for k in intervals:
+            cells = [by.get((strategy, k, s)) for s in ("-", "rank1 x3")]
+            if not any(cells):
+                continue
+            out.append(
+                {
+                    "algorithm": strategy,
+                    "K": k,
+                    "speed-up (2 ranks)": cells[0]["speedup"] if cells[0] else "",
+                    "speed-up (rank 1 slowed 3x)": cells[1]["speedup"] if cells[1] else "",
+                }
+            )
+    return out
+
+
+def target_table(rows: list[dict[str, Any]], intervals: list[int]) -> list[dict[str, Any]]:
+    """Gossip against allreduce at the same K: time ratio and test-score difference (points)."""
+    by = {(r["strategy"], r["K"], r["straggler"]): r for r in rows}
+    out = []
+    for s in ("-", "rank1 x3"):
+        for k in intervals:
+            a, g = by.get(("allreduce", k, s)), by.get(("gossip", k, s))
+            if a and g:
+                ratio = g["train_s"] / a["train_s"]
+                delta = 100 * (g["test"] - a["test"])
+                ok = ratio <= 0.6 and delta >= -1 if s != "-" else ""
+                out.append(
+                    {
+                        "straggler": s,
+                        "K": k,
+                        "gossip/allreduce time": ratio,
+                        "test delta (points)": delta,
+                        "target met": ok,
+                    }
+                )
+    return out
+
+
+def speedup_plot(path: Path, rows: list[dict[str, Any]], intervals: list[int], title: str) -> None:
+    """Figures 4.6-4.8: speed-up per averaging interval, allreduce against gossip."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r["strategy"], r["K"], r["straggler"]): r["speedup"] for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    width = 0.27
+    for ax, (s, label) in zip(axes, (("-", "2 equal ranks"), ("rank1 x3", "rank 1 slowed 3x"))):
+        for j, strategy in enumerate(("allreduce", "gossip", "gossip-bipartite")):
+            xs = [i + (j - 1) * width for i, k in enumerate(intervals) if (strategy, k, s) in by]
+            ys = [by[(strategy, k, s)] for k in intervals if (strategy, k, s) in by]
+            ax.bar(xs, ys, width, label=strategy)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(range(len(intervals)), [f"K={k}" for k in intervals])
+        ax.set_title(label)
+    axes[0].set_ylabel("speed-up over sequential")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+DETAIL_COLS = [
+    "run",
+    "K",
+    "straggler",
+    "train_s",
+    "reps_s",
+    "speedup",
+    "test",
+    "final",
+    "batches/rank",
+    "exchanges/rank",
+    "wait_s/rank",
+]
+
+
+def gossip_vs_allreduce(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
+    datasets, intervals, reps = grid(quick)
+    results: list[dict[str, Any]] = []
+    sections: list[tuple[str, str]] = []
+    for data in datasets:
+        runs = runs_for(data, intervals)
+        rows = []
+        seq_time = None
+        for i, (name, flags) in enumerate(runs, 1):
+            if data_root:
+                flags = {**flags, "data-root": data_root}
+            n = 1 if name == "sequential" else reps
+            tries = []
+            for rep in range(n):
+                if not quiet:
+                    print(
+                        f"[{data['dataset']} {i}/{len(runs)}] {name} rep {rep + 1}/{n}", flush=True
+                    )
+                r = run_config({**flags, "seed": rep}, out, f"{data['dataset']}-{name}-r{rep}")
+                r["bench"] = {"name": name, "rep": rep, **data}
+                tries.append(r)
+            results += tries
+            best = _median_run(tries)
+            seq_time = seq_time or best["train_time_s"]
+            rows.append(_row(name, best, seq_time))
+        ds = data["dataset"]
+        title = f"{ds} (scale {data['scale']}, {data['partitions']} parts, {data['epochs']} ep)"
+        speed, target = speedup_table(rows, intervals), target_table(rows, intervals)
+        for t, rs in (
+            ("speed-up (tables 4.6/4.7)", speed),
+            ("gossip vs allreduce", target),
+            ("runs (tables 4.8/4.9)", rows),
+        ):
+            print_table(
+                f"{ds}: {t}", rs, list(rs[0]) if t != "runs (tables 4.8/4.9)" else DETAIL_COLS
+            )
+        png = f"speedup_{ds}.png"
+        speedup_plot(out / png, rows, intervals, f"Speed-up on {title}")
+        score = results[-1]["score_name"]
+        sections += [
+            (
+                f"{title}: speed-up over sequential (tables 4.6/4.7)",
+                markdown_table(speed, list(speed[0])),
+            ),
+            (
+                f"{title}: gossip against allreduce at equal K",
+                markdown_table(target, list(target[0]))
+                + "\n\nTarget (issue 3): with rank 1 slowed 3x, gossip time <= 0.6x allreduce's and "
+                f"test {score} within 1 point.",
+            ),
+            (
+                f"{title}: every run (tables 4.8/4.9)",
+                markdown_table(rows, DETAIL_COLS)
+                + f"\n\ntrain_s: median of {reps} repetition(s) (seeds 0..{reps - 1}; all in reps_s);"
+                f" test: test {score} of the final model of that repetition; speed-up: sequential"
+                " train time / this run's. Partitioning is outside train time.",
+            ),
+            (f"{title}: plot", f"![speed-up]({png})"),
+        ]
+    write_report(out, "GossipGCN against AllReduce-GCN (study 003, 2 ranks)", sections, results)
+    return results
