@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from gnnpar import UsageError
+from gnnpar.bench.gossip_vs_allreduce import gossip_vs_allreduce
 from gnnpar.bench.tour import tour
 
 SUITES = {
     "tour": tour,
+    "gossip-vs-allreduce": gossip_vs_allreduce,
 }
 
 

@@ -26,6 +26,10 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
             "allreduce-gcn-cluster-x2",
             {**base, "model": "gcn", "strategy": "allreduce", "partitions": 8, "workers": 2},
         ),
+        (
+            "gossip-gcn-cluster-x2",
+            {**base, "model": "gcn", "strategy": "gossip", "partitions": 8, "workers": 2},
+        ),
     ]
 
 
