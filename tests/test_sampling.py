@@ -125,18 +125,25 @@ def test_same_seed_same_batch_other_seed_other_batch():
     assert not torch.equal(a.edge_index, c.edge_index)
 
 
-def test_without_replacement_is_uniform():
-    """One node with 10 in-neighbours, fan-out 3, 6000 draws: each neighbour is kept with
-    probability 3/10; the counts stay within 5 standard deviations of 1800 (seeded: not flaky)."""
+@pytest.mark.parametrize("fanout", [2, 5])  # deg >= 4 fanout: rejection; else random keys
+def test_without_replacement_is_uniform(fanout):
+    """A node with 10 in-neighbours, 3000 batches: each neighbour is kept with probability
+    fanout/10; counts stay within 5 standard deviations of that (seeded: not flaky), and pairs
+    of neighbours come up together as often as a uniform subset says."""
     ei = torch.stack([torch.arange(1, 11), torch.zeros(10, dtype=torch.long)])
-    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 11), [3])
+    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 11), [fanout])
     gen = torch.Generator().manual_seed(0)
-    counts = torch.zeros(11)
-    for _ in range(6000):
+    reps, p = 3000, fanout / 10
+    counts, pair = torch.zeros(11), 0
+    for _ in range(reps):
         b = sampler.sample(torch.tensor([0]), gen)
-        counts.index_add_(0, b.n_id[1:], torch.ones(b.num_nodes - 1))
-    sd = (6000 * 0.3 * 0.7) ** 0.5
-    assert counts[0] == 0 and ((counts[1:] - 1800).abs() < 5 * sd).all()
+        assert b.num_nodes == 1 + fanout
+        counts.index_add_(0, b.n_id[1:], torch.ones(fanout))
+        pair += int({1, 2} <= set(b.n_id.tolist()))
+    sd = (reps * p * (1 - p)) ** 0.5
+    assert counts[0] == 0 and ((counts[1:] - reps * p).abs() < 5 * sd).all()
+    p2 = fanout * (fanout - 1) / 90  # P(two given neighbours both kept)
+    assert abs(pair - reps * p2) < 5 * (reps * p2 * (1 - p2)) ** 0.5
 
 
 @pytest.mark.parametrize("model", ["sage", "gat3"])

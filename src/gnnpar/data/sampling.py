@@ -15,7 +15,8 @@ A mini-batch has the shape PyG's ``NeighborLoader`` returns, so PyG layers consu
 Hop ``k`` samples, for every node first reached at hop ``k-1`` (the seeds for ``k=1``), up to
 ``fanouts[k-1]`` of its incoming neighbours (``-1``: all of them). Without replacement each of a
 node's ``min(deg, fanout)`` neighbours is distinct (a uniform random subset: random keys, one sort
-by ``(row, key)``, the first ``fanout`` of each row); with replacement each node draws exactly
+by ``(row, key)``, the first ``fanout`` of each row; for rows with many more neighbours than
+``fanout``, ``fanout`` draws with the repeats drawn again, O(fanout) instead of O(degree)); with replacement each node draws exactly
 ``fanout`` neighbours uniformly (PyG's ``replace=True``). With ``fanouts = [-1] * L`` the batch is
 the exact L-hop in-neighbourhood of the seeds, so an L-layer GNN gives the seeds the same outputs
 as full-graph inference. Every random number comes from the ``torch.Generator`` passed in, so the
@@ -114,6 +115,57 @@ def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return rep_start + torch.arange(total)
 
 
+def _draw(u: torch.Tensor, deg: torch.Tensor) -> torch.Tensor:
+    """Uniform integers in [0, deg) from uniform floats in [0, 1)."""
+    return (u * deg).long().clamp_max_(deg - 1)  # the clamp only guards float rounding
+
+
+def _subset_by_keys(
+    start: torch.Tensor, deg: torch.Tensor, k: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A uniform k-subset of each row ``[start, start + deg)`` (deg > k): a random key per
+    element, one sort by (row, key), the first k of each row. (edge positions, row index)."""
+    pos = _ranges(start, deg)
+    row = torch.repeat_interleave(torch.arange(deg.numel()), deg)
+    # row + key in float64 is one sort; keys in [0, 0.5) so rounding never carries a key into
+    # the next row (exact for rows < 2**51)
+    keys = row.double() + 0.5 * torch.rand(pos.numel(), generator=gen, dtype=torch.float64)
+    order = torch.sort(keys, stable=True).indices
+    row_begin = torch.cumsum(deg, 0) - deg
+    rank_in_row = torch.arange(pos.numel()) - row_begin[row]  # row is sorted already
+    keep = order[rank_in_row < k]
+    return pos[keep], row[keep]
+
+
+def _subset_by_rejection(
+    start: torch.Tensor, deg: torch.Tensor, k: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A uniform k-subset of each row (used for deg >= 4k): k uniform draws per row; while a row
+    holds a value twice, draw the repeats again. The result is the first k distinct values of a
+    sequence of uniform draws, which by symmetry is a uniform k-subset; with deg >= 4k a redraw
+    repeats with probability < 1/4, so few rounds are needed, each only over the rows that still
+    hold a repeat. (edge positions, row index)."""
+    rows = deg.numel()
+    if rows == 0:
+        return torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long)
+    deg_m = deg[:, None].expand(rows, k)
+    idx = _draw(torch.rand(rows, k, generator=gen, dtype=torch.float64), deg_m)
+    active = torch.arange(rows)  # rows that may still hold a repeat
+    while active.numel():
+        sub = idx[active]
+        val, order = torch.sort(sub, dim=1)  # k values per row: small row-wise sorts
+        repeat = torch.zeros_like(sub, dtype=torch.bool)
+        repeat.scatter_(1, order[:, 1:], val[:, 1:] == val[:, :-1])  # copies after the first
+        has = repeat.any(dim=1)
+        active, sub, repeat = active[has], sub[has], repeat[has]
+        u = torch.rand(int(repeat.sum()), generator=gen, dtype=torch.float64)
+        sub[repeat] = _draw(u, deg_m[active][repeat])
+        idx[active] = sub
+    row = torch.arange(rows).repeat_interleave(k)
+    idx = idx.view(-1)
+    return start[row] + idx, row
+
+
 class NeighborSampler:
     """Layer-wise uniform neighbour sampling; see the module docstring for the batch layout.
 
@@ -143,28 +195,20 @@ class NeighborSampler:
             # exactly `fanout` draws per node that has any neighbour (PyG's replace=True)
             has = (deg > 0).nonzero().view(-1)
             u = torch.rand(has.numel(), fanout, generator=gen, dtype=torch.float64)
-            pick = start[has, None] + (u * deg[has, None]).long().clamp_max(deg[has, None] - 1)
+            pick = start[has, None] + _draw(u, deg[has, None])
             return pick.view(-1), has.repeat_interleave(fanout)
         small = deg <= fanout  # these keep every neighbour, no randomness needed
         idx_small = small.nonzero().view(-1)
         pos_small = _ranges(start[idx_small], deg[idx_small])
         tgt_small = torch.repeat_interleave(idx_small, deg[idx_small])
-        idx_big = (~small).nonzero().view(-1)
-        if idx_big.numel() == 0:
-            return pos_small, tgt_small
-        # Uniform subset of size `fanout` per row: random key per edge, sort by (row, key), keep
-        # the first `fanout` of each row. row + key in float64 is one sort; keys in [0, 0.5) so
-        # rounding never carries a key into the next row (exact for rows < 2**51).
-        deg_big = deg[idx_big]
-        pos = _ranges(start[idx_big], deg_big)
-        row = torch.repeat_interleave(torch.arange(idx_big.numel()), deg_big)
-        keys = row.double() + 0.5 * torch.rand(pos.numel(), generator=gen, dtype=torch.float64)
-        order = torch.sort(keys, stable=True).indices
-        row_begin = torch.cumsum(deg_big, 0) - deg_big
-        rank_in_row = torch.arange(pos.numel()) - row_begin[row]  # row is sorted already
-        keep = order[rank_in_row < fanout]
-        pos_big, tgt_big = pos[keep], idx_big[row[keep]]
-        return torch.cat([pos_small, pos_big]), torch.cat([tgt_small, tgt_big])
+        # fanout < deg < 4 fanout: random keys over the row; deg >= 4 fanout: draws with
+        # rejection of repeats, O(fanout) per row instead of O(deg) (Reddit: deg ~500, fanout 25)
+        mid = (~small & (deg < 4 * fanout)).nonzero().view(-1)
+        big = (deg >= 4 * fanout).nonzero().view(-1)
+        pos_mid, tgt_mid = _subset_by_keys(start[mid], deg[mid], fanout, gen)
+        pos_big, tgt_big = _subset_by_rejection(start[big], deg[big], fanout, gen)
+        pos = torch.cat([pos_small, pos_mid, pos_big])
+        return pos, torch.cat([tgt_small, mid[tgt_mid], big[tgt_big]])
 
     def sample(self, seeds: torch.Tensor, gen: torch.Generator) -> SampledBatch:
         """Sample the ``len(fanouts)``-hop neighbourhood of ``seeds`` (distinct global node ids)."""

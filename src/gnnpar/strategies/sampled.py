@@ -12,7 +12,8 @@ the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0
 Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
 remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.
 shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
-end, on rank 0 (full-graph when small; layer by layer otherwise); ``--eval-every`` is not used
+end, on rank 0 (exact full-graph inference, :func:`gnnpar.engine.evaluate_graph`, which bounds
+memory on big graphs); ``--eval-every`` is not used
 because an evaluation in the middle would hold every other rank at the next all-reduce.
 
 Why study 002 deadlocked at 4 GPUs x 2 data workers (section 4.2), and what prevents it here.
@@ -62,7 +63,6 @@ from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.sampling import (
     CSRGraph,
-    NeighborSampler,
     SampledBatches,
     build_loader,
     save_shared_graph,
@@ -70,11 +70,9 @@ from gnnpar.data.sampling import (
 )
 from gnnpar.dist import DistContext
 from gnnpar.engine import evaluate_graph
-from gnnpar.metrics import Progress, loss_fn, score
+from gnnpar.metrics import Progress, loss_fn
 from gnnpar.models import build_model
 from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
-
-FULL_GRAPH_EVAL_LIMIT = 50_000_000  # edges x widest layer: above this, evaluate layer by layer
 
 
 class SyncTimer:
@@ -190,7 +188,8 @@ class Sampled:
         breakdown = {"data_wait": wait_s, "compute": compute_s, "sync": sync_s}
         gathered = _gather(ctx, (breakdown, train_s, len(step_times)))
         t0 = time.perf_counter()
-        scores = _evaluate(model, ds, path) if ctx.is_main else {"val": 0.0, "test": 0.0}
+        # exact full-graph scores; engine.graph_logits bounds memory on big graphs
+        scores = evaluate_graph(model, ds)[0] if ctx.is_main else {"val": 0.0, "test": 0.0}
         eval_s = time.perf_counter() - t0
         total_wait = sum(b["data_wait"] for b, _, _ in gathered)
         total = sum(sum(b.values()) for b, _, _ in gathered)
@@ -247,39 +246,3 @@ def _share_graph(ds: GraphDataset, ctx: DistContext) -> str:
         save_shared_graph(path, CSRGraph.from_edge_index(d.edge_index, ds.num_nodes), d.x, d.y)
     paths = _gather(ctx, path)
     return paths[ctx.rank - ctx.local_rank]  # torchrun numbers a machine's ranks contiguously
-
-
-@torch.no_grad()
-def _evaluate(model: nn.Module, ds: GraphDataset, path: str) -> dict[str, float]:
-    """Full-graph inference when it fits; otherwise exact layer-by-layer inference."""
-    widest = max(ds.num_features, *(p.shape[0] for p in model.parameters() if p.dim() == 2))
-    if ds.data.edge_index.size(1) * widest <= FULL_GRAPH_EVAL_LIMIT:
-        return evaluate_graph(model, ds)[0]
-    g = torch.load(path, mmap=True, weights_only=True)
-    out = layerwise_inference(model, g["x"], CSRGraph(g["rowptr"], g["col"]))
-    d = ds.data
-    return {
-        split: score(out[d[f"{split}_mask"]], d.y[d[f"{split}_mask"]], ds.multilabel)
-        for split in ("train", "val", "test")
-    }
-
-
-@torch.no_grad()
-def layerwise_inference(
-    model: nn.Module, x: torch.Tensor, csr: CSRGraph, chunk: int = 4096
-) -> torch.Tensor:
-    """Exact full-neighbourhood outputs of a :class:`BlockModel`, one block at a time over chunks
-    of target nodes (each chunk: its 1-hop in-neighbourhood), so memory stays O(chunk x degree)
-    instead of O(edges x width) for the whole graph at once."""
-    model.eval()
-    sampler = NeighborSampler(csr, [-1])
-    gen = torch.Generator()
-    h = model.stem(x)
-    for block in model.blocks:
-        parts = []
-        for start in range(0, csr.num_nodes, chunk):
-            b = sampler.sample(torch.arange(start, min(start + chunk, csr.num_nodes)), gen)
-            parts.append(block(h[b.n_id], b.edge_index)[: b.batch_size])
-        h = torch.cat(parts)
-    model.train()
-    return model.head(h)
