@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from gnnpar.gossip import (
     AnyPeer,
     Bipartite,
+    Exchange,
     GossipTimeoutError,
     Pairing,
     WorkPool,
@@ -63,94 +64,118 @@ def test_bipartite_active_ranks_pick_only_passive_ones():
 
 
 # ------------------------------------------------------------------------------------- protocol
-def _ranks(world: int, topo=AnyPeer) -> list[Pairing]:
+def _ranks(world: int, topo=AnyPeer, timeout: float = 60.0) -> list[Pairing]:
     store = dist.HashStore()
-    ranks = [Pairing(store, "g", topo(r, world), random.Random(r)) for r in range(world)]
+    ranks = [Pairing(store, "g", topo(r, world), random.Random(r), timeout) for r in range(world)]
     for p in ranks:
         p.open()
     return ranks
 
 
-def test_claim_is_seen_by_the_partner_and_blocks_third_parties():
+def test_a_pick_is_served_by_the_partner_at_its_step_boundary():
+    a, b = _ranks(2)
+    assert a.at_boundary(want=True) is None  # picks b, and keeps training
+    pick = a.pending
+    assert pick is not None and pick.initiated and pick.partner == 1
+    assert a.at_boundary(want=True) is None  # b has not arrived yet: a keeps training
+    served = b.at_boundary(want=False)  # b reaches its step boundary and waits for a...
+    assert served == Exchange(0, pick.xid, initiated=False)
+    assert a.at_boundary(want=True) == pick  # ...and a finds it ready
+    b.finish(served)
+    a.finish(pick)
+    assert a.pending is None and b.at_boundary(want=False) is None
+
+
+def test_a_pick_that_is_never_answered_is_a_timeout_error_naming_the_partner():
+    a, b = _ranks(2, timeout=0.05)
+    a.at_boundary(want=True)
+    time.sleep(0.1)  # b never reaches a step boundary (in a real run: b crashed or stalled)
+    with pytest.raises(GossipTimeoutError, match="partner rank 1 never reached exchange 0.0"):
+        a.at_boundary(want=True)
+    with pytest.raises(GossipTimeoutError, match="partner rank 1"):
+        a.retire()
+
+
+def test_a_picker_is_not_picked_and_does_not_pick_twice():
     a, b, c = _ranks(3)
-    x = a.initiate()
-    assert x is not None and x.initiated and x.partner in (1, 2)
-    partner = [a, b, c][x.partner]
-    third = c if partner is b else b
-    got = partner.poll()
-    assert got is not None and (got.partner, got.xid, got.initiated) == (0, x.xid, False)
-    # neither the claimer (busy) nor the claimed rank can be picked by the third rank now
-    assert third.initiate() is None
-    assert third.poll() is None
-    partner.finish()
-    a.finish()
-    assert partner.poll() is None
+    a.at_boundary(want=True)
+    first = a.pending
+    assert a.at_boundary(want=True) is None and a.pending == first  # one pick at a time
+    other = c if first.partner == 1 else b
+    assert other.at_boundary(want=True) is None
+    assert other.pending is None  # a is busy, a's pick is claimed: nobody left to pick
 
 
-def test_a_rank_already_claimed_serves_that_claim_instead_of_picking():
+def test_a_picked_rank_serves_the_claim_instead_of_picking():
     a, b = _ranks(2)
-    x = a.initiate()
-    y = b.initiate()  # b wanted to pick, but a already picked b
-    assert x.partner == 1 and y is not None and (y.partner, y.xid, y.initiated) == (0, x.xid, False)
+    a.at_boundary(want=True)
+    x = b.at_boundary(want=True)  # b is due too, but a already picked b
+    assert x is not None and (x.partner, x.xid, x.initiated) == (0, a.pending.xid, False)
+    assert b.pending is None
 
 
-def test_retire_serves_pending_claims_then_refuses_new_ones():
+def test_retire_first_completes_the_own_pick_then_serves_claims_then_refuses_new_ones():
     a, b = _ranks(2)
-    x = a.initiate()
-    pending = b.retire()
-    assert pending is not None and pending.xid == x.xid
-    b.finish()
-    a.finish()
+    a.at_boundary(want=True)
+    pending = b.retire()  # b's pool is empty: it serves a's claim first
+    assert pending is not None and pending.xid == a.pending.xid and not pending.initiated
+    assert a.retire() == a.pending  # b is ready now
+    b.finish(pending)
+    a.finish(a.pending)
     assert b.retire() is None  # done
-    assert a.initiate() is None  # nobody left to pick: a keeps training alone
+    assert a.at_boundary(want=True) is None and a.pending is None  # nobody left to pick
     assert a.retire() is None
 
 
 def test_random_schedules_never_pair_a_rank_with_itself_or_two_partners_and_all_retire():
-    """Ranks act in a random order; every claim must be on a training rank nobody else claimed,
-    a waiting rank is never claimed (no wait cycle), and retiring serves every open claim."""
+    """Ranks act in a random order; a pick goes only to a training rank nobody else picked, a
+    rank never has two exchanges open, and retiring completes every open exchange."""
     world = 5
     ranks = _ranks(world)
     rng = random.Random(1)
-    waiting: dict[int, tuple[int, str]] = {}  # claimer -> (partner, xid)
+    inside: dict[int, tuple[int, str]] = {}  # rank -> (partner, xid) of the exchange it is in
+    done: set[int] = set()
+    met = []
 
-    def serve(me: int, x) -> None:
-        assert waiting.pop(x.partner) == (me, x.xid)  # exactly the claim the claimer made
-        ranks[me].finish()
-        ranks[x.partner].finish()
+    def enter(me: int, x) -> None:
+        assert x.partner != me and me not in inside
+        inside[me] = (x.partner, x.xid)
+        if inside.get(x.partner) == (me, x.xid):  # both sides are in: the exchange happens
+            del inside[me], inside[x.partner]
+            met.append(x.xid)
+            ranks[me].finish(x)
+            ranks[x.partner].finish(Exchange(me, x.xid, not x.initiated))
 
-    for _ in range(3000):
+    for _ in range(4000):
         me = rng.randrange(world)
-        if me in waiting:  # a waiting rank does nothing until its partner serves it
+        if me in inside:  # blocked in an exchange until the partner arrives
             continue
-        x = ranks[me].poll() or (ranks[me].initiate() if rng.random() < 0.7 else None)
-        if x is None:
-            continue
-        assert x.partner != me
-        if not x.initiated:
-            serve(me, x)
-            continue
-        assert x.partner not in waiting  # never claim a waiting rank
-        assert all(p != x.partner for p, _ in waiting.values())  # nor one already claimed
-        waiting[me] = (x.partner, x.xid)
-    retired: set[int] = set()
-    for _ in range(world):  # the pool runs dry: everybody cleans up, in random orders
+        before = {r.rank: r.pending for r in ranks}
+        x = ranks[me].at_boundary(want=rng.random() < 0.7)
+        if x is not None:
+            enter(me, x)
+        new = ranks[me].pending
+        if new is not None and before[me] is None:  # a fresh pick: its target is free
+            assert new.partner != me and new.partner not in inside
+            assert all(p is None or p.partner != new.partner for r, p in before.items())
+            assert before[new.partner] is None  # never pick a rank that has a pick open
+
+    def partner_ready(me: int) -> bool:
+        pick = ranks[me].pending
+        return pick is None or ranks[me].store.get(ranks[me].key(pick.partner)).startswith(b"r")
+
+    for _ in range(3 * world):  # the pool runs dry: everybody cleans up, in random orders
         for me in rng.sample(range(world), world):
-            if me in retired or me in waiting:  # a waiting rank first gets served
+            if me in done or me in inside or not partner_ready(me):  # (retire would wait)
                 continue
-            while (x := ranks[me].retire()) is not None:
-                serve(me, x)
-            retired.add(me)
-    assert not waiting and retired == set(range(world))
-    assert all(r.initiate() is None for r in ranks)  # done ranks cannot be claimed
-
-
-def test_bipartite_passive_ranks_never_claim():
-    a0, a1, p2, p3 = _ranks(4, Bipartite)
-    assert p2.initiate() is None
-    x, y = a0.initiate(), a1.initiate()
-    assert {x.partner, y.partner} == {2, 3}
-    assert a0.poll() is None  # active ranks are never picked
+            x = ranks[me].retire()
+            if x is not None:
+                enter(me, x)
+            else:
+                done.add(me)
+    assert not inside and done == set(range(world))
+    assert len(met) > 100 and len(set(met)) == len(met)  # many exchanges, each exactly once
+    assert all(r.at_boundary(want=True) is None and r.pending is None for r in ranks)
 
 
 # --------------------------------------------------------------------------------------- mixing

@@ -107,7 +107,7 @@ def test_a_partner_that_vanishes_mid_run_fails_the_run_with_a_clear_error(cli, t
         "--epochs",
         "50",
         "--timeout",
-        "20",
+        "5",
         env={"GNNPAR_TEST_GOSSIP_FAULT": "1:3:exit"},
         timeout=110,
     )

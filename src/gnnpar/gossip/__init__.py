@@ -10,13 +10,14 @@ The strategy that composes them is :mod:`gnnpar.strategies.gossip`.
 
 from gnnpar.gossip.mixing import GossipTimeoutError, exchange_average
 from gnnpar.gossip.pool import WorkPool
-from gnnpar.gossip.protocol import Pairing
+from gnnpar.gossip.protocol import Exchange, Pairing
 from gnnpar.gossip.topology import AnyPeer, Bipartite, Topology
 
 __all__ = [
     "AnyPeer",
     "Bipartite",
     "GossipTimeoutError",
+    "Exchange",
     "Pairing",
     "Topology",
     "WorkPool",

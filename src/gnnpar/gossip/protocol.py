@@ -4,50 +4,62 @@ Study 003 algorithm 6 keeps two shared arrays behind locks, ``available_workers`
 ``gossip_partner``. Here each rank ``r`` owns one store key, ``state/r``, whose value is
 
 * ``avail``: training, and may be picked (the study's "in available_workers, partner -1");
-* ``busy``: this rank is itself looking for a partner or exchanging: nobody may pick it;
-* ``claim:A:X``: rank A picked this rank for exchange X; A is waiting for it;
+* ``busy``: this rank has picked a partner and that exchange has not happened yet: nobody may
+  pick it;
+* ``claim:A:X``: rank A picked this rank for exchange X (the study's ``gossip_partner[r] = A``);
+* ``ready:A:X``: this rank has reached a step boundary and is waiting inside exchange X for A;
 * ``done``: out of work and retired (the study's clean-up step): nobody may pick it any more.
 
-Every change of another rank's state is one atomic ``compare_set`` (compare-and-swap) on the
-store, so the two arrays and their locks collapse into one atomic step per claim:
+Only the owner of a key changes it, except for one move: a claimer turns ``avail`` into
+``claim:A:X`` with one atomic ``compare_set`` (compare-and-swap) on the store. So the study's two
+arrays and their locks collapse into one atomic step per claim, and there is no lock order to
+get wrong. At every step boundary (after backward for ``--average grads``, after the optimizer
+step for ``--average params``) a rank does one of:
 
-* a rank that wants to exchange first turns its own ``avail`` into ``busy``; if that fails
-  somebody has claimed it already, and it serves that claim instead (the study's "partner
-  already waiting for it", line 30);
-* then it tries ``avail -> claim:me:X`` on the candidates of its topology in random order (a
-  uniformly random available partner, line 23) and, on success, waits for the partner;
-* every rank that can be picked reads its own key once per training step, at the same point of
-  the step where it would itself exchange, and serves a claim it finds there; so a claimer waits
-  for at most one step of its partner, not for the partner's next averaging point as in the
-  study (which, with a 3x straggler, makes the fast rank idle for up to K slow steps);
-* a rank whose work pool is empty retires with ``avail -> done``; if that fails, a claim is
-  pending: it serves it with its last gradients or parameters (the study's clean-up, lines
-  45-54) and tries again.
+1. its key says ``claim:A:X``: it sets ``ready:A:X`` and exchanges with A (the study's "partner
+   already waiting for it", line 30);
+2. it has picked B and B's key says ``ready:me:X``: it exchanges with B;
+3. it has averaged ``K`` steps ago or more and picked nobody: it turns its own ``avail`` into
+   ``busy`` (failing means case 1 applies), tries ``avail -> claim:me:X`` on its topology's
+   candidates in random order (a uniformly random available partner, line 23), and keeps
+   training either way.
 
-Deadlock freedom (study lemma 1). Rank A waits for rank B only while ``state/B == claim:A:X``,
-which A set itself from ``avail``. While B is ``avail`` it is not waiting for anybody: a rank
-waits only when ``busy`` (its claim succeeded) and nobody can claim a ``busy`` rank. Only B moves
-its state away from ``claim:A:X``, and only after serving A. So the wait-for graph has edges
-``A -> B`` only from a waiting rank to a training (non-waiting) one: a waiting rank has no
-incoming edge, a path has length one, and no cycle (the necessary condition for deadlock) can
-form. The store operations themselves are single atomic requests, so there is no lock order to
-get wrong. Nobody can be paired with itself (the candidates exclude the rank) or with two
-partners at once (a claimed state is no longer ``avail``, so a second claim fails).
+A rank whose work pool is empty first completes the exchange it started (waiting for its
+partner to become ``ready``), then retires with ``avail -> done``; if that fails, a claim is
+pending and it serves it with its last gradients or parameters (the study's clean-up, lines
+45-54) before trying again.
 
-Termination (study lemma 2). A claimed rank B is training (finite: the pool is finite) and reads
-its key at the end of every step, or it is in its clean-up loop, which serves every claim before
-``avail -> done`` can succeed. Either way B serves A after at most one of its steps; after
-``done`` no new claim can succeed, so the clean-up loop ends once the claims made before it are
-served (each rank makes at most one claim at a time, so there are at most ``p - 1``). If B
-crashes or stalls, A's exchange times out (``--timeout``) with an error naming B, so a fault
-ends the run instead of hanging it.
+Who waits differs from the study: there the picker waits at once, until its partner reaches its
+next averaging point, so with a 3x straggler and K = 1 the fast rank idles two thirds of the
+time and both ranks end up training the same number of subgraphs, as under all-reduce. Here the
+picker keeps training and the picked rank, when it arrives, waits for at most one step of the
+picker, so the fast rank never waits for the slow one (except once at the very end).
+
+Deadlock freedom (study lemma 1). A rank waits in two situations only. (a) It is ``ready`` for
+its claimer A: A is ``busy`` (its claim is pending), so A is never picked, and A is training, or
+at a step boundary or in its clean-up, where it finds ``ready`` and exchanges at once; A does not
+wait for anybody else. (b) It is in clean-up, waiting for its pick B to become ``ready``: B's key
+says ``claim``, so B has no pending pick of its own (picking needs ``avail -> busy`` first, which
+a claimed rank fails) and is not ``ready``, i.e. B is not waiting at all; it is training or
+retiring, and either way reaches a step boundary or its clean-up, where case 1 applies. So every
+edge of the wait-for graph leads to a rank that is not waiting: no cycle, the necessary condition
+for deadlock, can form. Nobody is paired with itself (candidates exclude the rank) or with two
+partners at once (a claimed or busy rank is no longer ``avail``, so a second claim fails).
+
+Termination (study lemma 2). The pool is finite, so every rank reaches clean-up. By the above,
+every wait ends within one step of the awaited rank. A ``done`` rank cannot be picked, so the
+retire loop ends once the at most ``p - 1`` claims made on the rank before are served. If a
+partner crashes or stalls, the exchange or the wait for ``ready`` times out (``--timeout``) with
+an error naming the partner: a fault ends the run instead of hanging it.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
+from gnnpar.gossip.mixing import GossipTimeoutError
 from gnnpar.gossip.topology import Topology
 
 AVAIL, BUSY, DONE = b"avail", b"busy", b"done"
@@ -60,8 +72,8 @@ class Exchange:
     initiated: bool  # True on the claimer's side
 
 
-def _parse_claim(value: bytes) -> tuple[int, str] | None:
-    if not value.startswith(b"claim:"):
+def _parse(value: bytes, tag: bytes) -> tuple[int, str] | None:
+    if not value.startswith(tag + b":"):
         return None
     _, rank, xid = value.decode().split(":")
     return int(rank), xid
@@ -70,9 +82,14 @@ def _parse_claim(value: bytes) -> tuple[int, str] | None:
 class Pairing:
     """This rank's side of the claim protocol (see the module docstring for the proof)."""
 
-    def __init__(self, store, prefix: str, topology: Topology, rng: random.Random) -> None:
+    def __init__(
+        self, store, prefix: str, topology: Topology, rng: random.Random, timeout_s: float
+    ) -> None:
         self.store, self.prefix, self.topology, self.rng = store, prefix, topology, rng
         self.rank = topology.rank
+        self.timeout_s = timeout_s  # a pick must be answered within this (one partner step)
+        self.pending: Exchange | None = None  # our pick whose exchange has not happened yet
+        self._picked_at = 0.0
         self._claims = 0
 
     def key(self, rank: int) -> str:
@@ -82,43 +99,72 @@ class Pairing:
         """Mark this rank available; every rank must call this before anybody claims (barrier)."""
         self.store.set(self.key(self.rank), AVAIL)
 
-    def poll(self) -> Exchange | None:
-        """A claim on this rank waiting to be served, if any (one store read)."""
-        if not self.topology.pickable:
-            return None
-        return self._as_claim(self.store.get(self.key(self.rank)))
+    def at_boundary(self, want: bool) -> Exchange | None:
+        """Called at every step boundary; returns the exchange to perform now, if any.
 
-    def initiate(self) -> Exchange | None:
-        """Pick a random available partner, or take the claim already made on this rank."""
-        me = self.key(self.rank)
-        now = self.store.compare_set(me, AVAIL, BUSY)
-        if now != BUSY:
-            return self._as_claim(now)
-        order = list(self.topology.candidates())
-        self.rng.shuffle(order)
-        for cand in order:
-            xid = f"{self.rank}.{self._claims}"
-            claim = f"claim:{self.rank}:{xid}".encode()
-            if self.store.compare_set(self.key(cand), AVAIL, claim) == claim:
-                self._claims += 1
-                return Exchange(cand, xid, initiated=True)
-        self.store.set(me, AVAIL)  # nobody available: keep training, try again next step
+        ``want``: this rank is due to average (K steps since its last exchange).
+        """
+        if self.pending is not None:  # case 2: is our pick there yet?
+            x = self._if_ready(self.pending)
+            if x is None and time.monotonic() - self._picked_at > self.timeout_s:
+                raise GossipTimeoutError(
+                    f"gossip partner rank {self.pending.partner} never reached exchange "
+                    f"{self.pending.xid} within --timeout {self.timeout_s:g} s: it crashed or "
+                    "stalled. Check its log, or raise --timeout."
+                )
+            return x
+        if self.topology.pickable:  # case 1: somebody picked us
+            served = self._serve(self.store.get(self.key(self.rank)))
+            if served is not None:
+                return served
+        if want and self.topology.initiates:  # case 3
+            self._pick()
         return None
 
-    def finish(self) -> None:
-        """After an exchange (either side): available again. Only the owner leaves busy/claim."""
+    def finish(self, x: Exchange) -> None:
+        """After exchange ``x`` (either side): available again."""
+        if x.initiated:
+            self.pending = None
         self.store.set(self.key(self.rank), AVAIL)
 
-    def retire(self) -> Exchange | None:
-        """Out of work: become ``done``, or return the claim that must be served first."""
+    def retire(self, poll_s: float = 0.001) -> Exchange | None:
+        """Out of work: the exchange still to do first, or None once this rank is ``done``."""
+        if self.pending is not None:
+            while (x := self.at_boundary(want=False)) is None:  # raises once the pick is stale
+                time.sleep(poll_s)
+            return x
         now = self.store.compare_set(self.key(self.rank), AVAIL, DONE)
         if now == DONE:
             return None
-        claim = self._as_claim(now)
-        if claim is None:  # a programming error: only the owner sets busy, and it reset it
+        served = self._serve(now)
+        if served is None:  # a programming error: only the owner leaves busy/ready
             raise RuntimeError(f"rank {self.rank} retiring in unexpected gossip state {now!r}")
-        return claim
+        return served
 
-    def _as_claim(self, value: bytes) -> Exchange | None:
-        parsed = _parse_claim(value)
-        return None if parsed is None else Exchange(parsed[0], parsed[1], initiated=False)
+    def _pick(self) -> None:
+        me = self.key(self.rank)
+        if self.store.compare_set(me, AVAIL, BUSY) != BUSY:
+            return  # claimed meanwhile: served at the next boundary (case 1)
+        order = list(self.topology.candidates())
+        self.rng.shuffle(order)
+        xid = f"{self.rank}.{self._claims}"
+        claim = f"claim:{self.rank}:{xid}".encode()
+        for cand in order:
+            if self.store.compare_set(self.key(cand), AVAIL, claim) == claim:
+                self._claims += 1
+                self.pending = Exchange(cand, xid, initiated=True)
+                self._picked_at = time.monotonic()
+                return
+        self.store.set(me, AVAIL)  # nobody available: try again at the next boundary
+
+    def _serve(self, value: bytes) -> Exchange | None:
+        claim = _parse(value, b"claim")
+        if claim is None:
+            return None
+        claimer, xid = claim
+        self.store.set(self.key(self.rank), f"ready:{claimer}:{xid}".encode())
+        return Exchange(claimer, xid, initiated=False)
+
+    def _if_ready(self, x: Exchange) -> Exchange | None:
+        ready = _parse(self.store.get(self.key(x.partner)), b"ready")
+        return x if ready == (self.rank, x.xid) else None

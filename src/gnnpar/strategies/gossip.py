@@ -33,8 +33,15 @@ from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partition_batches
 from gnnpar.dist import DistContext
 from gnnpar.engine import evaluate_graph, graph_loss
-from gnnpar.gossip import AnyPeer, Bipartite, Pairing, Topology, WorkPool, exchange_average
-from gnnpar.gossip.protocol import Exchange
+from gnnpar.gossip import (
+    AnyPeer,
+    Bipartite,
+    Exchange,
+    Pairing,
+    Topology,
+    WorkPool,
+    exchange_average,
+)
 from gnnpar.metrics import Progress
 from gnnpar.models import build_model
 from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
@@ -103,7 +110,8 @@ class GossipGCN:
         )
         topo = self.topology(ctx.rank, ctx.world_size)
         pool = WorkPool(store, "gnnpar/gossip/pool", len(batches), r.epochs, r.seed)
-        pairing = Pairing(store, "gnnpar/gossip", topo, random.Random(r.seed * 7919 + ctx.rank))
+        rng = random.Random(r.seed * 7919 + ctx.rank)
+        pairing = Pairing(store, "gnnpar/gossip", topo, rng, s.timeout_s)
         pairing.open()
         if ctx.is_distributed:
             dist.barrier()  # every state key exists before anybody claims; common start time
@@ -125,15 +133,13 @@ class GossipGCN:
             log.wait_s += exchange_average(tensors(), x.partner, s.timeout_s, f"exchange {x.xid}")
             log.exchanges += 1
             log.exchange_log.append([log.batches, x.partner, x.xid, x.initiated])
-            pairing.finish()
+            pairing.finish(x)
 
         since = 0  # steps since this rank last averaged (as claimer or claimed)
 
         def sync_point() -> None:
             nonlocal since
-            x = pairing.poll()
-            if x is None and since >= s.sync_every and topo.initiates:
-                x = pairing.initiate()
+            x = pairing.at_boundary(want=since >= s.sync_every)
             if x is not None:
                 serve(x)
                 since = 0
@@ -167,7 +173,12 @@ class GossipGCN:
                 info = f"loss {log.losses[-1]:.4f} exch {log.exchanges} wait {log.wait_s:.1f}s"
                 bar.update(pos + 1 - shown, info)  # the pool's progress, all ranks together
                 shown = pos + 1
-            while (x := pairing.retire()) is not None:  # clean-up: serve claims made on us
+            while True:  # clean-up (study lines 45-54): finish our pick, serve claims on us
+                t = time.perf_counter()
+                x = pairing.retire()
+                log.wait_s += time.perf_counter() - t
+                if x is None:
+                    break
                 serve(x)
             log.train_s = time.perf_counter() - t0
             if ctx.is_distributed:
