@@ -194,6 +194,7 @@ class Pipeline:
             "block_time_s": block_times,
             "gpipe_bound": gpipe_bound(S, M),
             "stage_step_time_s": [summarize(e["steps"]) for e in everyone],
+            "step_times_s": steps,  # every step, in order (the first includes the warm-up)
             "train_score": scores.get("train"),
             **job.extra(),
         }
