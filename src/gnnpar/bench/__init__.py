@@ -10,12 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from gnnpar import UsageError
+from gnnpar.bench.gat_citation import gat_citation
 from gnnpar.bench.gossip_vs_allreduce import gossip_vs_allreduce
+from gnnpar.bench.sampled_ddp import sampled_ddp
 from gnnpar.bench.tour import tour
+from gnnpar.bench.vig_pipeline import vig_pipeline
 
 SUITES = {
     "tour": tour,
+    "vig-pipeline": vig_pipeline,
+    "gat-citation": gat_citation,
     "gossip-vs-allreduce": gossip_vs_allreduce,
+    "sampled-ddp": sampled_ddp,
 }
 
 

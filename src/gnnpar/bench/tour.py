@@ -30,6 +30,17 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
             "gossip-gcn-cluster-x2",
             {**base, "model": "gcn", "strategy": "gossip", "partitions": 8, "workers": 2},
         ),
+        (
+            "sampled-sage-x2",
+            {
+                **base,
+                "epochs": min(epochs, 50),
+                "model": "sage",
+                "strategy": "sampled",
+                "batch-size": 32,
+                "workers": 2,
+            },
+        ),
     ]
 
 

@@ -403,23 +403,6 @@ class SampledBatches(torch.utils.data.Dataset):
         return b
 
 
-class EpochSampler(torch.utils.data.Sampler[int]):
-    """Yields the batch numbers of one epoch; :meth:`set_epoch` moves on (as DistributedSampler)."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        return iter(range(self.epoch * self.steps, (self.epoch + 1) * self.steps))
-
-    def __len__(self) -> int:
-        return self.steps
-
-
 def _worker_init(worker_id: int) -> None:
     # One thread per sampler process: W workers x R ranks on C cores must not each start C
     # OpenMP threads (oversubscription turns into minutes-long stalls that look like hangs).
@@ -427,13 +410,19 @@ def _worker_init(worker_id: int) -> None:
 
 
 def build_loader(
-    dataset: SampledBatches, workers: int, timeout_s: float, start_method: str = "forkserver"
-) -> tuple[torch.utils.data.DataLoader, EpochSampler]:
-    """A DataLoader over ``dataset`` with ``workers`` persistent worker processes (0: sample in
-    the training process). See :mod:`gnnpar.strategies.sampled` for why ``forkserver``."""
-    sampler = EpochSampler(dataset.steps)
+    dataset: SampledBatches,
+    epochs: int,
+    workers: int,
+    timeout_s: float,
+    start_method: str = "forkserver",
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over batches ``0 .. epochs * steps - 1`` of ``dataset`` with ``workers``
+    persistent worker processes (0: sample in the training process). One pass covers the whole
+    run, so workers keep prefetching across epoch boundaries instead of idling while a new
+    epoch's iterator is set up. See :mod:`gnnpar.strategies.sampled` for why ``forkserver``."""
+    order = range(epochs * dataset.steps)  # batch i = epoch i // steps, step i % steps
     if workers == 0:
-        return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler), sampler
+        return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=order)
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         # the fork server imports these once; each worker is then a cheap fork of a process
@@ -442,7 +431,7 @@ def build_loader(
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=None,
-        sampler=sampler,
+        sampler=order,
         num_workers=workers,
         persistent_workers=True,
         multiprocessing_context=ctx,
@@ -450,4 +439,4 @@ def build_loader(
         timeout=timeout_s,  # a stuck or dead worker ends in an error, not a hang
         prefetch_factor=2,
     )
-    return loader, sampler
+    return loader

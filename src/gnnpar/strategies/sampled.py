@@ -140,13 +140,14 @@ class Sampled:
         batches = SampledBatches(
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, steps
         )
-        loader, epoch_sampler = build_loader(batches, s.loader_workers, s.timeout_s)
+        loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
         model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
         model.to(ctx.device)
         sync = SyncTimer()
         net: nn.Module = model
         if ctx.is_distributed:
-            net = DistributedDataParallel(model)
+            cuda = ctx.device.type == "cuda"
+            net = DistributedDataParallel(model, device_ids=[ctx.device.index] if cuda else None)
             net.register_comm_hook(sync, timed_allreduce)
         opt = build_optimizer(cfg, net.parameters())
         straggler = Straggler(s.slowdown.get(ctx.rank, 1.0), s.jitter, r.seed + ctx.rank)
@@ -155,18 +156,16 @@ class Sampled:
         losses: list[float] = []
         bar = Progress(r.epochs * steps, f"sampled {cfg.model.name}", ctx.is_main and not r.quiet)
         t0 = time.perf_counter()
-        first = iter(loader)  # starts the persistent workers: set-up, not a training step
+        it = iter(loader)  # starts the workers (set-up, not training); one pass for the run
         loader_start_s = time.perf_counter() - t0
         with bar:
             for epoch in range(r.epochs):
-                epoch_sampler.set_epoch(epoch)
                 t_epoch = time.perf_counter()
-                it, first = (first if epoch == 0 else iter(loader)), None
-                wait_s += time.perf_counter() - t_epoch  # later epochs: re-arming the workers
                 epoch_loss = 0.0
-                for batch in _timed(it, step_times):
+                for batch in _timed(it, steps, step_times):
                     t1 = time.perf_counter()
                     wait_s += t1 - step_times[-1]
+                    sync.last_call = sync.last_done = 0.0  # a step without a hook adds 0
                     batch = batch.to_data().to(ctx.device)
                     opt.zero_grad(set_to_none=True)
                     out = net(batch.x, batch.edge_index)[: batch.batch_size]
@@ -184,12 +183,13 @@ class Sampled:
                     bar.update(1, f"epoch {epoch + 1} loss {loss.item():.4f}")
                 train_s += time.perf_counter() - t_epoch
                 losses.append(epoch_loss / steps)
-        del it, first, loader  # stops the persistent workers before evaluation
+        del it, loader  # stops the workers before evaluation
         breakdown = {"data_wait": wait_s, "compute": compute_s, "sync": sync_s}
         gathered = _gather(ctx, (breakdown, train_s, len(step_times)))
         t0 = time.perf_counter()
         # exact full-graph scores; engine.graph_logits bounds memory on big graphs
-        scores = evaluate_graph(model, ds)[0] if ctx.is_main else {"val": 0.0, "test": 0.0}
+        # (on the CPU, where the graph is: a big graph need not fit the accelerator)
+        scores = evaluate_graph(model.cpu(), ds)[0] if ctx.is_main else {"val": 0.0, "test": 0.0}
         eval_s = time.perf_counter() - t0
         total_wait = sum(b["data_wait"] for b, _, _ in gathered)
         total = sum(sum(b.values()) for b, _, _ in gathered)
@@ -216,16 +216,11 @@ class Sampled:
         )
 
 
-def _timed(it, starts: list[float]):
-    """Iterate ``it``, appending the time each ``next()`` began (the data wait starts)."""
-    while True:
+def _timed(it, steps: int, starts: list[float]):
+    """Take ``steps`` batches from ``it``, appending the time each wait for one began."""
+    for _ in range(steps):
         starts.append(time.perf_counter())
-        try:
-            batch = next(it)
-        except StopIteration:
-            starts.pop()
-            return
-        yield batch
+        yield next(it)
 
 
 def _gather(ctx: DistContext, item: object) -> list:
