@@ -268,11 +268,13 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"Config file {p} is not valid TOML: {e}.") from None
-    # Accept sections that match the dataclass tree as well ([strategy] sync-every = 20).
+    # Accept sections that match the dataclass tree as well ([strategy] sync-every = 20); inside
+    # one, field names work too ([model] name = "gcn", since a top-level model key would clash).
+    by_field = {(section, name): key for key, (section, name) in KEYS.items()}
     flat: dict[str, Any] = {}
     for k, v in data.items():
         if isinstance(v, dict) and k in ("data", "model", "strategy", "optim", "run"):
-            flat.update(v)
+            flat.update({by_field.get((k, f.replace("-", "_")), f): x for f, x in v.items()})
         else:
             flat[k] = v
     return flat
