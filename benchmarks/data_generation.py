@@ -26,10 +26,14 @@ ds = load_dataset(name, root, scale, 0)
 x = ds.data.x if hasattr(ds, "data") else ds.train_x
 touched = float(x[:: max(x.size(0) // 1000, 1)].sum())  # read a little, as training would
 ru = resource.getrusage(resource.RUSAGE_SELF)
+status = open("/proc/self/status").read()
+now = {k: int(status.split(k + ":")[1].split()[0]) / 2**20 for k in ("RssAnon", "RssFile")}
 print(json.dumps({
     "seconds": time.perf_counter() - t0,
     "cpu_seconds": ru.ru_utime + ru.ru_stime,
     "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    "rss_anon_gib": now["RssAnon"],
+    "rss_file_gib": now["RssFile"],
     "nodes": ds.num_nodes if hasattr(ds, "data") else int(ds.train_x.size(0)),
     "edges": int(ds.data.edge_index.size(1)) if hasattr(ds, "data") else 0,
 }))
@@ -61,7 +65,9 @@ def main() -> None:
             print(
                 f"{name} scale {args.scale:g}: {gen['nodes']:,} nodes, {gen['edges']:,} edges; "
                 f"generate {gen['seconds']:.1f} s wall ({gen['cpu_seconds']:.1f} s CPU), peak RSS {gen['peak_rss_gib']:.2f} GiB; "
-                f"load from cache {load['seconds']:.2f} s, peak RSS {load['peak_rss_gib']:.2f} GiB; "
+                f"load from cache {load['seconds']:.2f} s, peak RSS {load['peak_rss_gib']:.2f} GiB "
+                f"(after load: {load['rss_anon_gib']:.2f} GiB private, "
+                f"{load['rss_file_gib']:.2f} GiB file-backed); "
                 f"cache {size / 2**30:.2f} GiB on disk",
                 flush=True,
             )

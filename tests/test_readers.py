@@ -140,3 +140,47 @@ def test_cifar10_reader(tmp_path):
     assert meta["num_classes"] == 10
     ds = load_dataset("cifar10", tmp_path)
     assert torch.equal(ds.test_x, t["test_x"]) and ds.num_features == 3
+
+
+def test_pubmed_planetoid_reader(tmp_path):
+    """Planetoid's eight pickles (scipy CSR features, one-hot labels, adjacency dict, test
+    index file) for a 508-node graph: 2 labelled, 500 validation (PyG's public split needs them),
+    3 test nodes whose index file is unsorted."""
+    folder = tmp_path / "pubmed"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    n_all, n_test, classes = 505, 3, 3
+    allx = (rng.random((n_all, 6)) < 0.3).astype(np.float32) + np.eye(n_all, 6, dtype=np.float32)
+    tx = rng.random((n_test, 6)).astype(np.float32) + 0.1
+    ally = np.eye(classes)[rng.integers(0, classes, n_all)]
+    ty = np.eye(classes)[[2, 0, 1]]
+    test_index = [507, 505, 506]  # tx[i] and ty[i] belong to node test_index[i]
+    graph = {i: [(i + 1) % 508, (i - 1) % 508] for i in range(508)}  # a ring
+    items = {
+        "x": sp.csr_matrix(allx[:2]),
+        "allx": sp.csr_matrix(allx),
+        "tx": sp.csr_matrix(tx),
+        "y": ally[:2],
+        "ally": ally,
+        "ty": ty,
+        "graph": graph,
+    }
+    for name, obj in items.items():
+        with open(folder / f"ind.pubmed.{name}", "wb") as fh:
+            pickle.dump(obj, fh, protocol=2)
+    (folder / "ind.pubmed.test.index").write_text("\n".join(map(str, test_index)) + "\n")
+    ds = load_dataset("pubmed", tmp_path)
+    d = ds.data
+    assert ds.num_nodes == 508 and ds.num_classes == 3
+    full = np.concatenate([allx, np.zeros((3, 6), np.float32)])
+    full[test_index] = tx
+    # the loader row-normalises bag-of-words features (empty rows stay zero)
+    full /= np.maximum(full.sum(1, keepdims=True), 1)
+    assert torch.allclose(d.x, torch.from_numpy(full))
+    y = np.concatenate([ally.argmax(1), np.zeros(3, np.int64)])
+    y[test_index] = [2, 0, 1]
+    assert d.y.tolist() == y.tolist()
+    assert d.train_mask.nonzero().view(-1).tolist() == [0, 1]
+    assert d.val_mask.nonzero().view(-1).tolist() == list(range(2, 502))
+    assert d.test_mask.nonzero().view(-1).tolist() == [505, 506, 507]
+    assert d.edge_index.size(1) == 2 * 508
