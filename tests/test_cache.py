@@ -75,3 +75,10 @@ def test_concurrent_builders_build_once(tmp_path):
         p.join(timeout=100)
     assert [p.exitcode for p in procs] == [0, 0]
     assert marker.read_text().count("built") == 1
+
+
+def test_unwritable_cache_builds_in_memory(tmp_path):
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    with pytest.warns(UserWarning, match="Cannot write the dataset cache"):
+        t, meta, hit = cached(tmp_path, "k", "v1", _build())
+    assert not hit and int(t["a"].sum()) == 45 and meta["version"] == "v1"

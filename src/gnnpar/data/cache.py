@@ -20,13 +20,12 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from gnnpar import UsageError
 
 Tensors = dict[str, torch.Tensor]
 Builder = Callable[[], tuple[Tensors, dict[str, Any]]]
@@ -65,11 +64,17 @@ def cached(
     parent = folder.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=parent)
+        probe.close()
     except OSError as e:
-        raise UsageError(
-            f"Cannot create the dataset cache folder {parent} ({e}). Point --data-root or "
-            "$GNNPAR_DATA at a writable folder."
-        ) from e
+        # A read-only data root still works, only without sharing or reuse: say so once.
+        warnings.warn(
+            f"Cannot write the dataset cache {parent} ({e}); building {key} in memory. Point "
+            "--data-root or $GNNPAR_DATA at a writable folder to cache it.",
+            stacklevel=2,
+        )
+        tensors, meta = build()
+        return tensors, {**meta, "version": version}, False
     lock_path = parent / f"{key}.lock"
     with open(lock_path, "w") as lock:
         deadline = time.monotonic() + lock_timeout_s

@@ -272,7 +272,7 @@ REGISTRY: dict[str, DatasetSpec] = {
         "232,965 nodes, 114,615,892 edges, 602 features, 41 classes",
         readers.REDDIT_FILES,
         "https://data.dgl.ai/dataset/reddit.zip (unzip; PyG's Reddit raw files)",
-        _user_graph("reddit", lambda folder: readers.read_reddit(folder)),
+        _user_graph("reddit", readers.read_reddit),
     ),
     "amazon": DatasetSpec(
         "amazon",
@@ -282,7 +282,7 @@ REGISTRY: dict[str, DatasetSpec] = {
         readers.AMAZON_FILES,
         "GraphSAINT's AmazonProducts folder, https://github.com/GraphSAINT/GraphSAINT "
         "(Google Drive link in its README; the files PyG's AmazonProducts downloads)",
-        _user_graph("amazon", lambda folder: readers.read_graphsaint(folder)),
+        _user_graph("amazon", readers.read_graphsaint),
     ),
     "ogbn-arxiv": DatasetSpec(
         "ogbn-arxiv",
