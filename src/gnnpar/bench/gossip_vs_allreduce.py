@@ -29,11 +29,11 @@ STRAGGLER = "1=3"
 def grid(quick: bool) -> tuple[list[dict[str, Any]], list[int], int]:
     """(datasets with their settings, intervals, repetitions)."""
     if quick:
-        data = [dict(dataset="synthetic-reddit", scale=0.01, partitions=40, epochs=5)]
+        data = [dict(dataset="synthetic-reddit", scale=0.02, partitions=40, epochs=4)]
         return data, [1, 20], 1
     data = [
-        dict(dataset="synthetic-reddit", scale=0.02, partitions=40, epochs=10),
-        dict(dataset="synthetic-amazon", scale=0.005, partitions=64, epochs=5),
+        dict(dataset="synthetic-reddit", scale=0.05, partitions=40, epochs=10),
+        dict(dataset="synthetic-amazon", scale=0.005, partitions=32, epochs=8),
     ]
     return data, [1, 20, 100], 2
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gnnpar import UsageError
+from gnnpar import UsageError, comm
 from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partition_batches
@@ -191,13 +191,9 @@ class GossipGCN:
     def _finish(self, cfg, ds, ctx, model, params, log: RankLog, train_time, partition_time):
         """Gather the logs, score both final candidates, keep the better one by validation."""
         local, t_local = evaluate_graph(model, ds)
-        logs = _gather(ctx, {**vars(log), "val": local["val"], "test": local["test"]})
+        logs = comm.gather_to_all({**vars(log), "val": local["val"], "test": local["test"]})
         best = max(range(len(logs)), key=lambda i: (logs[i]["val"], -i))
-        if ctx.is_distributed:  # the average of all local models: one all-reduce, once
-            with torch.no_grad():
-                for p in params:
-                    dist.all_reduce(p.data)
-                    p.data.div_(ctx.world_size)
+        comm.average_parameters(params, comm.WaitClock())  # the average of all local models
         avg, t_avg = evaluate_graph(model, ds)
         use_avg = avg["val"] >= logs[best]["val"]
         final = "average" if use_avg else f"best-local:rank{best}"
@@ -254,14 +250,6 @@ class GossipBipartite(GossipGCN):
                 "--strategy gossip-bipartite needs at least 2 ranks (an active and "
                 "a passive one): pass --workers 2 or more."
             )
-
-
-def _gather(ctx: DistContext, item: dict) -> list[dict]:
-    if not ctx.is_distributed:
-        return [item]
-    out: list = [None] * ctx.world_size
-    dist.all_gather_object(out, item)
-    return out
 
 
 def _fault_for(rank: int) -> tuple[int, str] | None:
