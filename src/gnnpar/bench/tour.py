@@ -31,6 +31,10 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
             {**base, "model": "gcn", "strategy": "gossip", "partitions": 8, "workers": 2},
         ),
         (
+            "pipeline-gat-2stages-x2",
+            {**base, "model": "gat", "strategy": "pipeline", "chunks": 4, "workers": 2},
+        ),
+        (
             "sampled-sage-x2",
             {
                 **base,
