@@ -242,8 +242,9 @@ class NeighborSampler:
         finally:
             n_id = torch.cat(n_ids)
             local[n_id] = -1  # leave the mark array clean for the next batch
-        edge_index = torch.stack([torch.cat(rows), torch.cat(cols)]) if rows else None
-        if edge_index is None:
+        if rows:
+            edge_index = torch.stack([torch.cat(rows), torch.cat(cols)])
+        else:  # no hops (fanouts == [])
             edge_index = torch.empty(2, 0, dtype=torch.long)
         return SampledBatch(n_id, edge_index, seeds.numel(), num_nodes, num_edges)
 
