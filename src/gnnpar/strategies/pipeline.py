@@ -135,8 +135,10 @@ class Pipeline:
         r = cfg.run
         timer, eval_times, losses = StepTimer(), [], []
         show = mesh.is_reporter and not r.quiet
-        if show:
-            print(f"pipeline balance (blocks per stage): {balance}", flush=True)
+        if mesh.rank == 0 and not r.quiet:
+            how = "--balance" if block_times is None else "profiled fwd+bwd s per block: "
+            how += " ".join(f"{t:.3g}" for t in block_times or [])
+            print(f"{self.name}: blocks per stage {balance} ({how.strip()})", flush=True)
         total = r.epochs * job.steps_per_epoch
         with Progress(total, f"{self.name} {cfg.model.name}", show) as bar:
             for epoch in range(r.epochs):
