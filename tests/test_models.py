@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -13,6 +15,7 @@ from gnnpar.models import BlockModel, build_model
 from gnnpar.models.gat import (
     CSRPlan,
     FastDropoutGATConv,
+    SparseFeatures,
     SparseInputLinear,
     _CSRMatmul,
     dropout,
@@ -166,6 +169,17 @@ def test_sparse_cache_notices_in_place_changes_and_new_tensors():
     other = g.x.clone()
     other[5, 0] = 3.0
     torch.testing.assert_close(model(other, g.edge_index), dense(other, g.edge_index))
+
+
+def test_sparse_cache_keeps_several_inputs_and_forgets_dead_ones():
+    cache = SparseFeatures()
+    a, b = sparse_graph().x, sparse_graph().x * 2
+    plan_a, plan_b = cache.get(a), cache.get(b)
+    assert cache.get(a) is plan_a and cache.get(b) is plan_b  # alternating inputs still hit
+    torch.testing.assert_close(plan_b.values, 2 * plan_a.values)
+    del b
+    gc.collect()
+    assert len(cache._entries) == 1
 
 
 def test_dense_inputs_skip_the_sparse_path():

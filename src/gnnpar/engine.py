@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch_geometric.nn import GCNConv, MessagePassing
-from torch_geometric.utils import remove_self_loops, to_torch_csr_tensor
+from torch_geometric.utils import remove_self_loops
 
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.metrics import loss_fn, score
@@ -75,17 +75,27 @@ def graph_logits(
     if edge_index.size(1) * width * 4 <= limit or not convs:
         return model(x, edge_index)
     n = x.size(0)
-    if all(
+    fused = all(
         type(c).message_and_aggregate is not MessagePassing.message_and_aggregate for c in convs
-    ):
-        if any(isinstance(c, GCNConv) for c in convs):
-            # GCNConv adds self-loops to the sparse adjacency unconditionally but only the missing
+    )
+    if fused:
+        gcn = all(isinstance(c, GCNConv) for c in convs)
+        if gcn:
+            # GCNConv adds self-loops to a sparse adjacency unconditionally but only the missing
             # ones to an edge_index; dropping existing ones first makes the two agree.
             edge_index, _ = remove_self_loops(edge_index)
-        with warnings.catch_warnings():  # "sparse CSR support is in beta": nothing to act on
-            warnings.simplefilter("ignore", UserWarning)
-            adj_t = to_torch_csr_tensor(edge_index.flip(0), size=(n, n))  # row = destination
-        return model(x, adj_t)
+        # Duplicate edges become one entry holding their multiplicity: exact for GCN's weighted
+        # sums, but a mean (SAGEConv) would count them once, so it takes the chunked path.
+        key, counts = torch.unique(edge_index[1] * n + edge_index[0], return_counts=True)
+        if gcn or key.numel() == edge_index.size(1):
+            crow = torch.zeros(n + 1, dtype=torch.long)
+            crow[1:] = torch.cumsum(torch.bincount(key // n, minlength=n), 0)
+            with warnings.catch_warnings():  # "sparse CSR support is in beta": nothing to act on
+                warnings.simplefilter("ignore", UserWarning)
+                adj_t = torch.sparse_csr_tensor(crow, key % n, counts.to(x.dtype), (n, n))
+            del key, counts
+            return model(x, adj_t)  # row = destination: PyG's transposed adjacency
+        del key, counts
     return _layerwise_chunked(model, x, edge_index, max(1, limit // (width * 4)))
 
 
@@ -119,7 +129,8 @@ def evaluate_graph(model: nn.Module, ds: GraphDataset) -> tuple[dict[str, float]
     model.eval()
     t0 = time.perf_counter()
     data = ds.data
-    out = graph_logits(model, data.x, data.edge_index)
+    device = next(model.parameters()).device  # no copy when the data is already there
+    out = graph_logits(model, data.x.to(device), data.edge_index.to(device)).to(data.y.device)
     scores = {
         split: score(out[data[f"{split}_mask"]], data.y[data[f"{split}_mask"]], ds.multilabel)
         for split in ("train", "val", "test")
@@ -134,6 +145,7 @@ def evaluate_images(
 ) -> tuple[dict[str, float], list[float]]:
     """Scores on val and test in mini-batches, and the time of each test mini-batch."""
     model.eval()
+    device = next(model.parameters()).device
     scores, test_times = {}, []
     for split in ("val", "test"):
         x, y = getattr(ds, f"{split}_x"), getattr(ds, f"{split}_y")
@@ -142,10 +154,10 @@ def evaluate_images(
             if max_steps is not None and step >= max_steps:
                 break
             t0 = time.perf_counter()
-            out = model(bx)
+            pred = model(bx.to(device)).argmax(-1).cpu()  # .cpu() waits for an accelerator
             if split == "test":
                 test_times.append(time.perf_counter() - t0)
-            correct += int((out.argmax(-1) == by).sum())
+            correct += int((pred == by).sum())
             seen += by.numel()
         scores[split] = correct / max(seen, 1)
     model.train()

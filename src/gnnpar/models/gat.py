@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -109,28 +110,43 @@ class _CSRMatmul(torch.autograd.Function):
 
 
 class SparseFeatures:
-    """The :class:`CSRPlan` of a mostly-zero dense input, remembered for the last tensor seen.
+    """The :class:`CSRPlan` of each mostly-zero dense input seen recently (``capacity`` of them).
 
-    The key is the tensor object itself (a weak reference, so the cache keeps no data alive)
-    and its version counter, which every in-place write bumps; a different or modified tensor
-    is examined again. Inputs denser than ``max_density`` are remembered as ``None``.
+    Several entries, because Cluster-GCN feeds a different subgraph's features every step and
+    evaluation feeds the full graph's. An entry is keyed on the tensor object itself (a weak
+    reference, so the cache keeps no data alive) and its version counter, which every in-place
+    write bumps; a different or modified tensor is examined again. Inputs denser than
+    ``max_density`` are remembered as ``None``.
     """
 
-    def __init__(self, max_density: float = MAX_SPARSE_DENSITY) -> None:
+    def __init__(self, max_density: float = MAX_SPARSE_DENSITY, capacity: int = 64) -> None:
         self.max_density = max_density
-        self._ref: weakref.ref | None = None
-        self._version = -1
-        self._plan: CSRPlan | None = None
+        self.capacity = capacity
+        self._entries: OrderedDict[int, tuple[weakref.ref, int, CSRPlan | None]] = OrderedDict()
+
+    def __getstate__(self) -> dict:  # copies and pickles start empty (weak references can't)
+        return {**self.__dict__, "_entries": OrderedDict()}
 
     def get(self, x: torch.Tensor) -> CSRPlan | None:
-        if self._ref is not None and self._ref() is x and x._version == self._version:
-            return self._plan
+        entry = self._entries.get(id(x))
+        if entry is not None and entry[0]() is x and entry[1] == x._version:
+            self._entries.move_to_end(id(x))
+            return entry[2]
         plan = None
         usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
         if usable and not x.requires_grad and x.numel() > 0:
             if int(torch.count_nonzero(x)) <= self.max_density * x.numel():
                 plan = CSRPlan.from_dense(x)
-        self._ref, self._version, self._plan = weakref.ref(x), x._version, plan
+        key = id(x)
+
+        def forget(ref: weakref.ref) -> None:  # the tensor died: drop its plan now
+            if key in self._entries and self._entries[key][0] is ref:
+                del self._entries[key]
+
+        self._entries[key] = (weakref.ref(x, forget), x._version, plan)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
         return plan
 
 

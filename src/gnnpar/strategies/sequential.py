@@ -28,6 +28,12 @@ from gnnpar.models import build_model
 from gnnpar.strategies.base import Outcome, build_optimizer, seed_everything
 
 
+def sync(device: torch.device) -> None:
+    """Wait for queued accelerator work, so a step's time is the time it took."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Sequential:
     @staticmethod
     def validate_config(cfg: Config) -> None:
@@ -50,6 +56,9 @@ class Sequential:
             batches, partition_time = build_partition_batches(cfg, ds)
         else:
             batches = [ds.data]
+        if ctx.device.type != "cpu":  # once, in place (on CPU the tensors stay the same objects)
+            ds.data.to(ctx.device)
+            batches = [b.to(ctx.device) for b in batches]
         timer, losses, eval_times = StepTimer(), [], []
         steps = min(len(batches), r.max_steps or len(batches))
         gen = torch.Generator().manual_seed(r.seed)
@@ -63,6 +72,7 @@ class Sequential:
                         loss = graph_loss(model, batches[i], ds.multilabel)
                         loss.backward()
                         opt.step()
+                        sync(ctx.device)
                     epoch_loss += loss.item()
                 losses.append(epoch_loss / steps)
                 info = f"loss {losses[-1]:.4f}"
@@ -99,6 +109,7 @@ class Sequential:
                         loss = image_loss(model, x.to(ctx.device), y.to(ctx.device))
                         loss.backward()
                         opt.step()
+                        sync(ctx.device)
                     losses.append(loss.item())
                     bar.update(1, f"loss {losses[-1]:.4f}")
         scores, test_times = evaluate_images(model, ds, bs, r.max_steps)
