@@ -219,3 +219,25 @@ def test_cli_pipeline_matches_sequential_without_dropout(tmp_path):
     assert b["gpipe_bound"] == pytest.approx(2 * 4 / 5)
     assert b["balance"] == [1, 1] and b["halo_overhead"] > 0
     assert b["step_time_s"]["count"] == 3 and b["test_step_time_s"]["count"] >= 1
+
+
+# ------------------------------------------------------------------------- balance by time
+def test_split_by_cost_minimises_the_slowest_stage():
+    from gnnpar.pipe import bounds, gpipe_bound, split_by_cost
+
+    assert split_by_cost([4, 1, 1, 1, 1], 2) == [1, 4]
+    assert split_by_cost([1, 1, 1, 1], 2) == [2, 2]
+    assert split_by_cost([1, 1, 1, 1, 1, 1, 1, 1], 4) == [2, 2, 2, 2]
+    assert split_by_cost([1, 2, 3, 4, 5], 3) == [3, 1, 1]  # loads 6, 4, 5
+    assert bounds([1, 3, 2]) == [(0, 1), (1, 4), (4, 6)]
+    assert gpipe_bound(2, 5) == pytest.approx(10 / 6)
+
+
+def test_profile_blocks_times_every_block():
+    from gnnpar.pipe import profile_blocks
+
+    ds = graph_dataset()
+    model = build_model(ModelConfig(name="gat", hidden=4, layers=3, heads=2, dropout=0.0), 6, 3)
+    times = profile_blocks(model, ds.data.x, ds.data.edge_index, repeats=2)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert all(p.grad is None for p in model.parameters())  # profiling leaves no gradients
