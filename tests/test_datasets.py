@@ -93,9 +93,11 @@ def test_listing_reports_availability(tmp_path):
     assert "scale0.002-seed3" in rows["synthetic-reddit"]["available"]
 
 
-def test_datasets_command(tmp_path):
-    r = run_cli("datasets", "--data-root", str(tmp_path))
-    assert r.returncode == 0, r.stderr
+def test_datasets_command(tmp_path, capsys):
+    from gnnpar.cli import main
+
+    assert main(["datasets", "--data-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
     for name in REGISTRY:
-        assert name in r.stdout
-    assert "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in r.stdout
+        assert name in out
+    assert "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in out
