@@ -164,22 +164,7 @@ def test_cli_two_workers_with_straggler_and_periodic_averaging(cli, tmp_path):
     ],
 )
 def test_bad_input_exits_2_before_launch(capsys, tmp_path, flags, message):
-    code = main(
-        [
-            "train",
-            "--dataset",
-            "cora",
-            "--model",
-            "gcn",
-            "--strategy",
-            "allreduce",
-            "--workers",
-            "2",
-            "--quiet",
-            "--out",
-            str(tmp_path),
-            *flags,
-        ]
-    )  # fmt: skip  (in-process: these checks run before anything is launched)
-    err = capsys.readouterr().err
+    base = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
+    code = main([*base, "--workers", "2", "--quiet", "--out", str(tmp_path), *flags])
+    err = capsys.readouterr().err  # in-process: these checks run before anything is launched
     assert code == 2 and message in err and "Traceback" not in err

@@ -1,0 +1,33 @@
+"""dist.setup: a single process needs no process group; torchrun's environment is recognised."""
+
+from __future__ import annotations
+
+import torch
+
+from gnnpar import dist
+
+
+def test_single_process_context_without_torchrun(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert not dist.launched_by_torchrun()
+    ctx = dist.setup(5)
+    assert (ctx.rank, ctx.world_size, ctx.is_main, ctx.is_distributed) == (0, 1, True, False)
+    assert ctx.backend is None
+    assert not torch.distributed.is_initialized()
+    dist.teardown()
+
+
+def test_world_of_one_under_torchrun_needs_no_group(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert dist.launched_by_torchrun()
+    ctx = dist.setup(5)
+    assert ctx.world_size == 1 and not torch.distributed.is_initialized()
+
+
+def test_device_falls_back_to_cpu_without_cuda():
+    if not torch.cuda.is_available():
+        assert dist.pick_device(3) == torch.device("cpu")
+    else:
+        assert dist.pick_device(0).type == "cuda"
