@@ -67,6 +67,16 @@ def test_max_relative_equals_pyg_message_passing_values_and_gradients():
     torch.testing.assert_close(h.grad, h_ref.grad)
 
 
+def test_max_relative_equals_gather_and_amax_and_has_exact_gradients():
+    torch.manual_seed(2)
+    h = torch.randn(2, 12, 4, dtype=torch.double, requires_grad=True)
+    idx = knn_graph(h, 4)  # distinct neighbours: no ties, so the gradient is unique
+    offset = (torch.arange(2) * 12).view(2, 1, 1)
+    gathered = h.reshape(24, 4)[(idx + offset).reshape(-1)].view(2, 12, 4, 4)
+    torch.testing.assert_close(max_relative(h, idx), gathered.amax(2) - h, rtol=0, atol=0)
+    assert torch.autograd.gradcheck(lambda t: max_relative(t, idx), (h,))
+
+
 def test_max_relative_by_hand():
     # One image, 3 nodes with 2 channels; node 0's neighbours are itself and node 2, etc.
     h = torch.tensor([[[0.0, 4.0], [1.0, 1.0], [3.0, 0.0]]])

@@ -61,19 +61,53 @@ def knn_graph(h: torch.Tensor, k: int) -> torch.Tensor:
     return sim.topk(min(k, h.size(1)), dim=-1).indices
 
 
+class _NeighbourMax(torch.autograd.Function):
+    """``out[i, c] = max_j h[nodes[i, j], c]``, saving only which j won (one byte per value).
+
+    Gathering all k neighbours at once and taking ``amax`` keeps the [B*N, k, C] gather alive for
+    the backward pass: 3.9 GB per block at study 000's batch of 1000 images, 31 GB for 8 blocks.
+    Here the k neighbours are visited one slice at a time (k = 9 steps, each vectorised over the
+    whole batch) and the backward sends each gradient to the winning neighbour. Ties go to the
+    first winner (``amax`` would split them); both are valid subgradients.
+    """
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+        best = h[nodes[:, 0]]
+        winner = torch.zeros(best.shape, dtype=torch.uint8, device=h.device)
+        for j in range(1, nodes.size(1)):
+            candidate = h[nodes[:, j]]
+            better = candidate > best
+            best = torch.where(better, candidate, best)
+            winner.masked_fill_(better, j)
+        ctx.save_for_backward(nodes, winner)
+        ctx.num_nodes = h.size(0)
+        return best
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        nodes, winner = ctx.saved_tensors
+        c = grad.size(1)
+        src = nodes.gather(1, winner.long())  # [B*N, C]: the neighbour that won, per channel
+        flat = (src * c + torch.arange(c, device=grad.device)).view(-1)
+        out = torch.zeros(ctx.num_nodes * c, dtype=grad.dtype, device=grad.device)
+        out.index_add_(0, flat, grad.reshape(-1))
+        return out.view(ctx.num_nodes, c), None
+
+
 def max_relative(h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``max_{j in N(i)} (h_j - h_i)`` for ``h`` [B, N, C] and neighbour indices [B, N, k].
 
     ``max_j (h_j - h_i) = max_j h_j - h_i`` exactly, also in floating point (subtracting h_i is
-    monotone). A dense batched gather: measured on CPU (B = 32, C = 107, 1 thread) its forward
-    and backward take about half the time of a PyG ``MessagePassing(aggr="max")`` over the same
-    B*N*k edges, whose scatter-max and its backward dominate. The tests check the two agree.
+    monotone). A dense batched gather (:class:`_NeighbourMax`) rather than PyG: measured on CPU
+    (B = 32, C = 107, 1 thread) a PyG ``MessagePassing(aggr="max")`` over the same B*N*k edges
+    took ~950 ms forward + backward, a full gather + ``amax`` ~480 ms, this ~230 ms; the PyG
+    version's scatter-max and its backward dominate. The tests check all three agree.
     """
     b, n, c = h.shape
-    k = idx.size(-1)
     offset = (torch.arange(b, device=h.device) * n).view(b, 1, 1)
-    neighbours = h.reshape(b * n, c)[(idx + offset).reshape(-1)].view(b, n, k, c)
-    return neighbours.amax(dim=2) - h
+    nodes = (idx + offset).view(b * n, -1)
+    return _NeighbourMax.apply(h.reshape(b * n, c), nodes).view(b, n, c) - h
 
 
 class MRConv(nn.Module):
