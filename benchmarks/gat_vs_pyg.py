@@ -72,7 +72,7 @@ def plain_pyg(name: str, epochs: int, seed: int, root: Path) -> dict:
         loss = F.nll_loss(out[data.train_mask], data.y[data.train_mask])
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return float(loss.detach())
 
     @torch.no_grad()
     def test() -> list[float]:
