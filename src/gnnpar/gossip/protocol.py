@@ -19,10 +19,12 @@ step for ``--average params``) a rank does one of:
 1. its key says ``claim:A:X``: it sets ``ready:A:X`` and exchanges with A (the study's "partner
    already waiting for it", line 30);
 2. it has picked B and B's key says ``ready:me:X``: it exchanges with B;
-3. it has averaged ``K`` steps ago or more and picked nobody: it turns its own ``avail`` into
-   ``busy`` (failing means case 1 applies), tries ``avail -> claim:me:X`` on its topology's
-   candidates in random order (a uniformly random available partner, line 23), and keeps
-   training either way.
+3. it is due to average and has picked nobody: it turns its own ``avail`` into ``busy``
+   (failing means case 1 applies), tries ``avail -> claim:me:X`` on its topology's candidates
+   in random order (a uniformly random available partner, line 23), and keeps training either
+   way. Since the exchange then happens at a later boundary, the strategy picks one step early
+   (after ``K - 1`` steps; with K = 1 again right after its own exchange completes), so that
+   exchanges land every ``K`` steps.
 
 A rank whose work pool is empty first completes the exchange it started (waiting for its
 partner to become ``ready``), then retires with ``avail -> done``; if that fails, a claim is
@@ -33,7 +35,11 @@ Who waits differs from the study: there the picker waits at once, until its part
 next averaging point, so with a 3x straggler and K = 1 the fast rank idles two thirds of the
 time and both ranks end up training the same number of subgraphs, as under all-reduce. Here the
 picker keeps training and the picked rank, when it arrives, waits for at most one step of the
-picker, so the fast rank never waits for the slow one (except once at the very end).
+picker. Ranks publish a moving average of their step time in the store, and a rank picks only
+partners whose steps are not much shorter than its own (within 20%): so whoever waits, waits
+for about one of its own steps at most, and a straggler is picked by the fast ranks instead of
+making them wait for its slow steps. Equal ranks all pick each other; this only narrows the
+random choice, so the arguments below are unchanged.
 
 Deadlock freedom (study lemma 1). A rank waits in two situations only. (a) It is ``ready`` for
 its claimer A: A is ``busy`` (its claim is pending), so A is never picked, and A is training, or
@@ -91,13 +97,26 @@ class Pairing:
         self.pending: Exchange | None = None  # our pick whose exchange has not happened yet
         self._picked_at = 0.0
         self._claims = 0
+        self._step_s = 0.0  # moving average of this rank's step time, published for pickers
+        self._steps = 0
 
     def key(self, rank: int) -> str:
         return f"{self.prefix}/state/{rank}"
 
+    def speed_key(self, rank: int) -> str:
+        return f"{self.prefix}/step_s/{rank}"
+
     def open(self) -> None:
         """Mark this rank available; every rank must call this before anybody claims (barrier)."""
+        self.store.set(self.speed_key(self.rank), b"0")
         self.store.set(self.key(self.rank), AVAIL)
+
+    def record_step(self, seconds: float, every: int = 4) -> None:
+        """Publish this rank's typical step time (every few steps: one store write)."""
+        self._step_s = seconds if self._steps == 0 else 0.8 * self._step_s + 0.2 * seconds
+        if self._steps % every == 0:
+            self.store.set(self.speed_key(self.rank), f"{self._step_s:.6f}".encode())
+        self._steps += 1
 
     def at_boundary(self, want: bool) -> Exchange | None:
         """Called at every step boundary; returns the exchange to perform now, if any.
@@ -145,7 +164,7 @@ class Pairing:
         me = self.key(self.rank)
         if self.store.compare_set(me, AVAIL, BUSY) != BUSY:
             return  # claimed meanwhile: served at the next boundary (case 1)
-        order = list(self.topology.candidates())
+        order = [c for c in self.topology.candidates() if self._not_faster(c)]
         self.rng.shuffle(order)
         xid = f"{self.rank}.{self._claims}"
         claim = f"claim:{self.rank}:{xid}".encode()
@@ -156,6 +175,12 @@ class Pairing:
                 self._picked_at = time.monotonic()
                 return
         self.store.set(me, AVAIL)  # nobody available: try again at the next boundary
+
+    def _not_faster(self, rank: int, slack: float = 0.8) -> bool:
+        """Pick only partners whose steps are not much shorter than ours: the picked rank waits
+        for up to one step of the picker, so nobody then waits longer than about its own step."""
+        theirs = float(self.store.get(self.speed_key(rank)))
+        return theirs == 0.0 or self._step_s == 0.0 or theirs >= slack * self._step_s
 
     def _serve(self, value: bytes) -> Exchange | None:
         claim = _parse(value, b"claim")

@@ -139,10 +139,13 @@ class GossipGCN:
 
         def sync_point() -> None:
             nonlocal since
-            x = pairing.at_boundary(want=since >= s.sync_every)
-            if x is not None:
+            # pick one step early: the exchange happens at a later boundary (protocol.py)
+            x = pairing.at_boundary(want=since >= s.sync_every - 1)
+            while x is not None:
                 serve(x)
                 since = 0
+                # the picker may line up its next pick at once when K = 1 (it never waits)
+                x = pairing.at_boundary(want=s.sync_every == 1) if x.initiated else None
 
         desc = f"{self.name} {cfg.model.name} x{ctx.world_size}"
         shown, t0 = 0, time.perf_counter()
@@ -167,6 +170,7 @@ class GossipGCN:
                 slept = straggler.delay_s
                 straggler.after_step(compute)
                 log.step_times.append(compute + straggler.delay_s - slept)
+                pairing.record_step(log.step_times[-1])
                 log.losses.append(loss.item())
                 if fault is not None and log.batches == fault[0]:
                     _inject(fault[1])
