@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import uuid
@@ -116,14 +117,16 @@ def launch(
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        return elastic_launch(launch_cfg, fn)(*args, log_dir)
+        outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
     except ChildFailedError as e:
-        raise _describe(e, log_dir) from None
+        raise _describe(e, log_dir) from None  # keeps log_dir: the message points into it
     finally:
         for lg, level in zip(loggers, old_levels):
             lg.setLevel(level)
         if old_omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return outputs
 
 
 def _describe(e: Any, log_dir: str) -> Exception:

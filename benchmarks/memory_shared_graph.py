@@ -1,0 +1,166 @@
+"""Memory: one copy of the graph per machine, however many local ranks (issue 3).
+
+Runs the same short allreduce training (Cluster-GCN, GraphSAGE, 40 partitions; study 003's
+Reddit setting) with 1 rank and with N local ranks (``gnnpar train --workers N``) on
+synthetic-reddit, samples every rank's memory while it runs, and compares the sums.
+
+What is measured, per rank process (Linux ``/proc``):
+
+* peak RSS: ``VmHWM`` in ``/proc/<pid>/status`` (the kernel's exact high-water mark). RSS counts
+  every resident page a process maps, so a graph file memory-mapped by 4 ranks is counted 4
+  times although it sits in RAM once: summed RSS overstates what sharing costs.
+* peak PSS: the maximum over samples (every 0.1 s) of ``Pss`` in ``/proc/<pid>/smaps_rollup``.
+  PSS charges a page shared by k processes 1/k to each, so the sum over ranks is the physical
+  memory they use together. The target (summed peak of N=4 ranks <= 1.5 x one rank) is judged
+  on PSS for that reason; RSS is reported beside it to show the double counting.
+
+The graph is shared because the dataset and the partitioned graph are cached files opened with
+``torch.load(mmap=True)`` (``gnnpar.data.cache``, ``gnnpar.data.partition``): ranks map the same
+page-cache pages instead of holding private copies. A warm-up run (not measured) builds both
+caches first, so the measured runs only read them, as every run after the first does.
+
+    .venv/bin/python benchmarks/memory_shared_graph.py                     # full size, 4 ranks
+    .venv/bin/python benchmarks/memory_shared_graph.py --scale 0.1 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def rank_pids(launcher: int) -> list[int]:
+    """Processes started by torch's launcher with ``spawn`` (the ranks), not its helpers."""
+    found, todo = [], children(launcher)
+    while todo:
+        pid = todo.pop()
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "spawn_main" in cmd and "resource_tracker" not in cmd:
+            found.append(pid)
+        todo += children(pid)
+    return found
+
+
+def read_kib(path: str, field: str) -> int | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
+    cmd = [
+        sys.executable, "-m", "gnnpar", "train",
+        "--dataset", "synthetic-reddit", "--scale", str(args.scale), "--model", "sage",
+        "--strategy", "allreduce", "--partitions", str(args.partitions),
+        "--workers", str(workers), "--epochs", "1", "--max-steps", str(args.steps),
+        "--eval-every", "0", "--quiet", "--data-root", args.data_root, "--out", str(out),
+        "--timeout", "1800",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    pss: dict[int, int] = {}
+    hwm: dict[int, int] = {}
+    peak_sum_pss = 0
+    while proc.poll() is None:
+        pids = [proc.pid] if workers == 1 else rank_pids(proc.pid)
+        total = 0
+        for pid in pids:
+            p = read_kib(f"/proc/{pid}/smaps_rollup", "Pss")
+            h = read_kib(f"/proc/{pid}/status", "VmHWM")
+            if p is None or h is None:
+                continue
+            pss[pid] = max(pss.get(pid, 0), p)
+            hwm[pid] = max(hwm.get(pid, 0), h)
+            total += p
+        peak_sum_pss = max(peak_sum_pss, total)
+        time.sleep(0.1)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed with status {proc.returncode}")
+    if len(pss) != workers:
+        raise SystemExit(f"expected {workers} rank processes, saw {len(pss)}")
+    gib = 1 / 2**20
+    return {
+        "workers": workers,
+        "rank_peak_rss_gib": sorted(round(v * gib, 3) for v in hwm.values()),
+        "rank_peak_pss_gib": sorted(round(v * gib, 3) for v in pss.values()),
+        "sum_peak_rss_gib": sum(hwm.values()) * gib,
+        "sum_peak_pss_gib": sum(pss.values()) * gib,
+        "peak_of_sum_pss_gib": peak_sum_pss * gib,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--partitions", type=int, default=40)
+    p.add_argument("--steps", type=int, default=3, help="training steps per rank")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "gnnpar-mem"))
+    p.add_argument("--out", default=None, help="write the measurements here as JSON")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print("warm-up (builds the dataset and partition caches; not measured)", flush=True)
+        measure(1, args, Path(tmp) / "warm")
+        runs: dict[int, list[dict]] = {1: [], args.workers: []}
+        for rep in range(args.reps):
+            for n in (1, args.workers):
+                runs[n].append(measure(n, args, Path(tmp) / f"r{rep}-{n}"))
+                print(json.dumps(runs[n][-1]), flush=True)
+    med = {
+        n: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k.startswith(("sum", "peak"))}
+        for n, rs in runs.items()
+    }
+    one, many = med[1], med[args.workers]
+    summary = {
+        "scale": args.scale,
+        "workers": args.workers,
+        "reps": args.reps,
+        "median": {str(k): v for k, v in med.items()},
+        "ratio_sum_peak_pss": many["sum_peak_pss_gib"] / one["sum_peak_pss_gib"],
+        "ratio_sum_peak_rss": many["sum_peak_rss_gib"] / one["sum_peak_rss_gib"],
+        "ratio_peak_of_sum_pss": many["peak_of_sum_pss_gib"] / one["peak_of_sum_pss_gib"],
+        "runs": {str(k): v for k, v in runs.items()},
+    }
+    print(
+        f"\n| ranks | sum of peak PSS (GiB) | sum of peak RSS (GiB) | peak of summed PSS (GiB) |\n"
+        f"|---|---|---|---|\n"
+        f"| 1 | {one['sum_peak_pss_gib']:.2f} | {one['sum_peak_rss_gib']:.2f} | "
+        f"{one['peak_of_sum_pss_gib']:.2f} |\n"
+        f"| {args.workers} | {many['sum_peak_pss_gib']:.2f} | {many['sum_peak_rss_gib']:.2f} | "
+        f"{many['peak_of_sum_pss_gib']:.2f} |\n"
+        f"| ratio | {summary['ratio_sum_peak_pss']:.2f}x | {summary['ratio_sum_peak_rss']:.2f}x | "
+        f"{summary['ratio_peak_of_sum_pss']:.2f}x |\n"
+        f"\ntarget: sum of peak PSS of {args.workers} ranks <= 1.5x one rank: "
+        f"{'met' if summary['ratio_sum_peak_pss'] <= 1.5 else 'NOT met'}"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
