@@ -217,3 +217,51 @@ def test_loader_workers_give_the_same_batches(tmp_path):
     assert len(batches[0]) == 2 * steps
     for a, b in zip(batches[0], batches[2], strict=True):
         assert all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+WORKER_SCRIPT = """
+import sys, time, torch
+from gnnpar.data.sampling import CSRGraph, SampledBatches, build_loader, save_shared_graph
+ei = torch.randint(0, 50, (2, 300), generator=torch.Generator().manual_seed(0))
+save_shared_graph(sys.argv[1], CSRGraph.from_edge_index(ei, 50), torch.randn(50, 2),
+                  torch.zeros(50, dtype=torch.long))
+ds = SampledBatches(sys.argv[1], torch.arange(50), [3], 5, 0, 1, 0, steps=10)
+it = iter(build_loader(ds, 1000, 2, timeout_s=60))
+next(it)
+print(" ".join(str(w.pid) for w in it._workers), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_workers_end_when_their_training_process_is_killed(tmp_path):
+    """SIGKILL the training process: its forkserver workers notice and exit (no orphans)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER_SCRIPT, str(tmp_path / "g.pt")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in pids)

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -372,6 +374,7 @@ class SampledBatches(torch.utils.data.Dataset):
         self.seed = seed
         self.steps = steps
         self.replace = replace
+        self.owner_pid = os.getpid()  # the training process; workers end when it is gone
         self._state: dict | None = None  # mapped graph + sampler, per process
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
 
@@ -408,6 +411,34 @@ def _worker_init(worker_id: int) -> None:
     # One thread per sampler process: W workers x R ranks on C cores must not each start C
     # OpenMP threads (oversubscription turns into minutes-long stalls that look like hangs).
     torch.set_num_threads(1)
+    owner = torch.utils.data.get_worker_info().dataset.owner_pid
+    threading.Thread(target=_exit_with_owner, args=(owner,), daemon=True).start()
+
+
+def _exit_with_owner(pid: int, every_s: float = 1.0) -> None:
+    """End this worker when the training process ``pid`` is gone.
+
+    A forkserver worker is a child of the fork server, not of the rank, so DataLoader's own
+    watchdog (is my parent alive?) does not fire when the rank is killed; and the fork server
+    lives as long as its children hold its pipe. Without this, a killed rank leaves its workers
+    and fork server behind for good.
+    """
+    while True:
+        time.sleep(every_s)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            alive = state not in ("Z", "X")  # a zombie has exited; its parent just has not reaped
+        except FileNotFoundError:
+            alive = False
+        except OSError:  # no /proc: fall back on signal 0
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+        if not alive:
+            os._exit(0)
 
 
 def build_loader(

@@ -33,6 +33,9 @@ The usual culprits, all multiplied by ranks x workers:
    workers, exceeds 16 GB; a worker killed by the OOM killer leaves the rank waiting for a batch
    that never comes. Here the graph is written once per machine to ``/dev/shm`` and every rank
    and worker maps it (``torch.load(mmap=True)``); only mini-batches cross process boundaries.
+   The file is unlinked at once (reached through ``/proc/<pid>/fd``), so a killed run leaks
+   nothing, and a worker exits when its rank dies (it watches the rank's pid: a forkserver
+   worker's parent is the fork server, so DataLoader's own parent check would not notice).
 4. Uneven step counts across ranks (a rank with one batch more waits forever in its last
    all-reduce): prevented by the equal-steps plan above.
 5. Waits without a deadline: the DataLoader has ``timeout=--timeout`` and the process group the
@@ -123,15 +126,13 @@ class Sampled:
             )
         seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
         t0 = time.perf_counter()
-        path = _share_graph(ds, ctx)
+        path, fd = _share_graph(ds, ctx)
         setup_s = time.perf_counter() - t0
         try:
             return self._train(cfg, ds, ctx, path, train_idx, setup_s)
         finally:
-            if ctx.is_distributed:
-                dist.barrier()  # nobody still maps the file when it goes
-            if ctx.local_rank == 0:
-                os.unlink(path)
+            if fd is not None:
+                os.close(fd)  # the file is already unlinked: its pages go with the last mapping
 
     def _train(self, cfg, ds: GraphDataset, ctx, path: str, train_idx, setup_s: float) -> Outcome:
         s, r = cfg.strategy, cfg.run
@@ -151,7 +152,7 @@ class Sampled:
             net.register_comm_hook(sync, timed_allreduce)
         opt = build_optimizer(cfg, net.parameters())
         straggler = Straggler(s.slowdown.get(ctx.rank, 1.0), s.jitter, r.seed + ctx.rank)
-        wait_s = compute_s = sync_s = train_s = 0.0
+        wait_s = compute_s = sync_s = train_s = first_wait_s = 0.0
         step_times: list[float] = []
         losses: list[float] = []
         bar = Progress(r.epochs * steps, f"sampled {cfg.model.name}", ctx.is_main and not r.quiet)
@@ -165,6 +166,8 @@ class Sampled:
                 for batch in _timed(it, steps, step_times):
                     t1 = time.perf_counter()
                     wait_s += t1 - step_times[-1]
+                    if len(step_times) == 1:
+                        first_wait_s = t1 - step_times[0]
                     sync.last_call = sync.last_done = 0.0  # a step without a hook adds 0
                     batch = batch.to_data().to(ctx.device)
                     opt.zero_grad(set_to_none=True)
@@ -185,26 +188,26 @@ class Sampled:
                 losses.append(epoch_loss / steps)
         del it, loader  # stops the workers before evaluation
         breakdown = {"data_wait": wait_s, "compute": compute_s, "sync": sync_s}
-        gathered = _gather(ctx, (breakdown, train_s, len(step_times)))
+        gathered = _gather(ctx, (breakdown, train_s, len(step_times), first_wait_s))
         t0 = time.perf_counter()
         # exact full-graph scores; engine.graph_logits bounds memory on big graphs
         # (on the CPU, where the graph is: a big graph need not fit the accelerator)
         scores = evaluate_graph(model.cpu(), ds)[0] if ctx.is_main else {"val": 0.0, "test": 0.0}
         eval_s = time.perf_counter() - t0
-        total_wait = sum(b["data_wait"] for b, _, _ in gathered)
-        total = sum(sum(b.values()) for b, _, _ in gathered)
+        total_wait = sum(b["data_wait"] for b, *_ in gathered)
+        total = sum(sum(b.values()) for b, *_ in gathered)
         return Outcome(
             train_time_s=train_s,
             step_times=step_times,
             test_step_times=[eval_s],
             loss_curve=losses,
-            per_worker_batches=[n for _, _, n in gathered],
+            per_worker_batches=[n for _, _, n, _ in gathered],
             val_score=scores["val"],
             test_score=scores["test"],
             extra={
-                "time_breakdown_s": [b for b, _, _ in gathered],
-                "max_rank_train_time_s": max(t for _, t, _ in gathered),
-                "rank_train_time_s": [t for _, t, _ in gathered],
+                "time_breakdown_s": [b for b, *_ in gathered],
+                "max_rank_train_time_s": max(t for _, t, *_ in gathered),
+                "rank_train_time_s": [t for _, t, *_ in gathered],
                 "data_wait_share": total_wait / total if total else 0.0,
                 "train_score": scores.get("train", 0.0),
                 "steps_per_epoch": steps,
@@ -212,6 +215,8 @@ class Sampled:
                 "loader_workers": s.loader_workers,
                 "graph_setup_time_s": setup_s,
                 "loader_start_time_s": loader_start_s,
+                # part of data_wait: the first batch cannot be prefetched (pipeline fill)
+                "first_batch_wait_s": [g[3] for g in gathered],
             },
         )
 
@@ -231,13 +236,22 @@ def _gather(ctx: DistContext, item: object) -> list:
     return out
 
 
-def _share_graph(ds: GraphDataset, ctx: DistContext) -> str:
-    """Local rank 0 writes CSR + features + labels once per machine; every rank gets the path."""
-    path = None
+def _share_graph(ds: GraphDataset, ctx: DistContext) -> tuple[str, int | None]:
+    """Local rank 0 writes CSR + features + labels once per machine; every rank gets a path.
+
+    The file is unlinked as soon as it is written and reached through ``/proc/<pid>/fd/<fd>`` of
+    local rank 0 (which keeps it open until the end of the run), so nothing is left behind in
+    ``/dev/shm`` however the run ends, SIGKILL included: the memory is freed when the last
+    process unmaps it. Returns (path, the fd to close on local rank 0 or None).
+    """
+    path, fd = None, None
     if ctx.local_rank == 0:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        path = os.path.join(folder, f"gnnpar-sampled-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
+        name = os.path.join(folder, f"gnnpar-sampled-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
         d = ds.data
-        save_shared_graph(path, CSRGraph.from_edge_index(d.edge_index, ds.num_nodes), d.x, d.y)
+        save_shared_graph(name, CSRGraph.from_edge_index(d.edge_index, ds.num_nodes), d.x, d.y)
+        fd = os.open(name, os.O_RDONLY)
+        os.unlink(name)
+        path = f"/proc/{os.getpid()}/fd/{fd}"
     paths = _gather(ctx, path)
-    return paths[ctx.rank - ctx.local_rank]  # torchrun numbers a machine's ranks contiguously
+    return paths[ctx.rank - ctx.local_rank], fd  # torchrun numbers a machine's ranks in a row
