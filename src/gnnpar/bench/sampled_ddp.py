@@ -8,7 +8,7 @@ workers deadlocked); a second table varies the loader workers at batch 1024 and 
 step's time goes (data wait, compute, exposed gradient sync).
 
     gnnpar bench sampled-ddp --quick     # scale 0.02, batch 1024, ranks 1-2: a few minutes
-    gnnpar bench sampled-ddp             # scale 0.05, 2 epochs, the whole grid (30 runs)
+    gnnpar bench sampled-ddp             # scale 0.02, 2 epochs, the whole grid (30 runs)
 
 Targets checked in the report: with 2 loader workers, data wait <= 20% of step time; 2 ranks
 train an epoch faster than 1.
@@ -30,6 +30,7 @@ RUN_COLS = [
     "loader_workers",
     "epoch_s",
     "data_wait_%",
+    "steady_wait_%",
     "compute_s",
     "sync_s",
     "steps_per_rank",
@@ -45,7 +46,7 @@ def grid(quick: bool) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]
         cells = [(m, r, 1024, 2) for m in MODELS for r in (1, 2)]
         cells += [("sage", r, 1024, 0) for r in (1, 2)]
     else:
-        base.update(scale=0.05, epochs=2)
+        base.update(scale=0.02, epochs=2)
         cells = [(m, r, b, 2) for m in MODELS for r in (1, 2, 4) for b in (512, 1024, 2048)]
         cells += [(m, r, 1024, w) for m in MODELS for r in (1, 2, 4) for w in (0, 1)]
     runs = []
@@ -66,6 +67,9 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
     s = r["config"]["strategy"]
     bd = r["time_breakdown_s"]
     ranks = len(bd)
+    wait = sum(b["data_wait"] for b in bd)
+    total = sum(sum(b.values()) for b in bd)
+    first = sum(r["first_batch_wait_s"])
     return {
         "run": r["run_name"],
         "model": r["model"],
@@ -74,6 +78,8 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "loader_workers": s["loader_workers"],
         "epoch_s": r["max_rank_train_time_s"] / r["epochs"],
         "data_wait_%": 100 * r["data_wait_share"],
+        # without each rank's first batch, which no prefetching can hide (pipeline fill)
+        "steady_wait_%": 100 * (wait - first) / (total - first) if total > first else 0.0,
         "compute_s": sum(b["compute"] for b in bd) / ranks,  # mean over ranks
         "sync_s": sum(b["sync"] for b in bd) / ranks,
         "steps_per_rank": r["per_worker_batches"][0],
@@ -95,13 +101,15 @@ def table2(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]
 def targets(rows: list[dict[str, Any]]) -> str:
     lines = []
     w2 = [r for r in rows if r["loader_workers"] == 2]
-    if w2:
-        worst = max(w2, key=lambda r: r["data_wait_%"])
-        ok = worst["data_wait_%"] <= 20
+    for key, what in (("data_wait_%", "all steps"), ("steady_wait_%", "after the first batch")):
+        if not w2:
+            break
+        worst = max(w2, key=lambda r: r[key])
+        met = sum(r[key] <= 20 for r in w2)
         lines.append(
-            f"- Data wait with 2 loader workers <= 20% of step time: "
-            f"{'met' if ok else 'NOT met'} (worst {worst['data_wait_%']:.1f}% in {worst['run']}; "
-            f"median {sorted(r['data_wait_%'] for r in w2)[len(w2) // 2]:.1f}% over {len(w2)} runs)."
+            f"- Data wait with 2 loader workers <= 20% of step time ({what}): {met} of {len(w2)} "
+            f"runs (worst {worst[key]:.1f}% in {worst['run']}; median "
+            f"{sorted(r[key] for r in w2)[len(w2) // 2]:.1f}%)."
         )
     one = {(r["model"], r["batch"], r["loader_workers"]): r for r in rows if r["ranks"] == 1}
     speedups = []
@@ -147,7 +155,7 @@ def ranks_plot(path: Path, rows: list[dict[str, Any]], batch: int) -> Path:
 
 
 def sampled_ddp(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
-    base, runs = grid(quick)
+    _, runs = grid(quick)
     results = []
     for i, (name, flags) in enumerate(runs, 1):
         if not quiet:
@@ -155,6 +163,13 @@ def sampled_ddp(quick: bool, out: Path, data_root: str | None, quiet: bool) -> l
         if data_root:
             flags = {**flags, "data-root": data_root}
         results.append(run_config(flags, out, name))
+    render(results, out, quick)
+    return results
+
+
+def render(results: list[dict[str, Any]], out: Path, quick: bool) -> Path:
+    """report.md, results.json and the figure from finished runs (re-renderable from
+    results.json: ``render(json.load(open("results.json")), out, quick)``)."""
     rows = [row(r) for r in results]
     print_table("sampled DDP on synthetic-reddit", rows, RUN_COLS)
     t2, t2_cols = table2([r for r in rows if r["loader_workers"] == 2])
@@ -163,14 +178,15 @@ def sampled_ddp(quick: bool, out: Path, data_root: str | None, quiet: bool) -> l
     ranks_plot(out / "sampled_ddp_ranks.png", rows, fig_batch)
     r0 = results[0]
     setting = (
-        f"synthetic-reddit at scale {base['scale']} ({r0['config']['data']['scale']}), "
-        f"{base['epochs']} epoch(s) per run, fan-outs {r0['config']['strategy']['fanouts']}, "
-        f"machine: {r0['machine']['cpu_count']} CPU cores, accelerator "
+        f"synthetic-reddit at scale {r0['config']['data']['scale']}, {r0['epochs']} epoch(s) per "
+        f"run, fan-outs {r0['config']['strategy']['fanouts']}, machine: "
+        f"{r0['machine']['cpu_count']} CPU cores (shared with other jobs), accelerator "
         f"{r0['machine']['accelerator']}. epoch_s = max_rank_train_time_s / epochs; data_wait_% = "
-        "data wait / (data wait + compute + sync), summed over ranks; compute_s and sync_s are "
-        "means over ranks (sync: all-reduce time not hidden by backward)."
+        "data wait / (data wait + compute + sync), summed over ranks; steady_wait_% leaves out "
+        "each rank's first batch; compute_s and sync_s are means over ranks (sync: all-reduce "
+        "time not hidden by backward, including waiting for the slower rank)."
     )
-    write_report(
+    return write_report(
         out,
         "Neighbour-sampled DDP (study 002)",
         [
@@ -189,4 +205,3 @@ def sampled_ddp(quick: bool, out: Path, data_root: str | None, quiet: bool) -> l
         ],
         results,
     )
-    return results
