@@ -13,8 +13,8 @@ Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks
 remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.
 shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
 end, on rank 0 (exact full-graph inference, :func:`gnnpar.engine.evaluate_graph`, which bounds
-memory on big graphs); ``--eval-every`` is not used
-because an evaluation in the middle would hold every other rank at the next all-reduce.
+memory on big graphs); ``--eval-every`` is not used because an evaluation in the middle would
+hold every other rank at the next all-reduce.
 
 Why study 002 deadlocked at 4 GPUs x 2 data workers (section 4.2), and what prevents it here.
 The usual culprits, all multiplied by ranks x workers:
@@ -23,12 +23,14 @@ The usual culprits, all multiplied by ranks x workers:
    by then runs gloo/NCCL threads, an OpenMP/MKL pool and a CUDA context. The child inherits
    locks held by threads that do not exist in it (malloc arenas, libgomp's pool, the process
    group's store socket); its first parallel region or allocation may wait forever. Here workers
-   start with ``forkserver``: forked from a clean server process that imported torch and nothing
-   else, so they hold no thread, no pool and no process group (workers never call collectives).
+   start with ``forkserver``: forked from a clean server process that only imported torch and
+   the sampler, so they hold no thread, no pool and no process group (workers never call
+   collectives, and what they receive is a small picklable plan, not the process state).
 2. Oversubscription. Each worker would inherit the rank's thread count: 4 ranks x 2 workers x
    all cores of OpenMP threads spin against each other and the gloo threads, which stalls steps
    until a timeout looks like a hang. Workers run ``torch.set_num_threads(1)``; each rank gets
-   cores / local ranks threads (``train.set_threads``).
+   cores / local ranks threads (``train.set_threads``); idle OpenMP threads sleep instead of
+   spinning (``OMP_WAIT_POLICY=PASSIVE``, set in :mod:`gnnpar`).
 3. Memory. Reddit (~6 GB in memory) loaded by 4 ranks, plus copy-on-write faults in forked
    workers, exceeds 16 GB; a worker killed by the OOM killer leaves the rank waiting for a batch
    that never comes. Here the graph is written once per machine to ``/dev/shm`` and every rank
