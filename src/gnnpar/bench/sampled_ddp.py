@@ -5,7 +5,9 @@ per-rank batch sizes 512, 1024, 2048 and 0, 1, 2 loader workers per rank. As in 
 figure of merit is the longest training time of any rank (``max_rank_train_time_s``), here per
 epoch. Table 2 runs every rank count with 2 loader workers (the study could not: 4 GPUs x 2
 workers deadlocked); a second table varies the loader workers at batch 1024 and shows where a
-step's time goes (data wait, compute, exposed gradient sync).
+step's time goes (data wait, compute, exposed gradient sync). By default a rank gets
+cores / ranks threads, so on a small machine more ranks split the same cores; the ``-t1`` runs
+give every rank one thread instead (more ranks, more cores: the study's one GPU per rank).
 
     gnnpar bench sampled-ddp --quick     # scale 0.02, batch 1024, ranks 1-2: a few minutes
     gnnpar bench sampled-ddp             # scale 0.02, 2 epochs, the whole grid (30 runs)
@@ -28,6 +30,7 @@ RUN_COLS = [
     "ranks",
     "batch",
     "loader_workers",
+    "threads",
     "epoch_s",
     "data_wait_%",
     "steady_wait_%",
@@ -43,15 +46,17 @@ def grid(quick: bool) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]
     base = {"dataset": "synthetic-reddit", "strategy": "sampled", "seed": 0}
     if quick:
         base.update(scale=0.02, epochs=1)
-        cells = [(m, r, 1024, 2) for m in MODELS for r in (1, 2)]
-        cells += [("sage", r, 1024, 0) for r in (1, 2)]
+        cells = [(m, r, 1024, 2, None) for m in MODELS for r in (1, 2)]
+        cells += [("sage", r, 1024, 0, None) for r in (1, 2)]
+        cells += [("sage", r, 1024, 2, 1) for r in (1, 2)]
     else:
         base.update(scale=0.02, epochs=2)
-        cells = [(m, r, b, 2) for m in MODELS for r in (1, 2, 4) for b in (512, 1024, 2048)]
-        cells += [(m, r, 1024, w) for m in MODELS for r in (1, 2, 4) for w in (0, 1)]
+        cells = [(m, r, b, 2, None) for m in MODELS for r in (1, 2, 4) for b in (512, 1024, 2048)]
+        cells += [(m, r, 1024, w, None) for m in MODELS for r in (1, 2, 4) for w in (0, 1)]
+        cells += [(m, r, 2048, 2, 1) for m in MODELS for r in (1, 2, 4)]
     runs = []
-    for model, ranks, batch, workers in cells:
-        name = f"{model}-r{ranks}-b{batch}-w{workers}"
+    for model, ranks, batch, workers, threads in cells:
+        name = f"{model}-r{ranks}-b{batch}-w{workers}" + (f"-t{threads}" if threads else "")
         flags = {
             **base,
             "model": model,
@@ -59,6 +64,8 @@ def grid(quick: bool) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]
             "batch-size": batch,
             "loader-workers": workers,
         }
+        if threads:  # a fixed share per rank: more ranks, more cores (one GPU per rank)
+            flags["threads"] = threads
         runs.append((name, flags))
     return base, runs
 
@@ -76,6 +83,7 @@ def row(r: dict[str, Any]) -> dict[str, Any]:
         "ranks": ranks,
         "batch": s["batch_size"],
         "loader_workers": s["loader_workers"],
+        "threads": r["config"]["run"]["threads"] or "auto",
         "epoch_s": r["max_rank_train_time_s"] / r["epochs"],
         "data_wait_%": 100 * r["data_wait_share"],
         # without each rank's first batch, which no prefetching can hide (pipeline fill)
@@ -111,10 +119,14 @@ def targets(rows: list[dict[str, Any]]) -> str:
             f"runs (worst {worst[key]:.1f}% in {worst['run']}; median "
             f"{sorted(r[key] for r in w2)[len(w2) // 2]:.1f}%)."
         )
-    one = {(r["model"], r["batch"], r["loader_workers"]): r for r in rows if r["ranks"] == 1}
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r["model"], r["batch"], r["loader_workers"], r["threads"]
+
+    one = {key(r): r for r in rows if r["ranks"] == 1}
     speedups = []
     for r in rows:
-        base = one.get((r["model"], r["batch"], r["loader_workers"]))
+        base = one.get(key(r))
         if r["ranks"] == 2 and base:
             speedups.append((base["epoch_s"] / r["epoch_s"], r["run"]))
     if speedups:
@@ -136,13 +148,18 @@ def ranks_plot(path: Path, rows: list[dict[str, Any]], batch: int) -> Path:
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for model in MODELS:
-        pts = sorted(
-            (r["ranks"], r["epoch_s"])
-            for r in rows
-            if r["model"] == model and r["batch"] == batch and r["loader_workers"] == 2
-        )
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=model)
+        for threads, style in (("auto", "-"), (1, "--")):
+            pts = sorted(
+                (r["ranks"], r["epoch_s"])
+                for r in rows
+                if r["model"] == model
+                and r["batch"] == batch
+                and r["loader_workers"] == 2
+                and r["threads"] == threads
+            )
+            label = model if threads == "auto" else f"{model}, 1 thread per rank"
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o", label=label)
     ax.set_xlabel("ranks")
     ax.set_ylabel("epoch time of the slowest rank (s)")
     ax.set_title(f"Sampled DDP, batch {batch} per rank, 2 loader workers")
@@ -172,8 +189,10 @@ def render(results: list[dict[str, Any]], out: Path, quick: bool) -> Path:
     results.json: ``render(json.load(open("results.json")), out, quick)``)."""
     rows = [row(r) for r in results]
     print_table("sampled DDP on synthetic-reddit", rows, RUN_COLS)
-    t2, t2_cols = table2([r for r in rows if r["loader_workers"] == 2])
-    sweep = [r for r in rows if r["batch"] == 1024]
+    auto = [r for r in rows if r["threads"] == "auto"]
+    t2, t2_cols = table2([r for r in auto if r["loader_workers"] == 2])
+    sweep = [r for r in auto if r["batch"] == 1024]
+    fixed = [r for r in rows if r["threads"] != "auto"]
     fig_batch = 1024 if quick else 2048
     ranks_plot(out / "sampled_ddp_ranks.png", rows, fig_batch)
     r0 = results[0]
@@ -197,6 +216,10 @@ def render(results: list[dict[str, Any]], out: Path, quick: bool) -> Path:
                 markdown_table(t2, t2_cols),
             ),
             ("Loader workers at batch 1024", markdown_table(sweep, RUN_COLS)),
+            (
+                "One thread per rank (adding ranks adds cores, as adding GPUs did in the study)",
+                markdown_table(fixed, RUN_COLS),
+            ),
             (
                 f"Figure 1: runtime against ranks (batch {fig_batch})",
                 "![ranks](sampled_ddp_ranks.png)",
