@@ -177,7 +177,8 @@ class Pipeline:
         dist.all_gather_object(everyone, mine)
         # A pipeline step ends when its slowest stage does: per step, the max over ranks.
         steps = [max(t) for t in zip(*(e["steps"] for e in everyone))]
-        evals = [max(t) for t in zip(*(e["evals"] for e in everyone))]
+        # Evaluation batches are split over replicas: report replica 0's pipeline.
+        evals = [max(t) for t in zip(*(e["evals"] for e in everyone if e["replica"] == 0))]
         lasts = sorted((e for e in everyone if e["final"] is not None), key=lambda e: e["replica"])
         scores = job.scores([e["final"] for e in lasts])
         curve: list[float] | dict[str, list[float]] = lasts[0]["losses"]
