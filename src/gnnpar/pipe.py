@@ -23,7 +23,6 @@ GAT with torchgpipe's ``balance``. Here:
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -68,8 +67,9 @@ def profile_blocks(
     edge_index: torch.Tensor | None,
     repeats: int = 3,
 ) -> list[float]:
-    """Median forward+backward seconds of each block on one micro-batch (stem and head folded
-    into the first and last block, where they run)."""
+    """Forward+backward seconds of each block on one micro-batch (stem and head folded into the
+    first and last block, where they run): the minimum over repeats, since other processes on
+    a shared machine can only add time, never remove it."""
     samples: list[list[float]] = [[] for _ in model.blocks]
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -85,7 +85,7 @@ def profile_blocks(
             samples[i].append(time.perf_counter() - t0 + (stem_s if i == 0 else 0.0))
             h = out.detach()
     model.zero_grad(set_to_none=True)
-    return [statistics.median(s) for s in samples]
+    return [min(s) for s in samples]
 
 
 class StageModule(nn.Module):
