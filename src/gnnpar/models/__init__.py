@@ -7,6 +7,7 @@ pipeline is ``blocks[a:b]`` with the stem on the first stage and the head (reado
 
 from __future__ import annotations
 
+from gnnpar.config import ModelConfig
 from gnnpar.models.base import BlockModel
 from gnnpar.models.gat import build_gat, build_gat3
 from gnnpar.models.gcn import build_gcn
@@ -22,7 +23,10 @@ MODELS = {
 }
 
 
-def build_model(mcfg, in_dim: int, num_classes: int, multilabel: bool = False) -> BlockModel:
+def build_model(
+    mcfg: ModelConfig, in_dim: int, num_classes: int, multilabel: bool = False
+) -> BlockModel:
+    """The model named ``mcfg.name``, sized by the resolved config (see config.resolve)."""
     return MODELS[mcfg.name](mcfg, in_dim, num_classes, multilabel)
 
 
