@@ -203,7 +203,8 @@ def render(results: list[dict[str, Any]], out: Path, quick: bool) -> Path:
         f"{r0['machine']['accelerator']}. epoch_s = max_rank_train_time_s / epochs; data_wait_% = "
         "data wait / (data wait + compute + sync), summed over ranks; steady_wait_% leaves out "
         "each rank's first batch; compute_s and sync_s are means over ranks (sync: all-reduce "
-        "time not hidden by backward, including waiting for the slower rank)."
+        "time not hidden by backward, including waiting for the slower rank); steps_per_rank counts "
+        "the whole run."
     )
     return write_report(
         out,
