@@ -113,6 +113,11 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
     }
 
 
+def cache_state(data_root: str) -> dict[str, float]:
+    """Modification times of every cached file (a rebuilt cache changes them)."""
+    return {str(f): f.stat().st_mtime for f in Path(data_root, "cache").rglob("*.pt")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scale", type=float, default=1.0)
@@ -122,14 +127,19 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "gnnpar-mem"))
     p.add_argument("--out", default=None, help="write the measurements here as JSON")
+    p.add_argument("--skip-warmup", action="store_true", help="the caches are already built")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        print("warm-up (builds the dataset and partition caches; not measured)", flush=True)
-        measure(1, args, Path(tmp) / "warm")
+        if not args.skip_warmup:
+            print("warm-up (builds the dataset and partition caches; not measured)", flush=True)
+            measure(1, args, Path(tmp) / "warm")
         runs: dict[int, list[dict]] = {1: [], args.workers: []}
         for rep in range(args.reps):
             for n in (1, args.workers):
+                before = cache_state(args.data_root)
                 runs[n].append(measure(n, args, Path(tmp) / f"r{rep}-{n}"))
+                if cache_state(args.data_root) != before:  # a rank rebuilt a cache: not a read
+                    raise SystemExit("a cache was (re)built during a measured run; run again")
                 print(json.dumps(runs[n][-1]), flush=True)
     med = {
         n: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k.startswith(("sum", "peak"))}

@@ -86,7 +86,7 @@ def launch(
 
     ``fn`` must be importable by name (module level): ranks are started with ``spawn``.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -120,6 +120,8 @@ def launch(
         outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
     except ChildFailedError as e:
         raise _describe(e, log_dir) from None  # keeps log_dir: the message points into it
+    except SignalException:  # Ctrl-C or SIGTERM reached the agent; it has stopped the ranks
+        raise KeyboardInterrupt from None
     finally:
         for lg, level in zip(loggers, old_levels):
             lg.setLevel(level)

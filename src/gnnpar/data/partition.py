@@ -289,6 +289,7 @@ def load_or_build(
             os.close(fd)
             try:
                 torch.save({"meta": meta, "tensors": graph.tensors}, tmp)
+                os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is readable like data
                 os.replace(tmp, path)
             finally:
                 if os.path.exists(tmp):

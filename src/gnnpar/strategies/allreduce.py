@@ -19,7 +19,9 @@ Averaging, every ``--sync-every K`` steps (a step counter running across epochs)
   measured call instead of being hidden inside DDP's backward hooks.
 * ``--average params`` (local SGD / periodic model averaging): every rank steps on its own
   gradients and every K steps the parameters are averaged with torch's
-  ``PeriodicModelAverager``. With plain SGD and K = 1 this equals gradient averaging.
+  ``PeriodicModelAverager``. With plain SGD and K = 1 this equals gradient averaging (when
+  ``p`` divides ``n``; at an uneven last step the idle ranks' unchanged parameters count in the
+  average, as torch's averager weighs every rank equally).
 
 With K > 1 the ranks' models differ between averaging points (and Adam's moments always
 differ), so after training the parameters are averaged once more and that model is scored
@@ -178,7 +180,8 @@ class AllReduce:
                             clock.seconds += time.perf_counter() - t_wait
                             log.exchanges += 1
                     log.step_times.append(time.perf_counter() - t0)
-                    bar.update(1, f"epoch {epoch + 1} loss {loss_sum / max(i + 1, 1):.4f}")
+                    info = f"epoch {epoch + 1} loss {loss_sum / max(i + 1, 1):.4f}"
+                    bar.update(1, f"{info} waited {clock.seconds:.1f}s")
                 clock.barrier()  # the epoch ends when every rank is done: waiting counts
                 train_time += time.perf_counter() - t_epoch
                 log.loss_sum.append(loss_sum)
