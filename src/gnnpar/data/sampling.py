@@ -451,7 +451,9 @@ def build_loader(
     """A DataLoader over batches ``0 .. epochs * steps - 1`` of ``dataset`` with ``workers``
     persistent worker processes (0: sample in the training process). One pass covers the whole
     run, so workers keep prefetching across epoch boundaries instead of idling while a new
-    epoch's iterator is set up. See :mod:`gnnpar.strategies.sampled` for why ``forkserver``."""
+    epoch's iterator is set up. See :mod:`gnnpar.strategies.sampled` for why ``forkserver``.
+    As with ``spawn``, workers import the main module: a script that trains with loader workers
+    needs the usual ``if __name__ == "__main__":`` guard (``python -m gnnpar`` has it)."""
     order = range(epochs * dataset.steps)  # batch i = epoch i // steps, step i % steps
     if workers == 0:
         return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=order)
