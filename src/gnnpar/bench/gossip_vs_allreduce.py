@@ -143,10 +143,10 @@ def speedup_plot(path: Path, rows: list[dict[str, Any]], intervals: list[int], t
         ax.set_xticks(range(len(intervals)), [f"K={k}" for k in intervals])
         ax.set_title(label)
     axes[0].set_ylabel("speed-up over sequential")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # keeps the legend outside the axes
     plt.close(fig)
 
 
