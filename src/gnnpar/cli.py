@@ -63,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{key}", dest=key.replace("-", "_"), default=None, help=FLAG_HELP.get(key, "")
         )
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
-    b.add_argument("suite", nargs="?", default="tour", help="suite name (default: the quick tour)")
+    b.add_argument(
+        "suite",
+        nargs="?",
+        default="tour",
+        help="tour (default: every strategy on bundled Cora), vig-pipeline (study 000), "
+        "gat-citation (001), sampled-ddp (002), gossip-vs-allreduce (003)",
+    )
     b.add_argument("--quick", action="store_true", help="smaller runs for a fast look")
     b.add_argument("--out", default=None, help="output folder (default runs/bench-<suite>)")
     b.add_argument("--data-root", default=None)
