@@ -21,7 +21,8 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,32 @@ import torch
 
 Tensors = dict[str, torch.Tensor]
 Builder = Callable[[], tuple[Tensors, dict[str, Any]]]
+
+
+@contextmanager
+def exclusive_lock(lock_path: str | Path, what: str, timeout_s: float) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (the kernel releases it if we die).
+
+    Waits at most ``timeout_s`` for another process that holds it, then raises TimeoutError
+    naming ``what`` it is writing, so a stuck writer ends in a clear error instead of a hang.
+    """
+    with open(lock_path, "w") as lock:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Waited {timeout_s:.0f} s for another process to finish writing "
+                        f"{what} (it holds {lock_path}). Stop that process or wait for it."
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def cache_dir(root: Path, key: str) -> Path:
@@ -75,40 +102,24 @@ def cached(
         )
         tensors, meta = build()
         return tensors, {**meta, "version": version}, False
-    lock_path = parent / f"{key}.lock"
-    with open(lock_path, "w") as lock:
-        deadline = time.monotonic() + lock_timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"Waited {lock_timeout_s:.0f} s for another process to finish writing "
-                        f"{folder} (it holds {lock_path}). Stop that process or wait for it."
-                    ) from None
-                time.sleep(0.2)
+    with exclusive_lock(parent / f"{key}.lock", str(folder), lock_timeout_s):
+        if _valid(folder, version):  # another process built it while we waited
+            return (*_load(folder), True)
+        tensors, meta = build()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=parent))
         try:
-            if _valid(folder, version):  # another process built it while we waited
-                return (*_load(folder), True)
-            tensors, meta = build()
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=parent))
-            try:
-                tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any file
-                torch.save(tensors, tmp / "tensors.pt")
-                (tmp / "meta.json").write_text(json.dumps({**meta, "version": version}, indent=1))
-                del tensors
-                if folder.exists():  # a stale version: move it aside, then delete it
-                    stale = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=parent))
-                    os.rename(folder, stale / "old")
-                    shutil.rmtree(stale, ignore_errors=True)
-                os.rename(tmp, folder)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any file
+            torch.save(tensors, tmp / "tensors.pt")
+            (tmp / "meta.json").write_text(json.dumps({**meta, "version": version}, indent=1))
+            del tensors
+            if folder.exists():  # a stale version: move it aside, then delete it
+                stale = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=parent))
+                os.rename(folder, stale / "old")
+                shutil.rmtree(stale, ignore_errors=True)
+            os.rename(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     # Reload memory-mapped, so the freshly built copy is shared with other ranks, not private.
     return (*_load(folder), False)
 

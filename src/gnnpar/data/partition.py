@@ -23,7 +23,6 @@ partition time from the training time).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import tempfile
 import time
@@ -37,6 +36,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
 from gnnpar import UsageError
+from gnnpar.data.cache import exclusive_lock
 
 FORMAT_VERSION = 1
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
@@ -260,42 +260,27 @@ def load_or_build(
             f"Cannot create the partition cache folder {path.parent} ({e}). Point --data-root "
             "or $GNNPAR_DATA at a writable folder."
         ) from e
-    with open(f"{path}.lock", "w") as lock:
-        deadline = time.monotonic() + lock_timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"Waited {lock_timeout_s:.0f} s for another process to finish writing "
-                        f"{path}. Stop that process or wait for it."
-                    ) from None
-                time.sleep(0.1)
+    with exclusive_lock(f"{path}.lock", str(path), lock_timeout_s):
+        cached = _read(path, data) if path.exists() else None  # built while we waited?
+        if cached is not None:
+            return cached, True
+        graph = build()
+        meta: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "method": method,
+            "num_parts": num_parts,
+            "seed": seed,
+            "graph": _identity(data),
+        }
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
         try:
-            cached = _read(path, data) if path.exists() else None  # built while we waited?
-            if cached is not None:
-                return cached, True
-            graph = build()
-            meta: dict[str, Any] = {
-                "format": FORMAT_VERSION,
-                "method": method,
-                "num_parts": num_parts,
-                "seed": seed,
-                "graph": _identity(data),
-            }
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            os.close(fd)
-            try:
-                torch.save({"meta": meta, "tensors": graph.tensors}, tmp)
-                os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is readable like data
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            torch.save({"meta": meta, "tensors": graph.tensors}, tmp)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is readable like data
+            os.replace(tmp, path)
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     # Read back memory-mapped, so this rank shares the pages with the others instead of
     # keeping its private copy of the reordered features.
     del graph
