@@ -232,3 +232,22 @@ def test_fast_dropout_gatconv_equals_pyg_gatconv_in_eval():
     torch.manual_seed(0)
     _, (_, alpha) = ours(torch.randn(300, 4), torch.randint(0, 300, (2, 3000)), None, None, True)
     assert abs((alpha == 0).float().mean().item() - 0.6) < 0.03
+
+
+def test_sparse_gcn_first_block_equals_plain_gcnconv_outputs_and_gradients():
+    """GCN's first block uses the CSR input path; without dropout it is PyG's GCNConv exactly."""
+    g = sparse_graph()
+    torch.manual_seed(0)
+    model = build_model(model_config("gcn", dropout=0.0), in_dim=40, num_classes=2)
+    block = model.blocks[0]
+    assert isinstance(block.conv.lin, SparseInputLinear)
+    plain = GCNConv(40, block.conv.out_channels)
+    plain.lin.weight = torch.nn.Parameter(block.conv.lin.weight.detach().clone())
+    plain.bias = torch.nn.Parameter(block.conv.bias.detach().clone())
+    out = block(g.x, g.edge_index)
+    assert block.conv.lin.sparse.get(g.x) is not None  # the CSR path was used
+    ref = torch.relu(plain(g.x, g.edge_index))
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(block.conv.lin.weight.grad, plain.lin.weight.grad)
