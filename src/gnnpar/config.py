@@ -319,23 +319,14 @@ def resolve(cfg: Config) -> None:
         # the study trains with Adam (accuracy was not its focus)
         "vig": dict(hidden=107, layers=8, heads=1, dropout=0.0, lr=1e-3, wd=0.0, epochs=1),
     }.get(m.name, {})
+    # study 003 table 3.3 (Cluster-GCN on Reddit / Amazon)
+    study003 = dict(
+        hidden=512 if amazon else 128, dropout=0.1 if amazon else 0.2, lr=1e-2, wd=0.0, epochs=30
+    )
     if m.name == "sage" and big and s.name != "sampled":  # sampled: study 002's table 1
-        defaults.update(
-            hidden=512 if amazon else 128,
-            dropout=0.1 if amazon else 0.2,
-            lr=1e-2,
-            wd=0.0,
-            epochs=30,
-        )
+        defaults.update(study003)
     if m.name == "gcn" and big:
-        defaults.update(
-            hidden=512 if amazon else 128,
-            dropout=0.1 if amazon else 0.2,
-            lr=1e-2,
-            wd=0.0,
-            epochs=30,
-            layers=3,
-        )
+        defaults.update(study003, layers=3)
     if m.hidden is None:
         m.hidden = defaults.get("hidden", 64)
     if m.layers is None:

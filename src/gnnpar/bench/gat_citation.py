@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnnpar.bench.report import line_plot, markdown_table, print_table, run_config, write_report
+from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan, write_report
 from gnnpar.config import default_data_root
 from gnnpar.data.datasets import REGISTRY
 
@@ -90,13 +90,7 @@ def gat_citation(quick: bool, out: Path, data_root: str | None, quiet: bool) -> 
     results, t1, t2 = [], [], []
     for ds in datasets(data_root):
         plan = runs(ds, epochs)
-        done = []
-        for i, (name, flags) in enumerate(plan, 1):
-            if not quiet:
-                print(f"[{ds} {i}/{len(plan)}] {name}", flush=True)
-            if data_root:
-                flags = {**flags, "data-root": data_root}
-            done.append(run_config(flags, out, name))
+        done = run_plan(plan, out, data_root, quiet, label=f"{ds} ")
         seq = done[0]
         seq_epoch = seq["step_time_s"]["median"]
         t1.append({"dataset": ds, "epoch_ms": seq_epoch * 1e3, "test_acc": seq["test_score"]})

@@ -22,6 +22,24 @@ def run_config(flags: dict[str, Any], out: Path, name: str, quiet: bool = True) 
     return result
 
 
+def run_plan(
+    plan: Sequence[tuple[str, dict[str, Any]]],
+    out: Path,
+    data_root: str | None,
+    quiet: bool,
+    label: str = "",
+) -> list[dict[str, Any]]:
+    """Run each (name, flags) of a suite in order, announcing "[label i/n] name" unless quiet."""
+    results = []
+    for i, (name, flags) in enumerate(plan, 1):
+        if not quiet:
+            print(f"[{label}{i}/{len(plan)}] {name}", flush=True)
+        if data_root:
+            flags = {**flags, "data-root": data_root}
+        results.append(run_config(flags, out, name))
+    return results
+
+
 def fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"

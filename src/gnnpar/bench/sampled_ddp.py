@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gnnpar.bench.report import markdown_table, print_table, run_config, write_report
+from gnnpar.bench.report import markdown_table, print_table, run_plan, write_report
 
 MODELS = ("sage", "gat3")
 RUN_COLS = [
@@ -173,13 +173,7 @@ def ranks_plot(path: Path, rows: list[dict[str, Any]], batch: int) -> Path:
 
 def sampled_ddp(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
     _, runs = grid(quick)
-    results = []
-    for i, (name, flags) in enumerate(runs, 1):
-        if not quiet:
-            print(f"[{i}/{len(runs)}] {name}", flush=True)
-        if data_root:
-            flags = {**flags, "data-root": data_root}
-        results.append(run_config(flags, out, name))
+    results = run_plan(runs, out, data_root, quiet)
     render(results, out, quick)
     return results
 

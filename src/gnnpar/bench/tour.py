@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnnpar.bench.report import bar_plot, markdown_table, print_table, run_config, write_report
+from gnnpar.bench.report import bar_plot, markdown_table, print_table, run_plan, write_report
 
 COLS = ["run", "strategy", "model", "workers", "epochs", "score", "train_s", "step_ms", "speedup"]
 
@@ -69,14 +69,7 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
 
 
 def tour(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
-    results, rows = [], []
-    runs = tour_runs(quick)
-    for i, (name, flags) in enumerate(runs, 1):
-        if not quiet:
-            print(f"[{i}/{len(runs)}] {name}", flush=True)
-        if data_root:
-            flags = {**flags, "data-root": data_root}
-        results.append(run_config(flags, out, name))
+    results, rows = run_plan(tour_runs(quick), out, data_root, quiet), []
 
     # A parallel run is compared with the sequential run of the same model in the same regime
     # (full batch, or Cluster-GCN partitions); runs without such a baseline show "n/a".

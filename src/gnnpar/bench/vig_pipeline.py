@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnnpar.bench.report import line_plot, markdown_table, print_table, run_config, write_report
+from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan, write_report
 from gnnpar.config import default_data_root
 from gnnpar.data.datasets import REGISTRY
 
@@ -115,13 +115,7 @@ def row(r: dict, seq_median: float) -> dict:
 
 def vig_pipeline(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
     plan = runs(quick, data_root)
-    results = []
-    for i, (name, flags) in enumerate(plan, 1):
-        if not quiet:
-            print(f"[{i}/{len(plan)}] {name}", flush=True)
-        if data_root:
-            flags = {**flags, "data-root": data_root}
-        results.append(run_config(flags, out, name))
+    results = run_plan(plan, out, data_root, quiet)
     seq = results[0]
     rows = [row(r, seq["step_time_s"]["median"]) for r in results]
     print_table("ViG: sequential vs GPipe pipeline vs data + pipeline", rows, COLS)
