@@ -146,11 +146,35 @@ def test_cli_two_workers_with_straggler_and_periodic_averaging(cli, tmp_path):
     r = json.loads((tmp_path / "out" / "result.json").read_text())
     assert r["workers"] == 2 and r["per_worker_batches"] == [6, 6]
     assert r["per_worker_exchanges"] == [3, 3]  # 6 steps, averaged every 2
-    assert r["final_model"] == "averaged" and r["slowdown"] == {"1": 2.0}
+    # the last step averaged the parameters: both candidates are the same model, the average wins
+    assert r["final_model"] == "average" and r["slowdown"] == {"1": 2.0}
+    cands = r["candidates"]
+    assert cands["average"]["val_score"] == cands["best_local"]["val_score"]
+    assert r["test_score"] == cands["average"]["test_score"]
     assert r["per_worker_delay_s"][0] == 0 and r["per_worker_delay_s"][1] > 0
     assert len(r["per_worker_wait_s"]) == 2 and r["train_time_s"] > 0
     assert 0 <= r["test_score"] <= 1 and r["partition_time_s"] > 0
     assert (tmp_path / "cache" / "partitions" / "cora-scale1-random-6-seed0.pt").exists()
+
+
+def test_gradient_averaging_every_k_scores_both_final_candidates(cli, tmp_path):
+    """K > 1 with grads leaves the ranks' models apart: the better of average / best local wins."""
+    proc = cli(
+        "train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce",
+        "--partitions", "6", "--workers", "2", "--epochs", "2", "--sync-every", "4",
+        "--eval-every", "0", "--quiet", "--data-root", str(tmp_path), "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((tmp_path / "o" / "result.json").read_text())
+    cands = r["candidates"]
+    avg, best = cands["average"], cands["best_local"]
+    assert best["rank"] in (0, 1) and r["per_worker_exchanges"] == [1, 1]  # 6 steps, K = 4
+    if avg["val_score"] >= best["val_score"]:
+        assert r["final_model"] == "average" and r["test_score"] == avg["test_score"]
+    else:
+        assert r["final_model"] == f"best-local:rank{best['rank']}"
+        assert r["test_score"] == best["test_score"]
+    assert r["val_score"] == max(avg["val_score"], best["val_score"])
 
 
 @pytest.mark.parametrize(

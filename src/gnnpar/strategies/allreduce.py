@@ -23,9 +23,14 @@ Averaging, every ``--sync-every K`` steps (a step counter running across epochs)
   ``p`` divides ``n``; at an uneven last step the idle ranks' unchanged parameters count in the
   average, as torch's averager weighs every rank equally).
 
-With K > 1 the ranks' models differ between averaging points (and Adam's moments always
-differ), so after training the parameters are averaged once more and that model is scored
-(``final_model: "averaged"``; with K = 1 every rank holds the same model: ``"rank0"``).
+With K > 1 the ranks' models differ at the end (and Adam's moments always differ), so two
+candidates are scored on the validation set, as GossipGCN does: the average of the ranks' models
+(one more all-reduce) and the best local model. The better one is the final model
+(``final_model: "average"`` or ``"best-local:rankN"``, both candidates' scores under
+``candidates``). The choice matters with ``--average grads``: averaging gradients never pulls
+the models back together, so after K > 1 they drift apart and their average can be far worse
+than either (synthetic-amazon, BENCHMARKS.md). With K = 1 every rank holds the same model:
+``"rank0"``.
 
 Time: ``train_time_s`` is the wall time from a common start of each epoch until every rank has
 finished it (a barrier closes the epoch and counts as waiting), summed over epochs; partitioning
@@ -192,16 +197,17 @@ class AllReduce:
                         eval_times.append(t)
                         bar.update(0, f"epoch {epoch + 1} val {scores['val']:.3f}")
         log.wait_s, log.delay_s = clock.seconds, straggler.delay_s
-        final = "averaged" if s.sync_every > 1 and ctx.world_size > 1 else "rank0"
-        if final == "averaged":
-            comm.average_parameters(params, comm.WaitClock())
-        self.model = model  # the final model, for callers that want the weights
         logs = comm.gather_to_all(asdict(log))
         train_time = comm.max_over_ranks(train_time)
-        scores = {"val": float("nan"), "test": float("nan"), "train": float("nan")}
-        if ctx.is_main:
-            scores, t = evaluate_graph(model, ds)
-            eval_times.append(t)
+        if s.sync_every > 1 and ctx.world_size > 1:
+            final, scores, candidates = _choose_final(model, params, ds, ctx, eval_times)
+        else:
+            final, candidates = "rank0", None
+            scores = {"val": float("nan"), "test": float("nan"), "train": float("nan")}
+            if ctx.is_main:
+                scores, t = evaluate_graph(model, ds)
+                eval_times.append(t)
+        self.model = model  # the final model, for callers that want the weights
         n = graph.num_parts
         epoch_batches = [min(len(o), steps) for o in assign_parts(n, ctx.world_size, r.seed)]
         loss_curve = [
@@ -220,6 +226,7 @@ class AllReduce:
             extra={
                 "train_score": scores["train"],
                 "final_model": final,
+                **({"candidates": candidates} if candidates else {}),
                 "per_worker_exchanges": [g["exchanges"] for g in logs],
                 "per_worker_wait_s": [g["wait_s"] for g in logs],
                 "per_worker_delay_s": [g["delay_s"] for g in logs],
@@ -234,3 +241,34 @@ class AllReduce:
                 "steps_per_epoch": steps,
             },
         )
+
+
+def _choose_final(model, params, ds, ctx: DistContext, eval_times: list[float]):
+    """Score every rank's model and their average on validation; keep the better on every rank.
+
+    Returns (final_model name, scores of the chosen model, both candidates' scores). Every rank
+    ends holding the chosen parameters, so ``self.model`` is the final model on all of them.
+    """
+    local, t = evaluate_graph(model, ds)
+    eval_times.append(t)
+    scores = comm.gather_to_all(local)
+    best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
+    keep = [p.detach().clone() for p in params]
+    comm.average_parameters(params, comm.WaitClock())
+    avg, t = evaluate_graph(model, ds)  # the same model everywhere: the same scores
+    eval_times.append(t)
+    candidates = {
+        "best_local": {
+            "rank": best,
+            "val_score": scores[best]["val"],
+            "test_score": scores[best]["test"],
+        },
+        "average": {"val_score": avg["val"], "test_score": avg["test"]},
+    }
+    if avg["val"] >= scores[best]["val"]:
+        return "average", avg, candidates
+    with torch.no_grad():  # every rank takes the best rank's parameters
+        for p, k in zip(params, keep):
+            p.copy_(k)
+    comm.broadcast_parameters(model, src=best)
+    return f"best-local:rank{best}", scores[best], candidates
