@@ -151,6 +151,7 @@ def test_cli_two_workers_with_straggler_and_periodic_averaging(cli, tmp_path):
     cands = r["candidates"]
     assert cands["average"]["val_score"] == cands["best_local"]["val_score"]
     assert r["test_score"] == cands["average"]["test_score"]
+    assert r["per_worker_divergence"] == [0.0, 0.0]  # one model on both ranks
     assert r["per_worker_delay_s"][0] == 0 and r["per_worker_delay_s"][1] > 0
     assert len(r["per_worker_wait_s"]) == 2 and r["train_time_s"] > 0
     assert 0 <= r["test_score"] <= 1 and r["partition_time_s"] > 0
@@ -175,6 +176,8 @@ def test_gradient_averaging_every_k_scores_both_final_candidates(cli, tmp_path):
         assert r["final_model"] == f"best-local:rank{best['rank']}"
         assert r["test_score"] == best["test_score"]
     assert r["val_score"] == max(avg["val_score"], best["val_score"])
+    # two local steps on different subgraphs after the last all-reduce: the models differ
+    assert all(d > 0 for d in r["per_worker_divergence"])
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,8 @@ def test_the_whole_suite_runs_on_a_tiny_grid(monkeypatch, tmp_path):
     assert names == [n for n, _ in gva.runs_for(tiny[0], [1])] and len(names) == 11
     for r in results:
         assert 0 <= r["test_score"] <= 1 and sum(r["per_worker_batches"]) == 4  # 4 parts, 1 epoch
+        seq_time = results[0]["train_time_s"]
+        assert r["speedup_vs_sequential"] == pytest.approx(seq_time / r["train_time_s"])
         if r["strategy"] != "sequential":
             assert r["config"]["strategy"]["average"] in ("grads", "params")
     report = (tmp_path / "report.md").read_text()

@@ -31,3 +31,13 @@ def test_device_falls_back_to_cpu_without_cuda():
         assert dist.pick_device(3) == torch.device("cpu")
     else:
         assert dist.pick_device(0).type == "cuda"
+
+
+def test_relative_distance_is_the_norm_of_the_difference_over_the_norm_of_the_reference():
+    from gnnpar.comm import relative_distance
+
+    ref = [torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])]  # ||ref|| = 5
+    moved = [torch.tensor([3.0, 1.0]), torch.tensor([[4.0]])]  # one entry off by 1
+    assert relative_distance(moved, ref) == 0.2
+    assert relative_distance(ref, ref) == 0.0
+    assert relative_distance(ref, [torch.zeros(2), torch.zeros(1, 1)]) == 0.0  # no reference norm

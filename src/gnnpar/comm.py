@@ -10,7 +10,7 @@ into an error, not a hang.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +107,16 @@ def average_parameters(params: Iterable[torch.nn.Parameter], clock: WaitClock) -
         averaging.average_parameters(iter(list(params)), dist.group.WORLD)
         clock.seconds += time.perf_counter() - t0
     clock.calls += 1
+
+
+def relative_distance(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    """``||a - b|| / ||b||`` over all tensors together: how far a rank's model is from another
+    (e.g. from the average of all ranks' models: 0 when the ranks agree)."""
+    diff = sum(
+        float((x.detach().double() - y.detach().double()).pow(2).sum()) for x, y in zip(a, b)
+    )
+    norm = sum(float(y.detach().double().pow(2).sum()) for y in b)
+    return (diff / norm) ** 0.5 if norm > 0 else 0.0
 
 
 def gather_to_all(obj: Any) -> list[Any]:

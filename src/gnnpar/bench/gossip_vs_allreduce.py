@@ -225,9 +225,13 @@ def gossip_vs_allreduce(quick: bool, out: Path, data_root: str | None, quiet: bo
             results += tries
             best = _combine(tries)
             seq_time = seq_time or best["train_time_s"]
+            for r in tries:  # the per-run speed-up, also in results.json
+                r["speedup_vs_sequential"] = seq_time / r["train_time_s"]
             rows.append(_row(name, best, seq_time))
         ds = data["dataset"]
-        title = f"{ds} (scale {data.get('scale', 1)}, {data['partitions']} parts, {data['epochs']} ep)"
+        title = (
+            f"{ds} (scale {data.get('scale', 1)}, {data['partitions']} parts, {data['epochs']} ep)"
+        )
         speed, target = speedup_table(rows, intervals), target_table(rows, intervals)
         for t, rs in (
             ("speed-up (tables 4.6/4.7)", speed),

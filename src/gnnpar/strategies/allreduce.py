@@ -200,9 +200,11 @@ class AllReduce:
         logs = comm.gather_to_all(asdict(log))
         train_time = comm.max_over_ranks(train_time)
         if s.sync_every > 1 and ctx.world_size > 1:
-            final, scores, candidates = _choose_final(model, params, ds, ctx, eval_times)
+            final, scores, candidates, divergence = _choose_final(
+                model, params, ds, ctx, eval_times
+            )
         else:
-            final, candidates = "rank0", None
+            final, candidates, divergence = "rank0", None, None
             scores = {"val": float("nan"), "test": float("nan"), "train": float("nan")}
             if ctx.is_main:
                 scores, t = evaluate_graph(model, ds)
@@ -226,7 +228,9 @@ class AllReduce:
             extra={
                 "train_score": scores["train"],
                 "final_model": final,
+                # ||rank's model - average|| / ||average||: how far the ranks' models drifted
                 **({"candidates": candidates} if candidates else {}),
+                **({"per_worker_divergence": divergence} if divergence else {}),
                 "per_worker_exchanges": [g["exchanges"] for g in logs],
                 "per_worker_wait_s": [g["wait_s"] for g in logs],
                 "per_worker_delay_s": [g["delay_s"] for g in logs],
@@ -246,8 +250,9 @@ class AllReduce:
 def _choose_final(model, params, ds, ctx: DistContext, eval_times: list[float]):
     """Score every rank's model and their average on validation; keep the better on every rank.
 
-    Returns (final_model name, scores of the chosen model, both candidates' scores). Every rank
-    ends holding the chosen parameters, so ``self.model`` is the final model on all of them.
+    Returns (final_model name, scores of the chosen model, both candidates' scores, each rank's
+    relative distance from the average model). Every rank ends holding the chosen parameters,
+    so ``self.model`` is the final model on all of them.
     """
     local, t = evaluate_graph(model, ds)
     eval_times.append(t)
@@ -255,6 +260,7 @@ def _choose_final(model, params, ds, ctx: DistContext, eval_times: list[float]):
     best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
     keep = [p.detach().clone() for p in params]
     comm.average_parameters(params, comm.WaitClock())
+    divergence = comm.gather_to_all(comm.relative_distance(keep, params))
     avg, t = evaluate_graph(model, ds)  # the same model everywhere: the same scores
     eval_times.append(t)
     candidates = {
@@ -266,9 +272,9 @@ def _choose_final(model, params, ds, ctx: DistContext, eval_times: list[float]):
         "average": {"val_score": avg["val"], "test_score": avg["test"]},
     }
     if avg["val"] >= scores[best]["val"]:
-        return "average", avg, candidates
+        return "average", avg, candidates, divergence
     with torch.no_grad():  # every rank takes the best rank's parameters
         for p, k in zip(params, keep):
             p.copy_(k)
     comm.broadcast_parameters(model, src=best)
-    return f"best-local:rank{best}", scores[best], candidates
+    return f"best-local:rank{best}", scores[best], candidates, divergence

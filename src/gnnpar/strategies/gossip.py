@@ -7,6 +7,15 @@ partner that already picked it, and the two average their gradients (``--average
 study) or parameters (``--average params``) point to point. No rank ever waits for all others.
 The pool, the pairing protocol and its deadlock-freedom argument live in :mod:`gnnpar.gossip`.
 
+Which to average. Averaging gradients (the study's choice, the default) never pulls two models
+back together: between exchanges, and whenever a straggler makes the pool's split uneven, the
+ranks' parameters drift apart, and every exchange then updates each model with a gradient taken
+at the other's parameters. On synthetic-amazon with rank 1 slowed 3x this costs several points
+of micro-F1 at K = 1 against synchronous all-reduce; averaging parameters (``--average params``,
+the gossip of models of the decentralised-SGD literature) contracts the difference at every
+exchange and matched or beat all-reduce there at a bit under half its time (BENCHMARKS.md,
+"Gossip against allreduce"). Prefer ``params`` whenever the ranks' speeds differ or K > 1.
+
 At the end two candidates are scored on the validation set: the best local model (the study's
 choice) and the average of all local models (one all-reduce); the better one is the final model
 (``final_model`` in result.json: ``"best-local:rank1"`` or ``"average"``).
@@ -197,7 +206,10 @@ class GossipGCN:
         local, t_local = evaluate_graph(model, ds)
         logs = comm.gather_to_all({**vars(log), "val": local["val"], "test": local["test"]})
         best = max(range(len(logs)), key=lambda i: (logs[i]["val"], -i))
+        local_params = [p.detach().clone() for p in params]
         comm.average_parameters(params, comm.WaitClock())  # the average of all local models
+        # how far apart the local models ended: ||local - average|| / ||average|| per rank
+        divergence = comm.gather_to_all(comm.relative_distance(local_params, params))
         avg, t_avg = evaluate_graph(model, ds)
         use_avg = avg["val"] >= logs[best]["val"]
         final = "average" if use_avg else f"best-local:rank{best}"
@@ -226,6 +238,7 @@ class GossipGCN:
                     "average": {"val_score": avg["val"], "test_score": avg["test"]},
                 },
                 "local_scores": [{"val": g["val"], "test": g["test"]} for g in logs],
+                "per_worker_divergence": divergence,
                 "per_worker_exchanges": [g["exchanges"] for g in logs],
                 "per_worker_wait_s": [g["wait_s"] for g in logs],
                 "per_worker_train_s": [g["train_s"] for g in logs],
