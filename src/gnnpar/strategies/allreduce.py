@@ -61,7 +61,13 @@ from gnnpar.dist import DistContext
 from gnnpar.engine import evaluate_graph, graph_loss
 from gnnpar.metrics import Progress
 from gnnpar.models import build_model
-from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
+from gnnpar.strategies.base import (
+    Outcome,
+    Straggler,
+    build_optimizer,
+    choose_final_model,
+    seed_everything,
+)
 
 
 def assign_parts(num_parts: int, world: int, seed: int) -> list[list[int]]:
@@ -200,9 +206,10 @@ class AllReduce:
         logs = comm.gather_to_all(asdict(log))
         train_time = comm.max_over_ranks(train_time)
         if s.sync_every > 1 and ctx.world_size > 1:
-            final, scores, candidates, divergence = _choose_final(
-                model, params, ds, ctx, eval_times
-            )
+            choice = choose_final_model(model, params, ds)
+            eval_times += choice.eval_times
+            final, scores = choice.name, choice.scores
+            candidates, divergence = choice.candidates, choice.divergence
         else:
             final, candidates, divergence = "rank0", None, None
             scores = {"val": float("nan"), "test": float("nan"), "train": float("nan")}
@@ -245,36 +252,3 @@ class AllReduce:
                 "steps_per_epoch": steps,
             },
         )
-
-
-def _choose_final(model, params, ds, ctx: DistContext, eval_times: list[float]):
-    """Score every rank's model and their average on validation; keep the better on every rank.
-
-    Returns (final_model name, scores of the chosen model, both candidates' scores, each rank's
-    relative distance from the average model). Every rank ends holding the chosen parameters,
-    so ``self.model`` is the final model on all of them.
-    """
-    local, t = evaluate_graph(model, ds)
-    eval_times.append(t)
-    scores = comm.gather_to_all(local)
-    best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
-    keep = [p.detach().clone() for p in params]
-    comm.average_parameters(params, comm.WaitClock())
-    divergence = comm.gather_to_all(comm.relative_distance(keep, params))
-    avg, t = evaluate_graph(model, ds)  # the same model everywhere: the same scores
-    eval_times.append(t)
-    candidates = {
-        "best_local": {
-            "rank": best,
-            "val_score": scores[best]["val"],
-            "test_score": scores[best]["test"],
-        },
-        "average": {"val_score": avg["val"], "test_score": avg["test"]},
-    }
-    if avg["val"] >= scores[best]["val"]:
-        return "average", avg, candidates, divergence
-    with torch.no_grad():  # every rank takes the best rank's parameters
-        for p, k in zip(params, keep):
-            p.copy_(k)
-    comm.broadcast_parameters(model, src=best)
-    return f"best-local:rank{best}", scores[best], candidates, divergence

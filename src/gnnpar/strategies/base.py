@@ -67,3 +67,50 @@ class Straggler:
         if pause > 0:
             time.sleep(pause)
             self.delay_s += pause
+
+
+@dataclass
+class FinalChoice:
+    """The final model of a run whose ranks end with different models (gossip, allreduce K > 1)."""
+
+    name: str  # "average" or "best-local:rank<N>"
+    scores: dict[str, float]  # the chosen model's scores (train/val/test)
+    candidates: dict[str, dict[str, Any]]  # both candidates' val/test scores (and the best rank)
+    local_scores: list[dict[str, float]]  # every rank's own model
+    divergence: list[float]  # per rank: ||its model - average|| / ||average||
+    eval_times: list[float] = field(default_factory=list)
+
+
+def choose_final_model(model: torch.nn.Module, params: list[torch.nn.Parameter], ds) -> FinalChoice:
+    """Score every rank's model and the average of all of them on validation; keep the better.
+
+    Study 003 takes the best local model by validation; the average of the local models (one
+    all-reduce) is the other natural candidate. Ties go to the average. Every rank ends holding
+    the chosen parameters. Collective: every rank must call it.
+    """
+    from gnnpar import comm
+    from gnnpar.engine import evaluate_graph
+
+    local, t_local = evaluate_graph(model, ds)
+    scores = comm.gather_to_all(local)
+    best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
+    keep = [p.detach().clone() for p in params]
+    comm.average_parameters(params, comm.WaitClock())
+    divergence = comm.gather_to_all(comm.relative_distance(keep, params))
+    avg, t_avg = evaluate_graph(model, ds)  # the same model everywhere: the same scores
+    candidates = {
+        "best_local": {
+            "rank": best,
+            "val_score": scores[best]["val"],
+            "test_score": scores[best]["test"],
+        },
+        "average": {"val_score": avg["val"], "test_score": avg["test"]},
+    }
+    choice = FinalChoice("average", avg, candidates, scores, divergence, [t_local, t_avg])
+    if avg["val"] < scores[best]["val"]:
+        with torch.no_grad():  # every rank takes the best rank's parameters
+            for p, k in zip(params, keep):
+                p.copy_(k)
+        comm.broadcast_parameters(model, src=best)
+        choice.name, choice.scores = f"best-local:rank{best}", scores[best]
+    return choice

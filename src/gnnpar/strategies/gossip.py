@@ -41,7 +41,7 @@ from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partition_batches
 from gnnpar.dist import DistContext
-from gnnpar.engine import evaluate_graph, graph_loss
+from gnnpar.engine import graph_loss
 from gnnpar.gossip import (
     AnyPeer,
     Bipartite,
@@ -53,7 +53,13 @@ from gnnpar.gossip import (
 )
 from gnnpar.metrics import Progress
 from gnnpar.models import build_model
-from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
+from gnnpar.strategies.base import (
+    Outcome,
+    Straggler,
+    build_optimizer,
+    choose_final_model,
+    seed_everything,
+)
 
 # Test hook: "RANK:STEP:exit" makes that rank vanish after STEP steps, "RANK:STEP:stall" makes it
 # stop answering; its partners must then fail with GossipTimeoutError instead of hanging.
@@ -203,42 +209,25 @@ class GossipGCN:
 
     def _finish(self, cfg, ds, ctx, model, params, log: RankLog, train_time, partition_time):
         """Gather the logs, score both final candidates, keep the better one by validation."""
-        local, t_local = evaluate_graph(model, ds)
-        logs = comm.gather_to_all({**vars(log), "val": local["val"], "test": local["test"]})
-        best = max(range(len(logs)), key=lambda i: (logs[i]["val"], -i))
-        local_params = [p.detach().clone() for p in params]
-        comm.average_parameters(params, comm.WaitClock())  # the average of all local models
-        # how far apart the local models ended: ||local - average|| / ||average|| per rank
-        divergence = comm.gather_to_all(comm.relative_distance(local_params, params))
-        avg, t_avg = evaluate_graph(model, ds)
-        use_avg = avg["val"] >= logs[best]["val"]
-        final = "average" if use_avg else f"best-local:rank{best}"
-        val, test = (
-            (avg["val"], avg["test"]) if use_avg else (logs[best]["val"], logs[best]["test"])
-        )
+        logs = comm.gather_to_all(vars(log))
+        choice = choose_final_model(model, params, ds)
         s = cfg.strategy
         me = logs[0]
         return Outcome(
             train_time_s=max(train_time, *(g["train_s"] for g in logs)),
             step_times=me["step_times"],
-            test_step_times=[t_local, t_avg],
+            test_step_times=choice.eval_times,
             loss_curve=me["losses"],
             per_worker_batches=[g["batches"] for g in logs],
-            val_score=val,
-            test_score=test,
+            val_score=choice.scores["val"],
+            test_score=choice.scores["test"],
             partition_time_s=partition_time,
             extra={
-                "final_model": final,
-                "candidates": {
-                    "best_local": {
-                        "rank": best,
-                        "val_score": logs[best]["val"],
-                        "test_score": logs[best]["test"],
-                    },
-                    "average": {"val_score": avg["val"], "test_score": avg["test"]},
-                },
-                "local_scores": [{"val": g["val"], "test": g["test"]} for g in logs],
-                "per_worker_divergence": divergence,
+                "final_model": choice.name,
+                "candidates": choice.candidates,
+                "local_scores": [{"val": g["val"], "test": g["test"]} for g in choice.local_scores],
+                # how far apart the local models ended: ||local - average|| / ||average|| per rank
+                "per_worker_divergence": choice.divergence,
                 "per_worker_exchanges": [g["exchanges"] for g in logs],
                 "per_worker_wait_s": [g["wait_s"] for g in logs],
                 "per_worker_train_s": [g["train_s"] for g in logs],
