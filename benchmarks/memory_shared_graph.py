@@ -21,6 +21,7 @@ caches first, so the measured runs only read them, as every run after the first 
 
     .venv/bin/python benchmarks/memory_shared_graph.py                     # full size, 4 ranks
     .venv/bin/python benchmarks/memory_shared_graph.py --scale 0.1 --reps 3
+    .venv/bin/python benchmarks/memory_shared_graph.py --strategy gossip   # with final-model choice
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
     cmd = [
         sys.executable, "-m", "gnnpar", "train",
         "--dataset", "synthetic-reddit", "--scale", str(args.scale), "--model", "sage",
-        "--strategy", "allreduce", "--partitions", str(args.partitions),
+        "--strategy", args.strategy, "--partitions", str(args.partitions),
         "--workers", str(workers), "--epochs", "1", "--max-steps", str(args.steps),
         "--eval-every", "0", "--quiet", "--data-root", args.data_root, "--out", str(out),
         "--timeout", "1800",
@@ -123,7 +124,14 @@ def main() -> None:
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--partitions", type=int, default=40)
-    p.add_argument("--steps", type=int, default=3, help="training steps per rank")
+    p.add_argument("--steps", type=int, default=3, help="training steps per rank (allreduce)")
+    p.add_argument(
+        "--strategy",
+        default="allreduce",
+        choices=["allreduce", "gossip"],
+        help="gossip: one epoch through the work pool, then the final-model choice, which "
+        "scores every rank's model and their average on rank 0",
+    )
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "gnnpar-mem"))
     p.add_argument("--out", default=None, help="write the measurements here as JSON")
@@ -148,6 +156,7 @@ def main() -> None:
     one, many = med[1], med[args.workers]
     summary = {
         "scale": args.scale,
+        "strategy": args.strategy,
         "workers": args.workers,
         "reps": args.reps,
         "median": {str(k): v for k, v in med.items()},

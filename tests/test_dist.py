@@ -41,3 +41,20 @@ def test_relative_distance_is_the_norm_of_the_difference_over_the_norm_of_the_re
     assert relative_distance(moved, ref) == 0.2
     assert relative_distance(ref, ref) == 0.0
     assert relative_distance(ref, [torch.zeros(2), torch.zeros(1, 1)]) == 0.0  # no reference norm
+
+
+def test_waiting_for_a_key_nobody_sets_ends_in_a_clear_timeout_error():
+    import time
+
+    import pytest
+    import torch.distributed as tdist
+
+    from gnnpar.comm import PeerTimeoutError, wait_for_key
+
+    store = tdist.HashStore()
+    store.set("ready", "1")
+    wait_for_key(store, "ready", 1.0, "rank 0 scoring")  # set: returns at once
+    t0 = time.perf_counter()
+    with pytest.raises(PeerTimeoutError, match=r"rank 0 scoring rank 1's model did not happen"):
+        wait_for_key(store, "never", 0.5, "rank 0 scoring rank 1's model")
+    assert time.perf_counter() - t0 < 10

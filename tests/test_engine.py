@@ -44,3 +44,32 @@ def test_large_graph_paths_equal_full_graph_inference(name, multigraph):
     for edges_per_chunk in (200, 1000):
         large = graph_logits(model, x, edge_index, limit=4 * width * edges_per_chunk)
         torch.testing.assert_close(large, full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+def test_reuse_eval_graph_builds_the_adjacency_once_for_several_models(name):
+    """Inside reuse_eval_graph the sparse adjacency of the first call serves the next models."""
+    from gnnpar import engine
+
+    x, edge_index = random_graph(multigraph=False)
+    cfg = Config()
+    cfg.model.name = name
+    resolve(cfg)
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(build_model(cfg.model, 16, 5).eval())
+    expected = [graph_logits(m, x, edge_index) for m in models]  # plain path, no cache
+    assert engine._ADJ_CACHE is None
+    with engine.reuse_eval_graph():
+        got = [graph_logits(models[0], x, edge_index, limit=1)]
+        adj_t = engine._ADJ_CACHE["adj_t"]
+        assert adj_t.layout == torch.sparse_csr and adj_t.shape == (400, 400)
+        got.append(graph_logits(models[1], x, edge_index, limit=1))
+        assert engine._ADJ_CACHE["adj_t"] is adj_t  # not rebuilt for the second model
+        edited = edge_index.clone()
+        graph_logits(models[1], x, edited, limit=1)  # another graph: its own adjacency
+        assert engine._ADJ_CACHE["adj_t"] is not adj_t
+    assert engine._ADJ_CACHE is None  # freed at the end of the block
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

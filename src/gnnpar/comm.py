@@ -119,6 +119,48 @@ def relative_distance(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> f
     return (diff / norm) ** 0.5 if norm > 0 else 0.0
 
 
+def all_gather_flat(flat: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's same-shaped 1-D tensor, on every rank (one all_gather)."""
+    if not active():
+        return [flat]
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s (small, picklable) object on every rank."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+class PeerTimeoutError(RuntimeError):
+    """Another rank did not reach a point this rank waits for within --timeout."""
+
+
+def default_store():
+    """The process group's key-value store (TCPStore across machines); a private one alone."""
+    return dist.distributed_c10d._get_default_store() if active() else dist.HashStore()
+
+
+def wait_for_key(store, key: str, timeout_s: float, what: str) -> None:
+    """Wait until another rank sets ``key`` in ``store``; after ``timeout_s`` a clear error."""
+    import datetime
+
+    try:
+        store.wait([key], datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:  # "Wait timeout" / "Socket Timeout" / "Connection reset"
+        cause = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise PeerTimeoutError(
+            f"{what} did not happen within --timeout {timeout_s:g} s ({cause}): that rank "
+            "crashed, stalled, or needs longer than the timeout allows; check its log, or "
+            "raise --timeout."
+        ) from None
+
+
 def gather_to_all(obj: Any) -> list[Any]:
     """``[obj of rank 0, obj of rank 1, ...]`` on every rank (pickled; small objects only)."""
     if not active():

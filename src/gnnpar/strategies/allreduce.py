@@ -206,7 +206,7 @@ class AllReduce:
         logs = comm.gather_to_all(asdict(log))
         train_time = comm.max_over_ranks(train_time)
         if s.sync_every > 1 and ctx.world_size > 1:
-            choice = choose_final_model(model, params, ds)
+            choice = choose_final_model(model, params, ds, cfg.strategy.timeout_s)
             eval_times += choice.eval_times
             final, scores = choice.name, choice.scores
             candidates, divergence = choice.candidates, choice.divergence

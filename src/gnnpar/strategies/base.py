@@ -10,6 +10,7 @@ A strategy is a class with
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -81,36 +82,70 @@ class FinalChoice:
     eval_times: list[float] = field(default_factory=list)
 
 
-def choose_final_model(model: torch.nn.Module, params: list[torch.nn.Parameter], ds) -> FinalChoice:
+def choose_final_model(
+    model: torch.nn.Module, params: list[torch.nn.Parameter], ds, timeout_s: float
+) -> FinalChoice:
     """Score every rank's model and the average of all of them on validation; keep the better.
 
-    Study 003 takes the best local model by validation; the average of the local models (one
-    all-reduce) is the other natural candidate. Ties go to the average. Every rank ends holding
-    the chosen parameters. Collective: every rank must call it.
+    Study 003 takes the best local model by validation; the average of the local models is the
+    other natural candidate. Ties go to the average. The models (small next to the graph) are
+    gathered, and rank 0 scores all of them on the one full-graph structure it builds once
+    (:func:`gnnpar.engine.reuse_eval_graph`), with every core of its machine: so a machine never
+    holds more than one evaluation copy of a large graph, however many ranks it runs (scoring
+    on every rank at once would build one ~4.9 GiB adjacency per rank on full-size Reddit).
+    Rank 0 publishes each model's scoring in the key-value store and the others wait for each
+    with ``timeout_s``. Every rank ends holding the chosen parameters. Collective.
     """
-    from gnnpar import comm
-    from gnnpar.engine import evaluate_graph
+    import torch.distributed as dist
 
-    local, t_local = evaluate_graph(model, ds)
-    scores = comm.gather_to_all(local)
-    best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
-    keep = [p.detach().clone() for p in params]
-    comm.average_parameters(params, comm.WaitClock())
-    divergence = comm.gather_to_all(comm.relative_distance(keep, params))
-    avg, t_avg = evaluate_graph(model, ds)  # the same model everywhere: the same scores
-    candidates = {
-        "best_local": {
-            "rank": best,
-            "val_score": scores[best]["val"],
-            "test_score": scores[best]["test"],
-        },
-        "average": {"val_score": avg["val"], "test_score": avg["test"]},
-    }
-    choice = FinalChoice("average", avg, candidates, scores, divergence, [t_local, t_avg])
-    if avg["val"] < scores[best]["val"]:
-        with torch.no_grad():  # every rank takes the best rank's parameters
-            for p, k in zip(params, keep):
-                p.copy_(k)
-        comm.broadcast_parameters(model, src=best)
-        choice.name, choice.scores = f"best-local:rank{best}", scores[best]
+    from gnnpar import comm
+    from gnnpar.engine import evaluate_graph, reuse_eval_graph
+
+    def load(flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                p.copy_(flat[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    flats = comm.all_gather_flat(torch.cat([p.detach().reshape(-1) for p in params]))
+    average = torch.stack(flats).mean(0)
+    divergence = [comm.relative_distance([f], [average]) for f in flats]
+    store, prefix = comm.default_store(), "gnnpar/final-model/"
+    models = [*flats, average]
+    choice = None
+    if not comm.active() or dist.get_rank() == 0:
+        scores, times = [], []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(threads, os.cpu_count() or 1))  # the other ranks only wait
+        try:
+            with reuse_eval_graph():
+                for i, flat in enumerate(models):
+                    load(flat)
+                    s, t = evaluate_graph(model, ds)
+                    scores.append(s)
+                    times.append(t)
+                    store.set(f"{prefix}{i}", "scored")
+        finally:
+            torch.set_num_threads(threads)
+        avg = scores.pop()
+        best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
+        candidates = {
+            "best_local": {
+                "rank": best,
+                "val_score": scores[best]["val"],
+                "test_score": scores[best]["test"],
+            },
+            "average": {"val_score": avg["val"], "test_score": avg["test"]},
+        }
+        choice = FinalChoice("average", avg, candidates, scores, divergence, times)
+        if avg["val"] < scores[best]["val"]:
+            choice.name, choice.scores = f"best-local:rank{best}", scores[best]
+    else:
+        for i in range(len(models)):  # one --timeout per model scored, not one for all
+            what = "average of all models" if i == len(flats) else f"rank {i}'s model"
+            comm.wait_for_key(store, f"{prefix}{i}", timeout_s, f"rank 0 scoring the {what}")
+    choice = comm.broadcast_object(choice)
+    best = choice.candidates["best_local"]["rank"]
+    load(average if choice.name == "average" else flats[best])
     return choice

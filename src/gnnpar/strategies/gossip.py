@@ -120,9 +120,7 @@ class GossipGCN:
         batches, partition_time = build_partition_batches(cfg, ds)
         batches = [b.to(ctx.device) for b in batches]
 
-        store = (
-            dist.distributed_c10d._get_default_store() if ctx.is_distributed else dist.HashStore()
-        )
+        store = comm.default_store()
         topo = self.topology(ctx.rank, ctx.world_size)
         pool = WorkPool(store, "gnnpar/gossip/pool", len(batches), r.epochs, r.seed)
         rng = random.Random(r.seed * 7919 + ctx.rank)
@@ -210,7 +208,7 @@ class GossipGCN:
     def _finish(self, cfg, ds, ctx, model, params, log: RankLog, train_time, partition_time):
         """Gather the logs, score both final candidates, keep the better one by validation."""
         logs = comm.gather_to_all(vars(log))
-        choice = choose_final_model(model, params, ds)
+        choice = choose_final_model(model, params, ds, cfg.strategy.timeout_s)
         s = cfg.strategy
         me = logs[0]
         return Outcome(
