@@ -25,7 +25,8 @@ Averaging, every ``--sync-every K`` steps (a step counter running across epochs)
 
 With K > 1 the ranks' models differ at the end (and Adam's moments always differ), so two
 candidates are scored on the validation set, as GossipGCN does: the average of the ranks' models
-(one more all-reduce) and the best local model. The better one is the final model
+and the best local model, all scored on rank 0 (:func:`~gnnpar.strategies.base.choose_final_model`).
+The better one is the final model
 (``final_model: "average"`` or ``"best-local:rankN"``, both candidates' scores under
 ``candidates``). The choice matters with ``--average grads``: averaging gradients never pulls
 the models back together, so after K > 1 they drift apart and their average can be far worse

@@ -17,8 +17,10 @@ exchange and matched or beat all-reduce there at a bit under half its time (BENC
 "Gossip against allreduce"). Prefer ``params`` whenever the ranks' speeds differ or K > 1.
 
 At the end two candidates are scored on the validation set: the best local model (the study's
-choice) and the average of all local models (one all-reduce); the better one is the final model
-(``final_model`` in result.json: ``"best-local:rank1"`` or ``"average"``).
+choice) and the average of all local models; the better one is the final model (``final_model``
+in result.json: ``"best-local:rank1"`` or ``"average"``). Rank 0 scores all of them over one
+evaluation copy of the graph (:func:`gnnpar.strategies.base.choose_final_model`), so the ranks
+of a machine never build one each; ``per_worker_divergence`` says how far apart they ended.
 
     gnnpar train --dataset cora --model gcn --strategy gossip --partitions 8 --workers 2
     gnnpar train --dataset synthetic-reddit --scale 0.05 --model sage --strategy gossip \\
