@@ -236,8 +236,8 @@ class AllReduce:
             extra={
                 "train_score": scores["train"],
                 "final_model": final,
-                # ||rank's model - average|| / ||average||: how far the ranks' models drifted
                 **({"candidates": candidates} if candidates else {}),
+                # ||rank's model - average|| / ||average||: how far the ranks' models drifted
                 **({"per_worker_divergence": divergence} if divergence else {}),
                 "per_worker_exchanges": [g["exchanges"] for g in logs],
                 "per_worker_wait_s": [g["wait_s"] for g in logs],

@@ -97,20 +97,17 @@ def choose_final_model(
     with ``timeout_s``. Every rank ends holding the chosen parameters. Collective.
     """
     import torch.distributed as dist
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
     from gnnpar import comm
     from gnnpar.engine import evaluate_graph, reuse_eval_graph
 
     def load(flat: torch.Tensor) -> None:
-        offset = 0
         with torch.no_grad():
-            for p in params:
-                p.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            vector_to_parameters(flat, params)
 
-    flats = comm.all_gather_flat(torch.cat([p.detach().reshape(-1) for p in params]))
+    flats = comm.all_gather_flat(parameters_to_vector(params).detach())
     average = torch.stack(flats).mean(0)
-    divergence = [comm.relative_distance([f], [average]) for f in flats]
     store, prefix = comm.default_store(), "gnnpar/final-model/"
     models = [*flats, average]
     choice = None
@@ -129,6 +126,7 @@ def choose_final_model(
         finally:
             torch.set_num_threads(threads)
         avg = scores.pop()
+        divergence = [comm.relative_distance([f], [average]) for f in flats]
         best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
         candidates = {
             "best_local": {
