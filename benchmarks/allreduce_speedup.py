@@ -53,8 +53,20 @@ def main() -> None:
     }
     runs = {
         "sequential": {**base, "strategy": "sequential"},
-        "allreduce-K1": {**base, "strategy": "allreduce", "workers": a.workers, "sync-every": 1},
-        "allreduce-K20": {**base, "strategy": "allreduce", "workers": a.workers, "sync-every": 20},
+        "allreduce-K1": {
+            **base,
+            "strategy": "allreduce",
+            "workers": a.workers,
+            "sync-every": 1,
+            "average": "grads",
+        },
+        "allreduce-K20": {
+            **base,
+            "strategy": "allreduce",
+            "workers": a.workers,
+            "sync-every": 20,
+            "average": "grads",
+        },
     }
     run_config(runs["sequential"], out, "warmup")  # builds the dataset and partition caches
     times: dict[str, list[float]] = {name: [] for name in runs}

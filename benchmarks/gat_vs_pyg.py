@@ -123,9 +123,9 @@ def cpu_time_ratio(name: str, steps: int, root: Path) -> dict:
     the pieces its sequential trainer uses (build_model, graph_loss, build_optimizer).
     """
     from gnnpar.data.datasets import load_dataset
-    from gnnpar.engine import graph_loss
+    from gnnpar.losses import graph_loss
     from gnnpar.models import build_model
-    from gnnpar.strategies.base import build_optimizer
+    from gnnpar.optim import build_optimizer
 
     cfg = build_config(None, {"dataset": name, "model": "gat", "quiet": True})
     ds = load_dataset(name, cfg.data.data_root, 1.0, 0)

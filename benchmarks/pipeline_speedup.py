@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 
 from gnnpar.bench.report import run_config
-from gnnpar.pipe import gpipe_bound
+from gnnpar.pipeline.stages import gpipe_bound
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,56 @@ def run_cli(
         env=full_env,
         cwd=ROOT,
     )
+
+
+def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """`python -m gnnpar ARGS` started in the background (text pipes), for fault injection."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gnnpar", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+    )
+
+
+def rank_pids(launcher_pid: int, ranks: int, deadline_s: float = 30) -> list[int]:
+    """The pids of the local ranks that ``gnnpar train --workers N`` (process ``launcher_pid``)
+    started, in rank order: its ``spawn`` children, which torch's agent starts one after the
+    other in local-rank order (their environment is set after start, so it cannot tell)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        children = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[1]) == launcher_pid and b"spawn_main" in cmdline:
+                children.append((int(stat[19]), int(entry.name)))  # (start time, pid)
+        if len(children) >= ranks:
+            return [pid for _, pid in sorted(children)[:ranks]]
+        time.sleep(0.05)
+    raise AssertionError(f"process {launcher_pid} did not start {ranks} ranks")
+
+
+def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, deadline_s: float) -> None:
+    """Until metrics.jsonl holds ``steps`` step records (the run is training)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early: {proc.communicate()[1][-2000:]}")
+        if metrics.exists():
+            lines = metrics.read_text().splitlines()
+            if sum('"event": "step"' in line for line in lines) >= steps:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no {steps} steps in {metrics} within {deadline_s} s")
 
 
 @pytest.fixture

@@ -21,11 +21,12 @@ from gnnpar.cli import main
 from gnnpar.config import Config, resolve
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partitioned, partition_nodes
-from gnnpar.engine import graph_loss
 from gnnpar.launch import launch
+from gnnpar.losses import graph_loss
 from gnnpar.models import build_model
-from gnnpar.strategies.allreduce import AllReduce, assign_parts, epoch_order
-from gnnpar.strategies.base import seed_everything
+from gnnpar.seeding import seed_everything
+from gnnpar.sources import assign_parts, epoch_order
+from gnnpar.train import train_rank
 
 
 def random_graph(n: int = 48, seed: int = 0) -> GraphDataset:
@@ -67,9 +68,8 @@ def _train_ranks(log_dir: str) -> dict:
     ctx = setup(60)
     out = {}
     for name, (parts, average) in SCENARIOS.items():
-        strategy = AllReduce()
-        outcome = strategy.run(config(parts, average), random_graph(), ctx)
-        weights = {k: v.tolist() for k, v in strategy.model.state_dict().items()}
+        outcome = train_rank(config(parts, average), random_graph(), ctx)
+        weights = {k: v.tolist() for k, v in outcome.model.state_dict().items()}
         out[name] = {"weights": weights, "batches": outcome.per_worker_batches, **outcome.extra}
     teardown()
     return out
@@ -110,6 +110,7 @@ def test_static_split_is_even_disjoint_and_complete():
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("scenario", ["grads4", "grads5"])
+@pytest.mark.slow
 def test_two_ranks_allreduce_every_step_equal_one_rank_on_joined_batches(two_rank_runs, scenario):
     parts = SCENARIOS[scenario][0]
     expected = reference_weights(parts)
@@ -125,6 +126,7 @@ def test_two_ranks_allreduce_every_step_equal_one_rank_on_joined_batches(two_ran
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_parameter_averaging_every_step_equals_gradient_averaging_with_sgd(two_rank_runs):
     grads, params = two_rank_runs[0]["grads4"], two_rank_runs[0]["params4"]
     for key, value in grads["weights"].items():
@@ -135,6 +137,7 @@ def test_parameter_averaging_every_step_equals_gradient_averaging_with_sgd(two_r
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_cli_two_workers_with_straggler_and_periodic_averaging(cli, tmp_path):
     proc = cli(
         "train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce",
@@ -158,6 +161,7 @@ def test_cli_two_workers_with_straggler_and_periodic_averaging(cli, tmp_path):
     assert (tmp_path / "cache" / "partitions" / "cora-scale1-random-6-seed0.pt").exists()
 
 
+@pytest.mark.slow
 def test_gradient_averaging_every_k_scores_both_final_candidates(cli, tmp_path):
     """K > 1 with grads leaves the ranks' models apart: the better of average / best local wins."""
     proc = cli(

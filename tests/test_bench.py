@@ -100,6 +100,7 @@ def test_repetitions_combine_to_median_time_and_mean_score():
     assert r["train_times"] == [3.0, 1.0, 2.0] and r["per_worker_batches"] == [9, 1]
 
 
+@pytest.mark.slow
 def test_the_whole_suite_runs_on_a_tiny_grid(monkeypatch, tmp_path):
     """Every run of the grid really trains (2 real ranks each), and the report holds it all."""
     tiny = [dict(dataset="cora", partitions=4, epochs=1)]

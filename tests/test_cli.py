@@ -98,19 +98,114 @@ def test_usage_error_in_a_real_process_has_no_traceback(tmp_path):
         (["--dataset", "synthetic-reddit", "--scale", "2"], "--scale must be in (0, 1], got 2.0"),
         (["--balance", "4,x"], "--balance expects comma-separated integers"),
         (["--slowdown", "1:3"], "--slowdown expects RANK=FACTOR"),
-        (["--slowdown", "1=0.5"], "factors >= 1"),
+        (["--strategy", "allreduce", "--slowdown", "1=0.5"], "factors >= 1"),
         (["--lr", "-1"], "--lr must be positive"),
         (["--partitions", "0"], "--partitions must be at least 1"),
         (["--model", "vig"], "--model vig needs an image dataset"),
         (["--dataset", "synthetic-cifar10"], "only --model vig trains on it"),
         (["--config", "/nonexistent/run.toml"], "does not exist"),
+        (["--lr", "nan"], "'lr' must be a finite number, got 'nan'"),
+        (["--timeout", "inf"], "'timeout' must be a finite number, got 'inf'"),
+        (["--dropout=-inf"], "'dropout' must be a finite number"),
+        (["--seed", "1" * 30], "'seed' must fit in 64 bits"),
+        (["--seed", "1" * 5000], "'seed' must fit in 64 bits"),
+        (["--seed", "-3"], "--seed must be between 0 and 4294967295"),
+        (["--epochs", str(2**64)], "'epochs' must fit in 64 bits"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(capsys, args, message):
     assert main(["train", *args, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gnnpar: error: ")
-    assert message in err
+    assert message in err and "Traceback" not in err and len(err) < 1000
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--fanouts", "10,10"],
+            "--fanouts is used by --strategy sampled only; --strategy sequential would ignore it. "
+            "Drop it, or choose a strategy that uses it.",
+        ),
+        (
+            ["--strategy", "pipeline", "--workers", "2", "--slowdown", "1=3"],
+            "--slowdown is used by --strategy allreduce, gossip, gossip-bipartite, sampled only; "
+            "--strategy pipeline would ignore it.",
+        ),
+        (
+            ["--dataset", "cora", "--scale", "0.5"],
+            "--scale is used by synthetic-* datasets only; --dataset cora (not generated) would "
+            "ignore it. Drop it, or choose a dataset that uses it.",
+        ),
+        (
+            ["--model", "gcn", "--heads", "4"],
+            "--heads is used by --model gat, gat3 only; --model gcn would ignore it. "
+            "Drop it, or choose a model that uses it.",
+        ),
+        (["--strategy", "sampled", "--model", "sage", "--sync-every", "5"], "--sync-every is"),
+        (["--strategy", "allreduce", "--load", "2"], "unrecognized arguments: --load"),
+    ],
+)
+def test_a_flag_the_run_would_ignore_exits_2(capsys, args, message):
+    with _exit_code() as code:
+        code.value = main(["train", *args, "--quiet"])
+    err = capsys.readouterr().err
+    assert code.value == 2 and message in err and "Traceback" not in err
+
+
+def test_a_foreign_key_in_a_config_file_exits_2_naming_the_file(tmp_path, capsys):
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "gcn"\nfanouts = [10, 10]\n')
+    assert main(["train", "--config", str(toml), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--fanouts (set in config file {toml}) is used by --strategy sampled only" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--load", "2"],  # once silently --loader-workers 2
+        ["train", "--epoch", "3"],
+        ["train", "--strat", "sampled"],
+        ["train", "--config=x.toml", "--qui"],
+        ["bench", "--qui"],
+        ["datasets", "--data", "/tmp"],
+    ],
+)
+def test_abbreviated_flags_are_not_accepted(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "gnnpar: error: unrecognized arguments" in err and "Traceback" not in err
+
+
+def test_help_says_which_runs_use_each_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--fanouts FANOUTS neighbours sampled per layer" in out
+    assert "[used by --strategy sampled only]" in out
+    assert "[used by --model gat, gat3 only]" in out
+    assert "[used by synthetic-* datasets only]" in out
+    assert "[used by --strategy hybrid only]" in out
+
+
+class _exit_code:
+    """``main`` returns 2 for gnnpar's errors and argparse exits 2 for its own: catch both."""
+
+    def __enter__(self):
+        self.value = None
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is SystemExit:
+            self.value = exc.code
+            return True
+        return False
 
 
 def test_unknown_toml_key_names_the_key_and_the_file(tmp_path, capsys):

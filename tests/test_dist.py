@@ -34,7 +34,7 @@ def test_device_falls_back_to_cpu_without_cuda():
 
 
 def test_relative_distance_is_the_norm_of_the_difference_over_the_norm_of_the_reference():
-    from gnnpar.comm import relative_distance
+    from gnnpar.final_model import relative_distance
 
     ref = [torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])]  # ||ref|| = 5
     moved = [torch.tensor([3.0, 1.0]), torch.tensor([[4.0]])]  # one entry off by 1
@@ -49,7 +49,7 @@ def test_waiting_for_a_key_nobody_sets_ends_in_a_clear_timeout_error():
     import pytest
     import torch.distributed as tdist
 
-    from gnnpar.comm import PeerTimeoutError, wait_for_key
+    from gnnpar.store import PeerTimeoutError, wait_for_key
 
     store = tdist.HashStore()
     store.set("ready", "1")

@@ -9,13 +9,17 @@ passive ranks; a partner that vanishes ends the run with a clear error, not a ha
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections import Counter
 
 import pytest
 
+from conftest import rank_pids, start_cli, wait_for_steps
 from gnnpar import UsageError
 from gnnpar.config import build_config
+from gnnpar.train import prepare
 
 BASE = ["train", "--dataset", "karate", "--model", "gcn", "--partitions", "4", "--quiet"]
 
@@ -56,8 +60,10 @@ def check_exchanges(result: dict) -> list[tuple[int, int]]:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow
 def test_two_ranks_with_a_straggler_train_each_subgraph_once_per_epoch(cli, tmp_path):
-    args = "--strategy gossip --workers 2 --epochs 6 --slowdown 1=3 --jitter 0.5".split()
+    args = "--strategy gossip --workers 2 --epochs 6 --slowdown 1=3 --jitter 0.5 --average grads"
+    args = args.split()
     r = train(cli, tmp_path, *args)
     check_pool(r, 4, 6)
     assert check_exchanges(r)  # with K=1 and two ranks they must have met
@@ -77,6 +83,7 @@ def test_two_ranks_with_a_straggler_train_each_subgraph_once_per_epoch(cli, tmp_
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_four_ranks_with_uneven_speeds_terminate_with_symmetric_exchanges(cli, tmp_path):
     args = "--average params --sync-every 2 --slowdown 1=3,2=2".split()
     r = train(cli, tmp_path, "--strategy", "gossip", "--workers", "4", "--epochs", "8", *args)
@@ -86,6 +93,7 @@ def test_four_ranks_with_uneven_speeds_terminate_with_symmetric_exchanges(cli, t
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_bipartite_pairs_only_the_active_rank_with_passive_ones(cli, tmp_path):
     args = "--strategy gossip-bipartite --workers 3 --epochs 8 --slowdown 2=3".split()
     r = train(cli, tmp_path, *args)  # rank 0 active; ranks 1 and 2 passive
@@ -96,27 +104,25 @@ def test_bipartite_pairs_only_the_active_rank_with_passive_ones(cli, tmp_path):
     assert claimers == {0}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_partner_that_vanishes_mid_run_fails_the_run_with_a_clear_error(cli, tmp_path):
+@pytest.mark.slow
+def test_a_partner_that_vanishes_mid_run_fails_the_run_with_a_clear_error(tmp_path):
+    """The fault comes from outside, as in life: rank 1 is SIGKILLed once rank 0 has trained a
+    few subgraphs (read from metrics.jsonl); the run must end, naming rank 1, not hang."""
+    out = tmp_path / "run"
+    args = [*BASE, "--out", str(out), "--strategy", "gossip", "--workers", "2"]
+    proc = start_cli(*args, "--epochs", "5000", "--timeout", "5")
     t0 = time.perf_counter()
-    proc = cli(
-        *BASE,
-        "--out",
-        str(tmp_path / "run"),
-        "--strategy",
-        "gossip",
-        "--workers",
-        "2",
-        "--epochs",
-        "50",
-        "--timeout",
-        "5",
-        env={"GNNPAR_TEST_GOSSIP_FAULT": "1:3:exit"},
-        timeout=110,
-    )
-    assert proc.returncode != 0
-    assert "gossip partner rank 1" in proc.stderr, proc.stderr[-2000:]
-    assert time.perf_counter() - t0 < 100
+    try:
+        wait_for_steps(out / "metrics.jsonl", 3, proc, deadline_s=60)
+        os.kill(rank_pids(proc.pid, 2)[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    assert "rank 1" in err and "Traceback" not in err.split("Traceback:")[0], err[-2000:]
+    assert time.perf_counter() - t0 < 60
 
 
 @pytest.mark.parametrize(
@@ -131,7 +137,7 @@ def test_a_partner_that_vanishes_mid_run_fails_the_run_with_a_clear_error(cli, t
 )
 def test_bad_gossip_settings_are_usage_errors(args, needle):
     with pytest.raises(UsageError, match=needle):
-        build_config(None, {"dataset": "karate", "model": "gcn", **args})
+        prepare(build_config(None, {"dataset": "karate", "model": "gcn", **args}))
 
 
 def test_bad_gossip_settings_exit_2_from_the_command_line(cli):

@@ -10,6 +10,7 @@ from test_pipeline import config, run_ranks
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_hybrid_2x2_matches_allreduce_over_the_same_data(tmp_path):
     scenarios = [
         ("image", config("image", 2, 2, 4, "gpipe")),  # each copy: 12 of the 24 images

@@ -28,12 +28,14 @@ def _rank_fn(mode: str, log_dir: str) -> dict:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_launch_returns_every_ranks_value():
     out = launch(_rank_fn, ("ok",), 2, timeout_s=30)
     assert out == {0: {"rank": 0, "world": 2}, 1: {"rank": 1, "world": 2}}
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_rank_that_raises_ends_the_run_naming_rank_and_cause():
     with pytest.raises(RankFailedError) as info:
         launch(_rank_fn, ("raise",), 2, timeout_s=30)
@@ -43,6 +45,7 @@ def test_a_rank_that_raises_ends_the_run_naming_rank_and_cause():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_rank_that_never_arrives_times_out_instead_of_hanging():
     t0 = time.monotonic()
     with pytest.raises(RankFailedError, match=r"rank 0 failed: .*[Tt]imed out"):
@@ -58,6 +61,7 @@ def test_root_cause_ordering_prefers_real_errors_over_their_consequences():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_cli_usage_error_found_inside_a_rank_exits_2_with_the_message(cli, tmp_path):
     # Karate has 34 nodes: 40 partitions is only found impossible once a rank loads the graph.
     proc = cli(

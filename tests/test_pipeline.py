@@ -27,7 +27,10 @@ from gnnpar.cli import main
 from gnnpar.config import Config, ModelConfig
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.models import build_model
-from gnnpar.strategies.pipeline_jobs import GraphJob, ImageJob, Mesh, StageRunner
+from gnnpar.parallel_dims import ParallelDims
+from gnnpar.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+from gnnpar.pipeline.step import PipelineStep
+from gnnpar.sync import ReplicaGradSum
 
 
 def graph_dataset(n: int = 60, seed: int = 0) -> GraphDataset:
@@ -57,7 +60,7 @@ def config(kind: str, stages: int, replicas: int, chunks: int, schedule: str) ->
     cfg = Config()
     cfg.strategy.stages, cfg.strategy.replicas, cfg.strategy.chunks = stages, replicas, chunks
     cfg.strategy.schedule, cfg.strategy.batch_size = schedule, 12
-    cfg.run.seed = 0
+    cfg.run.seed, cfg.run.epochs = 0, 1
     if kind == "graph":
         cfg.model = ModelConfig(name="gat", hidden=4, layers=2, heads=2, dropout=0.0)
     else:
@@ -71,7 +74,7 @@ def reference_grads(kind: str, model: nn.Module, ds, cfg: Config) -> tuple[float
         d = ds.data
         loss = F.cross_entropy(model(d.x, d.edge_index)[d.train_mask], d.y[d.train_mask])
     else:
-        from gnnpar.engine import image_batches
+        from gnnpar.sources import image_batches
 
         n = cfg.strategy.batch_size * cfg.strategy.replicas
         x, y = next(image_batches(ds.train_x, ds.train_y, n, cfg.run.seed))
@@ -86,13 +89,14 @@ def check_step(rank: int, kind: str, cfg: Config) -> dict:
     torch.manual_seed(0)
     model = build_model(cfg.model, 6, 3) if kind == "graph" else build_model(cfg.model, 3, 10)
     ref = copy.deepcopy(model)
-    mesh = Mesh.create(cfg.strategy.replicas, cfg.strategy.stages, rank, 60)
-    job = GraphJob(cfg, ds, mesh) if kind == "graph" else ImageJob(cfg, ds, mesh)
+    R, S = cfg.strategy.replicas, cfg.strategy.stages
+    mesh = StagePlace.from_mesh(ParallelDims(R, S, R * S).build_mesh("cpu"))
+    job = GraphMicroBatches(cfg, ds, mesh) if kind == "graph" else ImageMicroBatches(cfg, ds, mesh)
     balance = [1, 1] if kind == "graph" else [1, 3]  # uneven on purpose
-    runner = StageRunner(cfg, model, job, mesh, balance, torch.device("cpu"))
-    batch = next(iter(job.train_batches(0)))
-    losses = runner.train_step(batch)
-    mesh.reduce_grads(runner.parameters())
+    runner = PipelineStep(cfg, model, job, mesh, balance, torch.device("cpu"))
+    batch = next(iter(job.epoch(0)))
+    losses = runner.micro_losses(batch)
+    ReplicaGradSum(runner.parameters(), mesh.reduce_group).after_backward(True)
     ref_loss, ref_grads = reference_grads(kind, ref, ds, cfg)
     mine = {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
     assert mine, "this stage got no gradients"
@@ -151,6 +155,7 @@ def run_ranks(tmp_path, world: int, scenarios: list[tuple[str, Config]]) -> list
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_two_stages_equal_sequential_loss_and_grads(tmp_path):
     """gat with exact micro-batches (GPipe and 1F1B) and ViG (8x8 images) with an uneven split."""
     scenarios = [
@@ -197,6 +202,7 @@ def test_more_chunks_than_images_exit_2(capsys, tmp_path):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_more_chunks_than_training_nodes_exit_2_through_launcher(cli, tmp_path):
     # Cora has 140 training nodes: only known once the data is loaded, inside the ranks.
     flags = ["--dataset", "cora", "--model", "gat", "--strategy", "pipeline", "--workers", "2"]
@@ -206,6 +212,7 @@ def test_more_chunks_than_training_nodes_exit_2_through_launcher(cli, tmp_path):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_cli_pipeline_matches_sequential_without_dropout(tmp_path):
     common = ["train", "--dataset", "cora", "--model", "gat", "--epochs", "3", "--dropout", "0"]
     common += ["--quiet", "--eval-every", "0"]
@@ -223,7 +230,7 @@ def test_cli_pipeline_matches_sequential_without_dropout(tmp_path):
 
 # ------------------------------------------------------------------------- balance by time
 def test_split_by_cost_minimises_the_slowest_stage():
-    from gnnpar.pipe import bounds, gpipe_bound, split_by_cost
+    from gnnpar.pipeline.stages import bounds, gpipe_bound, split_by_cost
 
     assert split_by_cost([4, 1, 1, 1, 1], 2) == [1, 4]
     assert split_by_cost([1, 1, 1, 1], 2) == [2, 2]
@@ -234,7 +241,7 @@ def test_split_by_cost_minimises_the_slowest_stage():
 
 
 def test_profile_blocks_times_every_block():
-    from gnnpar.pipe import profile_blocks
+    from gnnpar.pipeline.stages import profile_blocks
 
     ds = graph_dataset()
     model = build_model(ModelConfig(name="gat", hidden=4, layers=3, heads=2, dropout=0.0), 6, 3)

@@ -14,8 +14,7 @@ from gnnpar import UsageError
 from gnnpar.config import build_config
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.dist import DistContext
-from gnnpar.strategies.sampled import Sampled
-from gnnpar.train import run_rank
+from gnnpar.train import prepare, run_rank, train_rank
 
 
 def test_single_process_learns_cora_and_cleans_up(tmp_path):
@@ -56,7 +55,7 @@ def test_study_002_defaults():
 
 def test_bad_input_is_a_usage_error():
     with pytest.raises(UsageError, match="3 layers"):
-        build_config(None, {"strategy": "sampled", "model": "sage", "fanouts": "10,10"})
+        prepare(build_config(None, {"strategy": "sampled", "model": "sage", "fanouts": "10,10"}))
     with pytest.raises(UsageError, match="batch-size"):
         build_config(None, {"strategy": "sampled", "model": "sage", "batch-size": 0})
     data = tiny_graph()
@@ -64,7 +63,7 @@ def test_bad_input_is_a_usage_error():
     data.train_mask[2] = True
     cfg = build_config(None, {"strategy": "sampled", "model": "sage"})
     with pytest.raises(UsageError, match="fewer than the 2 ranks"):
-        Sampled().run(cfg, GraphDataset("tiny", data, 2), DistContext(world_size=2))
+        train_rank(cfg, GraphDataset("tiny", data, 2), DistContext(world_size=2))
 
 
 @pytest.mark.timeout(120)
@@ -78,6 +77,7 @@ def test_cli_fanout_mismatch_exits_2():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_more_ranks_than_training_nodes_exits_2_through_the_launcher():
     # karate has 4 labelled training nodes
     p = run_cli(
@@ -90,6 +90,7 @@ def test_more_ranks_than_training_nodes_exits_2_through_the_launcher():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_two_ranks_two_loader_workers_run_two_epochs(tmp_path):
     p = run_cli(
         "train", "--dataset", "cora", "--strategy", "sampled", "--model", "sage",

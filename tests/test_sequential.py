@@ -9,7 +9,7 @@ from conftest import tiny_graph
 from gnnpar.config import build_config
 from gnnpar.data.datasets import GraphDataset, ImageDataset, load_dataset
 from gnnpar.dist import DistContext
-from gnnpar.strategies.sequential import Sequential
+from gnnpar.train import train_rank
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +28,7 @@ def cora():
 
 def train(ds, data_root, **flags):
     cfg = build_config(None, {"quiet": True, "eval-every": 0, "data-root": str(data_root), **flags})
-    return Sequential().run(cfg, ds, DistContext())
+    return train_rank(cfg, ds, DistContext())
 
 
 def tiny_images(n: int = 24, size: int = 8, seed: int = 0) -> ImageDataset:

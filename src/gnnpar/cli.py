@@ -11,10 +11,17 @@ import argparse
 import sys
 
 from gnnpar import RankFailedError, UsageError
-from gnnpar.config import KEYS
+from gnnpar.config import KEYS, USED_BY, describe_uses
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with gnnpar's error shape, and no abbreviated flags: ``--load 2`` must not quietly
+    become ``--loader-workers 2`` (nor become something else when a new flag is added)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # argparse's own errors: same shape, exit 2
         self.print_usage(sys.stderr)
         print(f"gnnpar: error: {message}", file=sys.stderr)
@@ -23,13 +30,19 @@ class _Parser(argparse.ArgumentParser):
 
 FLAG_HELP = {
     "dataset": "dataset name (see `gnnpar datasets`)",
+    "data-root": "folder holding datasets placed by the user and the cache",
+    "scale": "shrink a generated dataset's nodes and edges by this factor in (0, 1]",
     "model": "gcn, gat, gat3, sage, vig",
+    "hidden": "hidden width (vig: channels); default: the model's study preset",
+    "layers": "layers (vig: blocks); default: the model's study preset",
+    "heads": "attention heads; default: the model's study preset",
+    "dropout": "dropout probability; default: the model's study preset",
     "strategy": "sequential, allreduce, gossip, gossip-bipartite, pipeline, hybrid, sampled",
     "workers": "number of local ranks to start (ignored under torchrun)",
     "partitions": "Cluster-GCN: number of subgraph mini-batches",
     "partitioner": "random or metis",
     "sync-every": "average every K steps",
-    "average": "grads or params",
+    "average": "grads or params (default: params, except allreduce with --sync-every 1: grads)",
     "slowdown": "RANK=FACTOR[,RANK=FACTOR]: persistent stragglers",
     "jitter": "random transient delays (fraction of a step)",
     "stages": "pipeline stages",
@@ -42,6 +55,11 @@ FLAG_HELP = {
     "batch-size": "mini-batch size per rank (seed nodes or images)",
     "loader-workers": "DataLoader worker processes per rank",
     "timeout": "seconds any wait on another process may take before the run fails",
+    "optimizer": "adam (default) or sgd",
+    "lr": "learning rate; default: the model's study preset",
+    "weight-decay": "weight decay; default: the model's study preset",
+    "epochs": "training epochs; default: the model's study preset",
+    "seed": "random seed (0 to 2**32-1)",
     "out": "output folder for result.json",
     "config": "TOML file with the same keys as these flags",
     "max-steps": "at most this many training steps per epoch",
@@ -50,18 +68,32 @@ FLAG_HELP = {
 }
 
 
+def flag_help(key: str) -> str:
+    """The flag's meaning, and who reads it when that is not every run (config.USED_BY)."""
+    text = FLAG_HELP.get(key, "")
+    if key in USED_BY:
+        text += f" [used by {describe_uses(key)} only]"
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gnnpar", description="Train GNNs in parallel and measure what pays off.")
+    p = _Parser(
+        prog="gnnpar",
+        description="Train GNNs in parallel and measure what pays off.",
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    t = sub.add_parser("train", help="one training run; writes <out>/result.json")
+    t = sub.add_parser(
+        "train",
+        help="one training run; writes <out>/result.json",
+        description="One training run. A flag that the chosen strategy, model or dataset does "
+        "not use is an error (exit 2); each flag's help says who uses it.",
+    )
     t.add_argument("--config", help=FLAG_HELP["config"])
     for key in KEYS:
         if key == "quiet":
             t.add_argument("--quiet", action="store_true", default=None, help="no progress display")
             continue
-        t.add_argument(
-            f"--{key}", dest=key.replace("-", "_"), default=None, help=FLAG_HELP.get(key, "")
-        )
+        t.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key))
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
     b.add_argument(
         "suite",

@@ -2,16 +2,26 @@
 
 The TOML file (``--config FILE.toml``) uses the same keys as the flags, flat, with either dashes
 or underscores (``sync-every = 20`` or ``sync_every = 20``). Flags win over the file; settings
-left unset get model- and dataset-specific defaults in :func:`resolve` (e.g. study 001's GAT uses
-Adam lr 0.005 and weight decay 5e-4; study 003's Cluster-GCN uses lr 0.01, 30 epochs).
-:func:`validate` checks every value once and raises :class:`gnnpar.UsageError` with a message that
-says what was wrong and what to do; the CLI turns that into exit status 2.
+left unset get model- and dataset-specific defaults in :func:`resolve` (the study presets of
+:mod:`gnnpar.models.presets`, e.g. study 001's GAT uses Adam lr 0.005 and weight decay 5e-4).
+Values are converted to the types of the dataclass fields (:func:`coerce`). :func:`validate`
+checks every value once and raises :class:`gnnpar.UsageError` with a message that says what was
+wrong and what to do; the CLI turns that into exit status 2. A setting the user gave that the
+chosen strategy, model or dataset would not read is such an error too (:data:`USED_BY`).
+
+Checks that belong to one strategy (e.g. allreduce needs ``--partitions``) live with the
+strategy and are run by the training entry point: this module imports neither the strategies
+nor, at import time, torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +29,10 @@ from typing import Any
 import tomllib
 
 from gnnpar import UsageError
+from gnnpar.models import BUILDERS
+from gnnpar.models.presets import study_defaults
 
-MODELS = ("gcn", "gat", "gat3", "sage", "vig")
+MODELS = tuple(BUILDERS)  # gcn, gat, gat3, sage, vig
 STRATEGY_NAMES = (
     "sequential",
     "allreduce",
@@ -35,6 +47,7 @@ AVERAGE_MODES = ("grads", "params")
 MICROBATCH_MODES = ("exact", "index")
 SCHEDULES = ("gpipe", "1f1b")
 OPTIMIZERS = ("adam", "sgd")
+DATASET_KINDS = ("graph", "image")
 
 
 @dataclass
@@ -60,7 +73,7 @@ class StrategyConfig:
     name: str = "sequential"
     workers: int = 1
     sync_every: int = 1
-    average: str = "grads"
+    average: str | None = None  # None: resolve() picks what trains best (default_average)
     slowdown: dict[int, float] = field(default_factory=dict)
     jitter: float = 0.0
     stages: int = 2
@@ -156,6 +169,207 @@ KEYS: dict[str, tuple[str, str]] = {
     "threads": ("run", "threads"),
 }
 
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "strategy": StrategyConfig,
+    "optim": OptimConfig,
+    "run": RunConfig,
+}
+# flag / TOML key -> the type of its dataclass field (int, float | None, list[int] | None, ...)
+FIELD_TYPES: dict[str, Any] = {
+    key: typing.get_type_hints(SECTIONS[section])[name] for key, (section, name) in KEYS.items()
+}
+
+
+# ---------------------------------------------------------------- which runs read which setting
+@dataclass(frozen=True)
+class Use:
+    """Runs that read a setting: every listed strategy x model x dataset kind (all by default).
+
+    ``generated``: only datasets gnnpar generates (synthetic-*); ``needs``: only when that other
+    setting is set too (``--partitioner`` means nothing without ``--partitions``).
+    """
+
+    strategies: tuple[str, ...] = STRATEGY_NAMES
+    models: tuple[str, ...] = MODELS
+    kinds: tuple[str, ...] = DATASET_KINDS
+    generated: bool = False
+    needs: str | None = None
+
+
+CLUSTER_GCN = ("sequential", "allreduce", "gossip", "gossip-bipartite")  # --partitions N
+AVERAGING = ("allreduce", "gossip", "gossip-bipartite")  # --sync-every K --average MODE
+STRAGGLERS = ("allreduce", "gossip", "gossip-bipartite", "sampled")  # gnnpar.straggler
+PIPELINES = ("pipeline", "hybrid")
+
+# A setting the user gives must be read by the run, or it is an error (exit 2) saying who reads
+# it: a silently ignored flag makes a run look like it measured something it did not. Settings
+# not listed here (dataset, model, strategy, workers, hidden, lr, epochs, seed, threads, ...) are
+# read by every run. Several Use entries: read by any of them. Taken from what each strategy
+# reads (src/gnnpar/strategies/): sequential partitions graphs only (its image loop ignores
+# --partitions) and uses --batch-size for images only; allreduce and gossip train Cluster-GCN
+# subgraphs of graphs; pipeline and hybrid plan graph micro-batches (--microbatch) but cut
+# image batches evenly; sampled never averages periodically (DDP) but emulates stragglers.
+USED_BY: dict[str, tuple[Use, ...]] = {
+    "scale": (Use(generated=True),),
+    "partitions": (Use(CLUSTER_GCN, kinds=("graph",)),),
+    "partitioner": (Use(CLUSTER_GCN, kinds=("graph",), needs="partitions"),),
+    "heads": (Use(models=("gat", "gat3")),),
+    "sync-every": (Use(AVERAGING),),
+    "average": (Use(AVERAGING),),
+    "slowdown": (Use(STRAGGLERS),),
+    "jitter": (Use(STRAGGLERS),),
+    "stages": (Use(PIPELINES),),
+    "chunks": (Use(PIPELINES),),
+    "balance": (Use(PIPELINES),),
+    "schedule": (Use(PIPELINES),),
+    "microbatch": (Use(PIPELINES, kinds=("graph",)),),
+    "replicas": (Use(("hybrid",)),),
+    "fanouts": (Use(("sampled",)),),
+    "loader-workers": (Use(("sampled",)),),
+    "batch-size": (
+        Use(("sampled",)),
+        Use(("sequential", "pipeline", "hybrid"), kinds=("image",)),
+    ),
+}
+COMMON_KEYS = tuple(k for k in KEYS if k not in USED_BY)
+
+
+def describe_use(use: Use) -> str:
+    """'--strategy pipeline, hybrid with a graph dataset', for help texts and messages."""
+    parts = []
+    if use.strategies != STRATEGY_NAMES:
+        parts.append(f"--strategy {', '.join(use.strategies)}")
+    if use.models != MODELS:
+        parts.append(f"--model {', '.join(use.models)}")
+    if use.kinds != DATASET_KINDS:
+        kinds = " or ".join(_a(k) for k in use.kinds)
+        parts.append(f"with {kinds} dataset" if parts else f"{kinds} datasets")
+    if use.generated:
+        parts.append("with a synthetic-* dataset" if parts else "synthetic-* datasets")
+    text = " ".join(parts) or "every run"
+    if use.needs:
+        text += f", together with --{use.needs}"
+    return text
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
+def describe_uses(key: str) -> str:
+    """Who reads ``key``: 'every run', or e.g. '--strategy sampled'."""
+    uses = USED_BY.get(key)
+    if uses is None:
+        return "every run"
+    return ", and by ".join(describe_use(u) for u in uses)
+
+
+def _field(cfg: Config, key: str) -> tuple[Any, str]:
+    section, name = KEYS[key]
+    return getattr(cfg, section), name
+
+
+def _missed(use: Use, cfg: Config, kind: str, generated: bool) -> list[tuple[str, str]]:
+    """What of this run ``use`` does not cover, as (what, the user's choice); [] = it is read."""
+    out = []
+    if cfg.strategy.name not in use.strategies:
+        out.append(("strategy", f"--strategy {cfg.strategy.name}"))
+    if cfg.model.name not in use.models:
+        out.append(("model", f"--model {cfg.model.name}"))
+    if kind not in use.kinds:
+        out.append(("dataset", f"--dataset {cfg.data.dataset} ({_a(kind)} dataset)"))
+    elif use.generated and not generated:
+        out.append(("dataset", f"--dataset {cfg.data.dataset} (not generated)"))
+    if use.needs and getattr(*_field(cfg, use.needs)) is None:
+        out.append(("needs", f"--{use.needs}"))
+    return out
+
+
+def check_used(cfg: Config, given: Mapping[str, str]) -> None:
+    """Every setting in ``given`` (key -> where it was given) is read by this run, or UsageError.
+
+    Needs a known --dataset, --model and --strategy (validate() checks those first).
+    """
+    from gnnpar.data.datasets import REGISTRY  # local: config must not import torch at load
+
+    spec = REGISTRY[cfg.data.dataset]
+    for key, source in given.items():
+        uses = USED_BY.get(key, ())
+        missed = [_missed(u, cfg, spec.kind, spec.source == "generated") for u in uses]
+        if not uses or not all(missed):
+            continue
+        # the closest use; on a tie, one that keeps the user's strategy (blame the dataset)
+        closest = min(missed, key=lambda m: (len(m), any(w == "strategy" for w, _ in m)))
+        raise UsageError(_unused_message(key, source, closest))
+
+
+def _unused_message(key: str, source: str, missed: list[tuple[str, str]]) -> str:
+    where = "" if source == "the command line" else f" (set in {source})"
+    choices = [(what, choice) for what, choice in missed if what != "needs"]
+    if not choices:  # only the other setting is missing
+        need = missed[0][1]
+        return (
+            f"--{key}{where} is only read together with {need}; without it the run would "
+            f"ignore --{key}. Drop it, or also give {need}."
+        )
+    what = " and ".join(w for w, _ in choices)
+    return (
+        f"--{key}{where} is used by {describe_uses(key)} only; "
+        f"{' with '.join(c for _, c in choices)} would ignore it. "
+        f"Drop it, or choose a {what} that {'uses' if len(choices) == 1 else 'use'} it."
+    )
+
+
+# ---------------------------------------------------------------- parsing and type coercion
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _show(value: Any) -> str:
+    """repr() of a user's value, cut short (a 5000-digit number must not fill the screen)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's str() digit limit
+        return "a number of more than 4300 digits"
+    return text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
+
+
+def _int(value: Any, what: str, message: str | None = None) -> int:
+    """An integer within 64 bits from an int, an integral float or a string; else UsageError
+    (``message``, if given, for a value that is no integer at all)."""
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        n = int(value)
+    except (TypeError, ValueError, OverflowError):
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            n = INT64[1] + 1  # digits beyond what Python converts (4300): far beyond 64 bits
+        else:
+            raise UsageError(
+                message or f"'{what}' must be an integer, got {_show(value)}."
+            ) from None
+    if not INT64[0] <= n <= INT64[1]:
+        raise UsageError(
+            f"'{what}' must fit in 64 bits (between -2**63 and 2**63-1), got {_show(value)}."
+        )
+    return n
+
+
+def _float(value: Any, what: str, message: str | None = None) -> float:
+    """A finite float from a number or a string; nan and inf are UsageErrors too."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        x = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(message or f"'{what}' must be a number, got {_show(value)}.") from None
+    except OverflowError:  # an int too large for a float
+        x = math.inf
+    if not math.isfinite(x):
+        raise UsageError(message or f"'{what}' must be a finite number, got {_show(value)}.")
+    return x
+
 
 def parse_int_list(text: str | list, what: str) -> list[int]:
     """'25,10,10' -> [25, 10, 10]; a TOML list passes through. -1 is allowed (full fan-out)."""
@@ -163,16 +377,12 @@ def parse_int_list(text: str | list, what: str) -> list[int]:
         items = text
     else:
         items = [t for t in str(text).replace(" ", "").split(",") if t]
-    try:
-        return [int(t) for t in items]
-    except (TypeError, ValueError):
-        raise UsageError(
-            f"--{what} expects comma-separated integers such as 4,4, got {text!r}."
-        ) from None
+    message = f"--{what} expects comma-separated integers such as 4,4, got {_show(text)}."
+    return [_int(t, what, message) for t in items]
 
 
-def parse_slowdown(text: str | dict) -> dict[int, float]:
-    """'1=3' or '1=3,2=1.5' -> {1: 3.0, 2: 1.5}."""
+def parse_slowdown(text: str | dict, what: str = "slowdown") -> dict[int, float]:
+    """'1=3' or '1=3,2=1.5' -> {1: 3.0, 2: 1.5}; a TOML table {1 = 3} passes through."""
     if isinstance(text, dict):
         items = [f"{k}={v}" for k, v in text.items()]
     else:
@@ -180,71 +390,56 @@ def parse_slowdown(text: str | dict) -> dict[int, float]:
     out: dict[int, float] = {}
     for item in items:
         rank, sep, factor = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[int(rank)] = float(factor)
-        except ValueError:
-            raise UsageError(
-                f"--slowdown expects RANK=FACTOR[,RANK=FACTOR], e.g. 1=3, got {item!r}."
-            ) from None
+        message = (
+            f"--{what} expects RANK=FACTOR[,RANK=FACTOR] with finite factors, e.g. 1=3, "
+            f"got {_show(item)}."
+        )
+        if not sep:
+            raise UsageError(message)
+        out[_int(rank, what, message)] = _float(factor, what, message)
     return out
 
 
-def _coerce(key: str, value: Any, current: Any) -> Any:
+def coerce(key: str, value: Any) -> Any:
+    """``value`` (a string from the command line, or a TOML value) as the type of ``key``'s field.
+
+    The type comes from the dataclass field (:data:`FIELD_TYPES`): ``int``, ``float``, ``str``,
+    ``bool``, ``X | None``, ``list[int]`` (``4,4`` or a TOML list) and ``dict[int, float]``
+    (``1=3,2=1.5`` or a TOML table).
+    """
     if value is None:
         return None
-    if key in ("balance", "fanouts"):
+    kind = FIELD_TYPES[key]
+    if isinstance(kind, types.UnionType):  # X | None: a given value is an X
+        (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
+    origin = typing.get_origin(kind)
+    if origin is list:
         return parse_int_list(value, key)
-    if key == "slowdown":
-        return parse_slowdown(value)
-    if key == "quiet":
+    if origin is dict:
+        return parse_slowdown(value, key)
+    if kind is bool:
         if isinstance(value, bool):
             return value
-        raise UsageError(f"'quiet' must be true or false, got {value!r}.")
-    types = {
-        "scale": float,
-        "jitter": float,
-        "lr": float,
-        "weight-decay": float,
-        "dropout": float,
-        "timeout": float,
-    }
-    ints = {
-        "partitions",
-        "hidden",
-        "layers",
-        "heads",
-        "workers",
-        "sync-every",
-        "stages",
-        "chunks",
-        "replicas",
-        "batch-size",
-        "loader-workers",
-        "epochs",
-        "seed",
-        "eval-every",
-        "max-steps",
-        "threads",
-    }
-    try:
-        if key in types:
-            if isinstance(value, bool):
-                raise ValueError
-            return types[key](value)
-        if key in ints:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-    except (TypeError, ValueError):
-        kind = "a number" if key in types else "an integer"
-        raise UsageError(f"'{key}' must be {kind}, got {value!r}.") from None
-    return str(value)
+        raise UsageError(f"'{key}' must be true or false, got {_show(value)}.")
+    if kind is int:
+        return _int(value, key)
+    if kind is float:
+        return _float(value, key)
+    if kind is str:
+        if isinstance(value, (list, dict, bool)):
+            raise UsageError(f"'{key}' must be a string, got {_show(value)}.")
+        return str(value)
+    raise TypeError(f"no coercion for {key}: {kind}")  # a new field type: teach coerce()
 
 
-def apply(cfg: Config, settings: dict[str, Any], source: str) -> None:
-    """Set flag-named keys on cfg; unknown keys are an error that names the source."""
+def apply(
+    cfg: Config, settings: dict[str, Any], source: str, given: dict[str, str] | None = None
+) -> None:
+    """Set flag-named keys on cfg; unknown keys are an error that names the source.
+
+    ``given`` collects key -> source of every setting applied (the user's choices, as opposed to
+    defaults that :func:`resolve` fills in later).
+    """
     for raw_key, value in settings.items():
         key = raw_key.replace("_", "-")
         if key not in KEYS:
@@ -254,8 +449,10 @@ def apply(cfg: Config, settings: dict[str, Any], source: str) -> None:
                 f"Unknown setting '{raw_key}' in {source}.{hint} "
                 f"Known settings: {', '.join(sorted(KEYS))}."
             )
-        section, name = KEYS[key]
-        setattr(getattr(cfg, section), name, _coerce(key, value, None))
+        sub, name = _field(cfg, key)
+        setattr(sub, name, coerce(key, value))
+        if given is not None:
+            given[key] = source
 
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -273,7 +470,7 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     by_field = {(section, name): key for key, (section, name) in KEYS.items()}
     flat: dict[str, Any] = {}
     for k, v in data.items():
-        if isinstance(v, dict) and k in ("data", "model", "strategy", "optim", "run"):
+        if isinstance(v, dict) and k in SECTIONS:
             flat.update({by_field.get((k, f.replace("-", "_")), f): x for f, x in v.items()})
         else:
             flat[k] = v
@@ -281,13 +478,17 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def build_config(file: str | None, flags: dict[str, Any]) -> Config:
-    """TOML file first, then flags that were given on the command line; then resolve and validate."""
+    """TOML file first, then flags that were given (None: not given); then resolve and validate.
+
+    A setting given in the file or as a flag that this run would not read is a UsageError.
+    """
     cfg = Config()
+    given: dict[str, str] = {}
     if file:
-        apply(cfg, load_toml(file), f"config file {file}")
-    apply(cfg, {k: v for k, v in flags.items() if v is not None}, "the command line")
+        apply(cfg, load_toml(file), f"config file {file}", given)
+    apply(cfg, {k: v for k, v in flags.items() if v is not None}, "the command line", given)
     resolve(cfg)
-    validate(cfg)
+    validate(cfg, given)
     return cfg
 
 
@@ -299,58 +500,56 @@ def default_data_root() -> Path:
     return Path(xdg) / "gnnpar"
 
 
+def default_average(strategy: str, sync_every: int) -> str | None:
+    """What a run averages when the user does not say.
+
+    Parameters wherever the ranks' models can drift apart: averaging gradients never pulls two
+    models back together, so gossip ranks (always out of step) and allreduce ranks between
+    K > 1 averagings drift; measured on synthetic-amazon, gradient-averaging gossip lost 12
+    points at K = 1 while parameter averaging stayed within 0.4 points of DDP (BENCHMARKS.md).
+    allreduce at K = 1 averages gradients: synchronous data parallelism, DDP's maths.
+    """
+    if strategy in ("gossip", "gossip-bipartite"):
+        return "params"
+    if strategy == "allreduce":
+        return "params" if sync_every > 1 else "grads"
+    return None
+
+
 def resolve(cfg: Config) -> None:
     """Fill settings left unset with the defaults of the study the model comes from."""
     m, o, r, s, d = cfg.model, cfg.optim, cfg.run, cfg.strategy, cfg.data
     if d.data_root is None:
         d.data_root = str(default_data_root())
-    big = d.dataset in ("reddit", "amazon", "synthetic-reddit", "synthetic-amazon")
-    amazon = d.dataset in ("amazon", "synthetic-amazon")
-    defaults: dict[str, dict[str, Any]] = {
-        # study 001: GAT 8x8, dropout 0.6, Adam lr 0.005, wd 5e-4, 300 epochs
-        "gat": dict(hidden=8, layers=2, heads=8, dropout=0.6, lr=0.005, wd=5e-4, epochs=300),
-        # study 002: 3 layers x 16, 1 head, dropout 0.6, Adam lr 5e-3, wd 5e-4
-        "gat3": dict(hidden=16, layers=3, heads=1, dropout=0.6, lr=5e-3, wd=5e-4, epochs=20),
-        # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, wd 5e-4, 200 epochs
-        "gcn": dict(hidden=16, layers=2, heads=1, dropout=0.5, lr=0.01, wd=5e-4, epochs=200),
-        # study 002: 3 x 256 dropout 0.5; study 003: 2 hidden layers (3 convs) 128/512, lr 1e-2
-        "sage": dict(hidden=256, layers=3, heads=1, dropout=0.5, lr=5e-3, wd=5e-4, epochs=20),
-        # study 000: 8 ViG blocks of C = 107 channels (138K parameters each, see models/vig.py);
-        # the study trains with Adam (accuracy was not its focus)
-        "vig": dict(hidden=107, layers=8, heads=1, dropout=0.0, lr=1e-3, wd=0.0, epochs=1),
-    }.get(m.name, {})
-    # study 003 table 3.3 (Cluster-GCN on Reddit / Amazon)
-    study003 = dict(
-        hidden=512 if amazon else 128, dropout=0.1 if amazon else 0.2, lr=1e-2, wd=0.0, epochs=30
-    )
-    if m.name == "sage" and big and s.name != "sampled":  # sampled: study 002's table 1
-        defaults.update(study003)
-    if m.name == "gcn" and big:
-        defaults.update(study003, layers=3)
+    defaults = study_defaults(m.name, d.dataset, s.name)
     if m.hidden is None:
-        m.hidden = defaults.get("hidden", 64)
+        m.hidden = defaults["hidden"]
     if m.layers is None:
-        m.layers = defaults.get("layers", 2)
+        m.layers = defaults["layers"]
     if m.heads is None:
-        m.heads = defaults.get("heads", 1)
+        m.heads = defaults["heads"]
     if m.dropout is None:
-        m.dropout = defaults.get("dropout", 0.5)
+        m.dropout = defaults["dropout"]
     if o.optimizer is None:
         o.optimizer = "adam"
     if o.lr is None:
-        o.lr = defaults.get("lr", 0.01)
+        o.lr = defaults["lr"]
     if o.weight_decay is None:
-        o.weight_decay = defaults.get("wd", 0.0)
+        o.weight_decay = defaults["weight_decay"]
     if r.epochs is None:
-        r.epochs = defaults.get("epochs", 100)
+        r.epochs = defaults["epochs"]
+    if s.average is None:
+        s.average = default_average(s.name, s.sync_every)
     if s.fanouts is None and s.name == "sampled":
         s.fanouts = [25, 10, 10][: m.layers] + [10] * max(0, m.layers - 3)
     if s.batch_size is None:
         s.batch_size = 32 if m.name == "vig" else 1024
 
 
-def validate(cfg: Config) -> None:
-    """Every check that needs no data. Data-dependent checks live next to the data."""
+def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
+    """Every check that needs no data and no strategy. Data-dependent checks live next to the
+    data, strategy-specific ones with the strategy. ``given`` (key -> where it was given): the
+    settings the user chose, each of which this run must read (:func:`check_used`)."""
     d, m, s, o, r = cfg.data, cfg.model, cfg.strategy, cfg.optim, cfg.run
 
     def bad(msg: str) -> None:
@@ -365,16 +564,23 @@ def validate(cfg: Config) -> None:
     one_of(d.dataset, tuple(REGISTRY), "--dataset")
     one_of(m.name, MODELS, "--model")
     one_of(s.name, STRATEGY_NAMES, "--strategy")
-    one_of(d.partitioner, PARTITIONERS, "--partitioner")
-    one_of(s.average, AVERAGE_MODES, "--average (what is averaged)")
-    one_of(s.microbatch, MICROBATCH_MODES, "--microbatch")
-    one_of(s.schedule, SCHEDULES, "--schedule")
-    one_of(o.optimizer, OPTIMIZERS, "--optimizer")
     image = REGISTRY[d.dataset].kind == "image"
     if image and m.name != "vig":
         bad(f"Dataset '{d.dataset}' holds images; only --model vig trains on it.")
     if not image and m.name == "vig":
         bad(f"--model vig needs an image dataset (cifar10, synthetic-cifar10), not '{d.dataset}'.")
+    check_used(cfg, given or {})
+    for key, kind in FIELD_TYPES.items():  # also for a Config built in Python, not parsed
+        sub, name = _field(cfg, key)
+        value = getattr(sub, name)
+        if kind in (float, float | None) and value is not None and not math.isfinite(value):
+            bad(f"--{key} must be a finite number, got {value}.")
+    one_of(d.partitioner, PARTITIONERS, "--partitioner")
+    if s.average is not None:
+        one_of(s.average, AVERAGE_MODES, "--average (what is averaged)")
+    one_of(s.microbatch, MICROBATCH_MODES, "--microbatch")
+    one_of(s.schedule, SCHEDULES, "--schedule")
+    one_of(o.optimizer, OPTIMIZERS, "--optimizer")
     if not 0 < d.scale <= 1:
         bad(f"--scale must be in (0, 1], got {d.scale}.")
     if d.partitions is not None and d.partitions < 1:
@@ -389,7 +595,7 @@ def validate(cfg: Config) -> None:
     if s.sync_every < 1:
         bad(f"--sync-every must be at least 1 (average every K steps), got {s.sync_every}.")
     for rank, factor in s.slowdown.items():
-        if rank < 0 or factor < 1:
+        if rank < 0 or not 1 <= factor < math.inf:
             bad(
                 f"--slowdown {rank}={factor}: ranks are >= 0 and factors >= 1 (3 = three times slower)."
             )
@@ -413,14 +619,13 @@ def validate(cfg: Config) -> None:
         bad(f"--weight-decay must be >= 0, got {o.weight_decay}.")
     if r.epochs < 1:
         bad(f"--epochs must be at least 1, got {r.epochs}.")
+    if not 0 <= r.seed < 2**32:
+        # per-rank and per-epoch seeds are derived from it (seed * 1_000_003 + ...) and must
+        # stay within the 64 bits torch's generators take
+        bad(f"--seed must be between 0 and {2**32 - 1}, got {r.seed}.")
     if r.eval_every < 0:
         bad(f"--eval-every must be >= 0, got {r.eval_every}.")
     if r.max_steps is not None and r.max_steps < 1:
         bad(f"--max-steps must be at least 1, got {r.max_steps}.")
     if r.threads is not None and r.threads < 1:
         bad(f"--threads must be at least 1, got {r.threads}.")
-    from gnnpar.strategies import STRATEGIES
-
-    check = getattr(STRATEGIES[s.name], "validate_config", None)
-    if check is not None:
-        check(cfg)

@@ -4,11 +4,11 @@
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m gnnpar train --strategy allreduce --partitions 64           # not this module
 
-``gnnpar train --workers N`` calls :func:`launch_local`, which runs one elastic agent in this
-process (``torch.distributed.launcher.api.elastic_launch``, c10d rendezvous on a free localhost
-port, no restarts). Each rank runs :func:`gnnpar.train.run_rank`, exactly what a torchrun rank
-runs, so ranks coordinate only through torch.distributed (process group and its TCP store):
-nothing here is shared between ranks but the environment torch's launcher sets.
+``gnnpar train --workers N`` calls :func:`launch` with :func:`gnnpar.train.run_rank`'s wrapper:
+one elastic agent in this process (``torch.distributed.launcher.api.elastic_launch``, c10d
+rendezvous on a free localhost port, no restarts) starts the ranks, which run exactly what a
+torchrun rank runs, so ranks coordinate only through torch.distributed (process group and its
+TCP store): nothing here is shared between ranks but the environment torch's launcher sets.
 
 Failures: the first rank to fail ends the run; the agent stops the others. A
 :class:`gnnpar.UsageError` raised in a rank (bad input found only once data is loaded) is raised
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from gnnpar import RankFailedError, UsageError
-from gnnpar.config import Config
 
 _USAGE_PREFIX = "UsageError: "
 
@@ -43,15 +42,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(cfg_dict: dict[str, Any], log_dir: str) -> dict[str, Any] | None:
-    """What every local rank runs (module level so that ``spawn`` can pickle it)."""
-    from gnnpar.train import run_rank
-
-    # An exception propagates to torch's @record wrapper, which writes "<Type>: <message>" and
-    # the traceback into the agent's per-rank error file; _describe reads it back.
-    return run_rank(Config.from_dict(cfg_dict))
-
-
 def _collateral(message: str) -> int:
     """Order failures so that the cause is reported, not the ranks that died because of it."""
     if message.startswith(_USAGE_PREFIX):
@@ -61,18 +51,6 @@ def _collateral(message: str) -> int:
     if message.startswith("Signal ") or "To enable traceback" in message:
         return 3  # stopped by the agent (or killed): no exception of its own
     return 1
-
-
-def launch_local(cfg: Config) -> dict[str, Any] | None:
-    """Run ``cfg`` on ``cfg.strategy.workers`` local ranks; return rank 0's result dict."""
-    outputs = launch(
-        _rank_main,
-        (cfg.to_dict(),),
-        cfg.strategy.workers,
-        cfg.strategy.timeout_s,
-        cfg.run.threads,
-    )
-    return outputs.get(0)
 
 
 def launch(

@@ -1,4 +1,4 @@
-"""One training run, top to bottom: config -> dataset -> strategy -> result.json.
+"""One training run, top to bottom: config -> checks -> ranks -> dataset -> plan -> loop -> result.
 
     gnnpar train --dataset cora --model gat                          # 1 process
     gnnpar train --dataset cora --model gat --strategy allreduce \\
@@ -6,8 +6,11 @@
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 \\
         -m gnnpar train --strategy gossip ...                        # 2 machines
 
-``--workers N`` (when not already under torchrun) starts N local ranks through torch's elastic
-launcher; each rank then runs :func:`run_rank`, which is also what torchrun's ranks run.
+:func:`prepare` builds the run's :class:`~gnnpar.parallel_dims.ParallelDims` and runs the
+strategy's checks once, before any process starts. ``--workers N`` (when not already under
+torchrun) then starts N local ranks through torch's elastic launcher; each runs
+:func:`run_rank`, which is also what torchrun's ranks run: the strategy builds its
+:class:`~gnnpar.loop.Plan` and :func:`gnnpar.loop.train` trains it.
 """
 
 from __future__ import annotations
@@ -17,21 +20,38 @@ from typing import Any
 
 import torch
 
-from gnnpar import dist
+from gnnpar import dist, launch
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
+from gnnpar.loop import Outcome, train
 from gnnpar.metrics import machine, score_name, summarize, versions, write_result
+from gnnpar.parallel_dims import ParallelDims
 from gnnpar.strategies import STRATEGIES
-from gnnpar.strategies.base import Outcome
+
+
+def prepare(cfg: Config) -> ParallelDims:
+    """The run's parallel degrees, and every check of the strategy that needs no data."""
+    dims = ParallelDims.for_run(cfg)
+    STRATEGIES[cfg.strategy.name].check(cfg, dims)
+    return dims
 
 
 def run(cfg: Config) -> dict[str, Any] | None:
     """Entry point of ``gnnpar train``: launch local ranks if asked, else train in this process."""
-    if cfg.strategy.workers > 1 and not dist.launched_by_torchrun():
-        from gnnpar.launch import launch_local
-
-        return launch_local(cfg)
+    dims = prepare(cfg)
+    if dims.world > 1 and not dist.launched_by_torchrun():
+        outputs = launch.launch(
+            _rank_main, (cfg.to_dict(),), dims.world, cfg.strategy.timeout_s, cfg.run.threads
+        )
+        return outputs.get(0)
     return run_rank(cfg)
+
+
+def _rank_main(cfg_dict: dict[str, Any], log_dir: str) -> dict[str, Any] | None:
+    """What every local rank runs (module level so that ``spawn`` can pickle it)."""
+    # An exception propagates to torch's @record wrapper, which writes "<Type>: <message>" and
+    # the traceback into the agent's per-rank error file, where the launcher reads it back.
+    return run_rank(Config.from_dict(cfg_dict))
 
 
 def set_threads(cfg: Config, local_world: int) -> None:
@@ -40,17 +60,25 @@ def set_threads(cfg: Config, local_world: int) -> None:
 
 
 def run_rank(cfg: Config) -> dict[str, Any] | None:
+    """One rank of the run: join the group, load the data, train, write result.json (rank 0)."""
     ctx = dist.setup(cfg.strategy.timeout_s)
     try:
         set_threads(cfg, ctx.local_world_size)
         ds = load_dataset(cfg.data.dataset, cfg.data.data_root, cfg.data.scale, cfg.run.seed)
-        outcome = STRATEGIES[cfg.strategy.name]().run(cfg, ds, ctx)
+        outcome = train_rank(cfg, ds, ctx)
         result = build_result(cfg, outcome, ds.multilabel, ctx.world_size)
         if ctx.is_main and cfg.run.out:
             write_result(result, cfg.run.out)
         return result if ctx.is_main else None
     finally:
         dist.teardown()
+
+
+def train_rank(cfg: Config, ds, ctx: dist.DistContext) -> Outcome:
+    """The strategy's plan for this rank, trained by the one loop."""
+    dims = prepare(cfg)
+    plan = STRATEGIES[cfg.strategy.name].build(cfg, ds, ctx, dims)
+    return train(cfg, plan)
 
 
 def build_result(cfg: Config, o: Outcome, multilabel: bool, world_size: int) -> dict[str, Any]:

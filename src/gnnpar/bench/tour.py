@@ -40,6 +40,8 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
                 "partitions": 8,
                 "workers": 2,
                 "partitioner": "metis",
+                "sync-every": 1,
+                "average": "grads",
             },
         ),
         (
@@ -51,6 +53,10 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
                 "partitions": 8,
                 "workers": 2,
                 "partitioner": "metis",
+                # study 003's averaging, as measured in BENCHMARKS.md's tour (the default is
+                # params since gnnpar measured gradient averaging letting gossip ranks drift)
+                "sync-every": 1,
+                "average": "grads",
             },
         ),
         (

@@ -1,12 +1,12 @@
 """Data + pipeline parallelism (study 000, section 4): R copies of an S-stage GPipe pipeline.
 
-Ranks form a replica x stage mesh (rank = replica * S + stage). Each copy trains on its own
-share of the data: images, its own ``--batch-size`` images of every global batch of R x
+Ranks form a replica x stage DeviceMesh (rank = replica * S + stage). Each copy trains on its
+own share of the data: images, its own ``--batch-size`` images of every global batch of R x
 batch-size; graphs, its own R-th of the micro-batches planned over the training nodes. After
-each step the gradients of corresponding stages are summed over the copies (the study used DDP
-per stage; here one flat all-reduce per stage group, see pipeline_jobs.Mesh). Every micro-batch
-loss is already divided by the target count of the whole global step, so the summed gradient
-is exactly the full-batch (global-batch) gradient and the copies stay identical.
+each step the gradients of corresponding stages are summed over the copies
+(:class:`~gnnpar.sync.ReplicaGradSum`; the study used DDP per stage). Every micro-batch loss is
+already divided by the target count of the whole global step, so the summed gradient is exactly
+the full-batch (global-batch) gradient and the copies stay identical.
 
 result.json's loss_curve holds each copy's own mean loss: {"replica0": [...], "replica1": [...]}
 (study 000 figure 3 plots them against the sequential curve; `gnnpar bench vig-pipeline`).
@@ -18,19 +18,10 @@ result.json's loss_curve holds each copy's own mean loss: {"replica0": [...], "r
 
 from __future__ import annotations
 
-from gnnpar import UsageError
-from gnnpar.config import Config
-from gnnpar.strategies.pipeline import Pipeline, check_pipeline
+from gnnpar.strategies.pipeline import Pipeline
 
 
 class Hybrid(Pipeline):
+    """The pipeline strategy with ``--replicas`` copies (ParallelDims reads them)."""
+
     name = "hybrid"
-
-    @staticmethod
-    def validate_config(cfg: Config) -> None:
-        if cfg.strategy.replicas < 1:
-            raise UsageError(f"--replicas must be at least 1, got {cfg.strategy.replicas}.")
-        check_pipeline(cfg, cfg.strategy.replicas)
-
-    def replicas(self, cfg: Config) -> int:
-        return cfg.strategy.replicas

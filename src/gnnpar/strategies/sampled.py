@@ -12,7 +12,7 @@ the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0
 Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
 remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.
 shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
-end, on rank 0 (exact full-graph inference, :func:`gnnpar.engine.evaluate_graph`, which bounds
+end, on rank 0 (exact full-graph inference, :func:`gnnpar.evaluation.evaluate_graph`, which bounds
 memory on big graphs); ``--eval-every`` is not used because an evaluation in the middle would
 hold every other rank at the next all-reduce.
 
@@ -43,70 +43,39 @@ The usual culprits, all multiplied by ranks x workers:
 5. Waits without a deadline: the DataLoader has ``timeout=--timeout`` and the process group the
    same timeout, so a stuck worker or peer ends the run with an error that names it.
 
-Result keys added: ``time_breakdown_s`` (per rank: data_wait, compute, sync seconds summed over
-the run), ``max_rank_train_time_s`` (study 002's headline: the longest training time of any rank),
-``per_worker_batches``, ``data_wait_share``. ``sync`` is the gradient all-reduce time that backward
-did not hide: from the moment the last gradient bucket is handed to the all-reduce to the moment
-the last all-reduce completes (it includes waiting for a slower rank).
+Result keys (the loop's, :mod:`gnnpar.loop`): ``time_breakdown_s`` (per rank: data_wait,
+compute, sync seconds summed over the run), ``max_rank_train_time_s`` (study 002's headline: the
+longest training time of any rank), ``per_worker_batches``, ``data_wait_share``. ``sync`` is the
+gradient all-reduce time that backward did not hide (:class:`gnnpar.sync.DDPHooks`).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-import uuid
+from functools import partial
 
-import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset
-from gnnpar.data.sampling import (
-    CSRGraph,
-    SampledBatches,
-    build_loader,
-    save_shared_graph,
-    shard_plan,
-)
 from gnnpar.dist import DistContext
-from gnnpar.engine import evaluate_graph
-from gnnpar.metrics import Progress, loss_fn
+from gnnpar.evaluation import evaluate_graph
+from gnnpar.loop import Final, Plan
+from gnnpar.losses import LocalStep, seed_loss
 from gnnpar.models import build_model
-from gnnpar.strategies.base import Outcome, Straggler, build_optimizer, seed_everything
-
-
-class SyncTimer:
-    """State of :func:`timed_allreduce`: when the last bucket was handed over and completed."""
-
-    def __init__(self) -> None:
-        self.last_call = 0.0
-        self.last_done = 0.0
-
-    def exposed(self) -> float:
-        return max(0.0, self.last_done - self.last_call)
-
-
-# No annotations on the arguments: DDP compares them with dist.GradBucket at run time, and
-# postponed annotations (strings) fail that check.
-def timed_allreduce(state, bucket):  # noqa: ANN001
-    """DDP comm hook: the default all-reduce (average), timed (``sync`` in the module docstring)."""
-    state.last_call = time.perf_counter()
-
-    def done(fut: torch.futures.Future) -> torch.Tensor:
-        state.last_done = time.perf_counter()
-        return fut.value()
-
-    return allreduce_hook(None, bucket).then(done)
+from gnnpar.optim import build_optimizer
+from gnnpar.parallel_dims import ParallelDims
+from gnnpar.seeding import seed_everything
+from gnnpar.sources import SampledSource
+from gnnpar.straggler import Straggler
+from gnnpar.sync import DDPHooks, NoSync
 
 
 class Sampled:
     @staticmethod
-    def validate_config(cfg: Config) -> None:
+    def check(cfg: Config, dims: ParallelDims) -> None:
         s, m = cfg.strategy, cfg.model
         if m.name == "vig":
             raise UsageError("--strategy sampled trains graph models; use --model sage or gat3.")
@@ -116,144 +85,57 @@ class Sampled:
                 f"--model {m.name} has {m.layers} layers: give one fan-out per layer, "
                 f"e.g. --fanouts {','.join(['10'] * m.layers)}."
             )
+        bad = sorted(r for r in s.slowdown if r >= dims.world)
+        if bad:
+            raise UsageError(
+                f"--slowdown names rank {bad[0]}, but the run has ranks 0..{dims.world - 1} only."
+            )
 
-    def run(self, cfg: Config, ds: GraphDataset, ctx: DistContext) -> Outcome:
-        r = cfg.run
-        data = ds.data
-        train_idx = data.train_mask.nonzero().view(-1)
+    @staticmethod
+    def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -> Plan:
+        s, r = cfg.strategy, cfg.run
+        train_idx = ds.data.train_mask.nonzero().view(-1)
         if train_idx.numel() < ctx.world_size:
             raise UsageError(
                 f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
                 f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
             )
         seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
-        t0 = time.perf_counter()
-        path, fd = _share_graph(ds, ctx)
-        setup_s = time.perf_counter() - t0
-        try:
-            return self._train(cfg, ds, ctx, path, train_idx, setup_s)
-        finally:
-            if fd is not None:
-                os.close(fd)  # the file is already unlinked: its pages go with the last mapping
-
-    def _train(self, cfg, ds: GraphDataset, ctx, path: str, train_idx, setup_s: float) -> Outcome:
-        s, r = cfg.strategy, cfg.run
-        per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
-        steps = min(steps, r.max_steps or steps)
-        batches = SampledBatches(
-            path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, steps
-        )
-        loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
+        source = SampledSource(cfg, ds, ctx, train_idx)
         model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
         model.to(ctx.device)
-        sync = SyncTimer()
+        sync: NoSync = NoSync()
         net: nn.Module = model
         if ctx.is_distributed:
+            sync = DDPHooks()
             cuda = ctx.device.type == "cuda"
             net = DistributedDataParallel(model, device_ids=[ctx.device.index] if cuda else None)
-            net.register_comm_hook(sync, timed_allreduce)
+            net.register_comm_hook(None, sync.hook)
         opt = build_optimizer(cfg, net.parameters())
-        straggler = Straggler(s.slowdown.get(ctx.rank, 1.0), s.jitter, r.seed + ctx.rank)
-        wait_s = compute_s = sync_s = train_s = first_wait_s = 0.0
-        step_times: list[float] = []
-        losses: list[float] = []
-        bar = Progress(r.epochs * steps, f"sampled {cfg.model.name}", ctx.is_main and not r.quiet)
-        t0 = time.perf_counter()
-        it = iter(loader)  # starts the workers (set-up, not training); one pass for the run
-        loader_start_s = time.perf_counter() - t0
-        with bar:
-            for epoch in range(r.epochs):
-                t_epoch = time.perf_counter()
-                epoch_loss = 0.0
-                for batch in _timed(it, steps, step_times):
-                    t1 = time.perf_counter()
-                    wait_s += t1 - step_times[-1]
-                    if len(step_times) == 1:
-                        first_wait_s = t1 - step_times[0]
-                    sync.last_call = sync.last_done = 0.0  # a step without a hook adds 0
-                    batch = batch.to_data().to(ctx.device)
-                    opt.zero_grad(set_to_none=True)
-                    out = net(batch.x, batch.edge_index)[: batch.batch_size]
-                    loss = loss_fn(out, batch.y, ds.multilabel)
-                    loss.backward()
-                    opt.step()
-                    epoch_loss += loss.item()
-                    t2 = time.perf_counter()
-                    straggler.after_step(t2 - t1)
-                    t3 = time.perf_counter()
-                    step_sync = sync.exposed() if ctx.is_distributed else 0.0
-                    sync_s += step_sync
-                    compute_s += t3 - t1 - step_sync
-                    step_times[-1] = t3 - step_times[-1]  # start time -> whole step duration
-                    bar.update(1, f"epoch {epoch + 1} loss {loss.item():.4f}")
-                train_s += time.perf_counter() - t_epoch
-                losses.append(epoch_loss / steps)
-        del it, loader  # stops the workers before evaluation
-        breakdown = {"data_wait": wait_s, "compute": compute_s, "sync": sync_s}
-        gathered = _gather(ctx, (breakdown, train_s, len(step_times), first_wait_s))
-        t0 = time.perf_counter()
-        # exact full-graph scores; engine.graph_logits bounds memory on big graphs
-        # (on the CPU, where the graph is: a big graph need not fit the accelerator)
-        scores = evaluate_graph(model.cpu(), ds)[0] if ctx.is_main else {"val": 0.0, "test": 0.0}
-        eval_s = time.perf_counter() - t0
-        total_wait = sum(b["data_wait"] for b, *_ in gathered)
-        total = sum(sum(b.values()) for b, *_ in gathered)
-        return Outcome(
-            train_time_s=train_s,
-            step_times=step_times,
-            test_step_times=[eval_s],
-            loss_curve=losses,
-            per_worker_batches=[n for _, _, n, _ in gathered],
-            val_score=scores["val"],
-            test_score=scores["test"],
+        source.start()
+
+        def finish() -> Final:
+            source.close()  # stops the workers before evaluation
+            t0 = time.perf_counter()
+            scores = {"val": 0.0, "test": 0.0, "train": 0.0}
+            if ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
+                scores = evaluate_graph(model.cpu(), ds)[0]
+            return Final(scores, [time.perf_counter() - t0])
+
+        return Plan(
+            f"sampled {cfg.model.name}",
+            model,
+            opt,
+            source,
+            LocalStep(net, partial(seed_loss, multilabel=ds.multilabel)),
+            finish,
+            sync=sync,
+            straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
+            reporter=ctx.is_main,
             extra={
-                "time_breakdown_s": [b for b, *_ in gathered],
-                "max_rank_train_time_s": max(t for _, t, *_ in gathered),
-                "rank_train_time_s": [t for _, t, *_ in gathered],
-                "data_wait_share": total_wait / total if total else 0.0,
-                "train_score": scores.get("train", 0.0),
-                "steps_per_epoch": steps,
-                "seeds_per_rank": per_rank,
+                "steps_per_epoch": source.steps,
+                "seeds_per_rank": source.per_rank,
                 "loader_workers": s.loader_workers,
-                "graph_setup_time_s": setup_s,
-                "loader_start_time_s": loader_start_s,
-                # part of data_wait: the first batch cannot be prefetched (pipeline fill)
-                "first_batch_wait_s": [g[3] for g in gathered],
+                "graph_setup_time_s": source.setup_s,
             },
         )
-
-
-def _timed(it, steps: int, starts: list[float]):
-    """Take ``steps`` batches from ``it``, appending the time each wait for one began."""
-    for _ in range(steps):
-        starts.append(time.perf_counter())
-        yield next(it)
-
-
-def _gather(ctx: DistContext, item: object) -> list:
-    if not ctx.is_distributed:
-        return [item]
-    out: list = [None] * ctx.world_size
-    dist.all_gather_object(out, item)
-    return out
-
-
-def _share_graph(ds: GraphDataset, ctx: DistContext) -> tuple[str, int | None]:
-    """Local rank 0 writes CSR + features + labels once per machine; every rank gets a path.
-
-    The file is unlinked as soon as it is written and reached through ``/proc/<pid>/fd/<fd>`` of
-    local rank 0 (which keeps it open until the end of the run), so nothing is left behind in
-    ``/dev/shm`` however the run ends, SIGKILL included: the memory is freed when the last
-    process unmaps it. Returns (path, the fd to close on local rank 0 or None).
-    """
-    path, fd = None, None
-    if ctx.local_rank == 0:
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        name = os.path.join(folder, f"gnnpar-sampled-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
-        d = ds.data
-        save_shared_graph(name, CSRGraph.from_edge_index(d.edge_index, ds.num_nodes), d.x, d.y)
-        fd = os.open(name, os.O_RDONLY)
-        os.unlink(name)
-        path = f"/proc/{os.getpid()}/fd/{fd}"
-    paths = _gather(ctx, path)
-    return paths[ctx.rank - ctx.local_rank], fd  # torchrun numbers a machine's ranks in a row

@@ -3,9 +3,10 @@
 Study 000 puts ViG blocks 0-3 on stage 0 and 4-7 plus the readout on stage 1; study 001 cuts a
 GAT with torchgpipe's ``balance``. Here:
 
-* :func:`split_by_time` is torchgpipe's balance-by-time: profile each block's forward + backward
-  on a real micro-batch and cut the block list into contiguous groups that minimise the slowest
-  stage (exhaustive over the cut points; models have at most a few dozen blocks).
+* :func:`profile_blocks` and :func:`split_by_cost` are torchgpipe's balance-by-time: time each
+  block's forward + backward on a real micro-batch, then cut the block list into contiguous
+  groups that minimise the slowest stage (exhaustive over the cut points; models have at most a
+  few dozen blocks).
 * :class:`StageModule` is blocks ``[lo, hi)`` with the stem on the first stage and the head
   (readout) on the last. Graph micro-batches carry no graph: each stage looks up micro-batch
   ``mb``'s ``edge_index`` in the plan every rank computed (data/microbatch.py), so only
@@ -198,3 +199,16 @@ def run_schedule(
         kwargs.update(target=target, losses=losses)
     args = (x,) if first else ()
     return schedule.step(*args, **kwargs)
+
+
+def choose_balance(cfg, model: BlockModel, job) -> tuple[list[int], list[float] | None]:
+    """--balance, or rank 0 profiles each block on a real micro-batch and tells the rest."""
+    if cfg.strategy.balance is not None:
+        return list(cfg.strategy.balance), None
+    box: list = [None, None]
+    if dist.get_rank() == 0:
+        x0, ei0 = job.probe()
+        times = profile_blocks(model, x0, ei0)
+        box = [split_by_cost(times, cfg.strategy.stages), times]
+    dist.broadcast_object_list(box, src=0)
+    return box[0], box[1]

@@ -1,15 +1,15 @@
-"""The pieces of a training step shared by every strategy: batches, one step, evaluation.
+"""Evaluation: exact full-graph inference in bounded memory, and image scoring.
 
-Three regimes (study 000, 001, 003): full-batch node classification, Cluster-GCN subgraph
-mini-batches, and image mini-batches. Strategies compose these; the maths lives here once.
+Every strategy scores its final model here (graphs: :func:`evaluate_graph`, the whole graph,
+never its partitions; images: :func:`evaluate_images`). Choosing a final model scores several
+models on one graph: an :class:`EvalGraphCache` passed along keeps the sparse adjacency built
+for the first one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -17,63 +17,36 @@ from torch_geometric.nn import GCNConv, MessagePassing
 from torch_geometric.utils import remove_self_loops
 
 from gnnpar.data.datasets import GraphDataset, ImageDataset
-from gnnpar.metrics import loss_fn, score
-
-
-def image_batches(
-    x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int | None
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Mini-batches in a seeded random order (seed None: in order, for evaluation)."""
-    n = x.size(0)
-    if seed is None:
-        order = torch.arange(n)
-    else:
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    for i in range(0, n, batch_size):
-        idx = order[i : i + batch_size]
-        yield x[idx], y[idx]
-
-
-def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
-    """Loss over the training nodes of a graph batch (full graph or subgraph)."""
-    out = model(batch.x, batch.edge_index)
-    mask = batch.train_mask
-    return loss_fn(out[mask], batch.y[mask], multilabel)
-
-
-def image_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return loss_fn(model(x), y, False)
-
+from gnnpar.metrics import score
+from gnnpar.sources import image_batches
 
 # Full-graph inference materialises one message per edge and feature (E x width floats): at
 # synthetic-reddit size (115 M edges x 128) that is ~60 GB. Above this many bytes of messages,
 # graph_logits takes an exact path that never holds them (see there).
 MESSAGE_BYTES_LIMIT = 1 << 30
 
-# Inside `reuse_eval_graph()`: the sparse adjacency graph_logits built last, keyed by the graph.
-_ADJ_CACHE: dict | None = None
 
-
-@contextlib.contextmanager
-def reuse_eval_graph() -> Iterator[None]:
-    """Score several models on one graph while building its sparse adjacency once.
+class EvalGraphCache:
+    """The sparse adjacency :func:`graph_logits` built last, to score several models on one graph.
 
     On a large graph, building the CSR adjacency of full-graph inference is the peak of an
     evaluation (synthetic-reddit, 115 M edges: ~4.9 GiB while it is built, ~1.4 GiB kept);
     choosing a final model scores every rank's model and their average on one rank, so the
-    adjacency is built once for all of them and freed when the block ends.
+    adjacency is built once for all of them and freed with the cache.
     """
-    global _ADJ_CACHE
-    _ADJ_CACHE = {}
-    try:
-        yield
-    finally:
-        _ADJ_CACHE = None
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.adj_t: torch.Tensor | None = None
 
 
 @torch.no_grad()
 def graph_logits(
-    model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, limit: int = MESSAGE_BYTES_LIMIT
+    model: nn.Module,
+    x: torch.Tensor,
+    edge_index: torch.Tensor,
+    limit: int = MESSAGE_BYTES_LIMIT,
+    cache: EvalGraphCache | None = None,
 ) -> torch.Tensor:
     """The model's output for every node of a whole graph, exact, in bounded memory.
 
@@ -103,8 +76,8 @@ def graph_logits(
         gcn = all(isinstance(c, GCNConv) for c in convs)
         # the caller's graph (before any edit below) identifies the adjacency for the cache
         cache_key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version, n, gcn)
-        if _ADJ_CACHE is not None and _ADJ_CACHE.get("key") == cache_key:
-            return model(x, _ADJ_CACHE["adj_t"])
+        if cache is not None and cache.key == cache_key:
+            return model(x, cache.adj_t)
         if gcn:
             # GCNConv adds self-loops to a sparse adjacency unconditionally but only the missing
             # ones to an edge_index; dropping existing ones first makes the two agree.
@@ -119,8 +92,8 @@ def graph_logits(
                 warnings.simplefilter("ignore", UserWarning)
                 adj_t = torch.sparse_csr_tensor(crow, key % n, counts.to(x.dtype), (n, n))
             del key, counts
-            if _ADJ_CACHE is not None:
-                _ADJ_CACHE.update(key=cache_key, adj_t=adj_t)
+            if cache is not None:
+                cache.key, cache.adj_t = cache_key, adj_t
             return model(x, adj_t)  # row = destination: PyG's transposed adjacency
         del key, counts
     return _layerwise_chunked(model, x, edge_index, max(1, limit // (width * 4)))
@@ -151,13 +124,16 @@ def _layerwise_chunked(
 
 
 @torch.no_grad()
-def evaluate_graph(model: nn.Module, ds: GraphDataset) -> tuple[dict[str, float], float]:
+def evaluate_graph(
+    model: nn.Module, ds: GraphDataset, cache: EvalGraphCache | None = None
+) -> tuple[dict[str, float], float]:
     """Full-graph inference (:func:`graph_logits`); scores on each split, and the seconds."""
     model.eval()
     t0 = time.perf_counter()
     data = ds.data
     device = next(model.parameters()).device  # no copy when the data is already there
-    out = graph_logits(model, data.x.to(device), data.edge_index.to(device)).to(data.y.device)
+    x, edge_index = data.x.to(device), data.edge_index.to(device)
+    out = graph_logits(model, x, edge_index, cache=cache).to(data.y.device)
     scores = {
         split: score(out[data[f"{split}_mask"]], data.y[data[f"{split}_mask"]], ds.multilabel)
         for split in ("train", "val", "test")

@@ -1,92 +1,72 @@
-"""What a pipeline step feeds and who talks to whom: the pieces behind pipeline.py and hybrid.py.
+"""Pipeline micro-batches: the sources of the pipeline and hybrid strategies.
 
-* :class:`Mesh`: the 2-D process mesh replica x stage (rank = replica * S + stage). Stages of one
-  replica form a pipeline group; the same stage of every replica forms a gradient-reduce group
-  (study 000 figure 2). One replica: the world group, nothing to reduce.
-* :class:`GraphJob`: full-batch node classification; the training step's micro-batches come
-  from a plan over the training nodes, evaluation's from a plan over all nodes
-  (data/microbatch.py). :class:`ImageJob`: ViG mini-batches, split evenly into chunks.
-* :class:`StageRunner`: this rank's stage, once with the training shapes (schedule with loss,
-  backward) and once with the evaluation shapes (forward-only GPipe), sharing the parameters.
+* :class:`GraphMicroBatches`: full-batch node classification, one step per epoch; the step's
+  micro-batches come from a plan over the training nodes, evaluation's from a plan over all
+  nodes (:mod:`gnnpar.data.microbatch`). With R copies of the pipeline each takes its own R-th.
+* :class:`ImageMicroBatches`: ViG mini-batches; each copy takes its own ``--batch-size`` images
+  of every global batch, split evenly into ``--chunks``.
+
+Each yields, per step, a :class:`Batch`: the whole step's input (first stage only), targets
+(last stage only) and the scale that turns the summed micro-batch losses into this copy's own
+mean loss. Where a rank sits in the mesh is a :class:`StagePlace`.
 """
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
-from gnnpar.engine import image_batches
 from gnnpar.metrics import score
-from gnnpar.pipe import (
-    StageModule,
-    boundary_shapes,
-    bounds,
-    build_stage,
-    make_schedule,
-    run_schedule,
-    summed_loss,
-)
+from gnnpar.sources import image_batches
 
 
-@dataclass
-class Mesh:
+@dataclass(frozen=True)
+class StagePlace:
+    """This rank's place in the (replicas x stages) mesh and the groups it talks in."""
+
     replicas: int
     stages: int
-    rank: int
-    pipe_group: dist.ProcessGroup | None = None  # None: the world group
-    reduce_group: dist.ProcessGroup | None = None
+    replica: int
+    stage: int
+    pipe_group: dist.ProcessGroup | None = None  # this copy's stages
+    reduce_group: dist.ProcessGroup | None = None  # this stage in every copy
+
+    @classmethod
+    def create(cls, dims, device_type: str) -> StagePlace:
+        """This rank's place in the (dp, pp) DeviceMesh of ``dims``. One process (--stages 1):
+        pipelining still wants a process group, so a private one-rank group is made."""
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return cls.from_mesh(dims.build_mesh(device_type))
+
+    @classmethod
+    def from_mesh(cls, mesh) -> StagePlace:
+        """From a DeviceMesh with dimensions ("dp", "pp") (:meth:`ParallelDims.build_mesh`)."""
+        replica, stage = mesh.get_coordinate()
+        return cls(
+            mesh.size(0), mesh.size(1), replica, stage, mesh.get_group("pp"), mesh.get_group("dp")
+        )
 
     @property
-    def replica(self) -> int:
-        return self.rank // self.stages
+    def first(self) -> bool:
+        return self.stage == 0
 
     @property
-    def stage(self) -> int:
-        return self.rank % self.stages
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
 
     @property
     def is_reporter(self) -> bool:
         """Replica 0's last stage: it sees the losses, so it shows the progress bar."""
-        return self.replica == 0 and self.stage == self.stages - 1
-
-    @classmethod
-    def create(cls, replicas: int, stages: int, rank: int, timeout_s: float) -> Mesh:
-        if not dist.is_initialized():  # one process (--stages 1): pipelining still wants a group
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        mesh = cls(replicas, stages, rank)
-        if replicas == 1:
-            return mesh
-        timeout = datetime.timedelta(seconds=timeout_s)
-        # Every rank creates every group, in the same order (new_group is collective).
-        for r in range(replicas):
-            g = dist.new_group([r * stages + s for s in range(stages)], timeout=timeout)
-            if r == mesh.replica:
-                mesh.pipe_group = g
-        for s in range(stages):
-            g = dist.new_group([r * stages + s for r in range(replicas)], timeout=timeout)
-            if s == mesh.stage:
-                mesh.reduce_group = g
-        return mesh
-
-    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum this stage's gradients over the replicas (losses are already scaled globally)."""
-        if self.replicas == 1 or not params:
-            return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.reduce_group)
-        for p, g in zip(params, _unflatten_dense_tensors(flat, grads)):
-            p.grad = g
+        return self.replica == 0 and self.last
 
 
 @dataclass
@@ -96,13 +76,13 @@ class Batch:
     own_scale: float  # summed micro-batch losses * own_scale = this replica's own mean loss
 
 
-class GraphJob:
+class GraphMicroBatches:
     """Full-batch node classification: one step per epoch."""
 
     eval_each_epoch = True
     steps_per_epoch = 1
 
-    def __init__(self, cfg: Config, ds: GraphDataset, mesh: Mesh) -> None:
+    def __init__(self, cfg: Config, ds: GraphDataset, mesh: StagePlace) -> None:
         self.ds, self.mesh, R, M = ds, mesh, mesh.replicas, cfg.strategy.chunks
         self.eval_each_epoch = R == 1  # hybrid: evaluation is split over replicas, done once
         data, n = ds.data, ds.num_nodes
@@ -129,6 +109,7 @@ class GraphJob:
             self.denominator / max(own, 1),
         )
         self.eval_x = self.eval_plan.features(data.x) if first else None
+        self.total_steps, self.position = cfg.run.epochs, 0
         self.train_graphs = self.train_plan.edge_indices()
         self.eval_graphs = self.eval_plan.edge_indices()
 
@@ -142,7 +123,8 @@ class GraphJob:
         first = MicroBatchPlan(plan.batches[:1], plan.size, plan.num_nodes, plan.mode, plan.hops)
         return first.features(self.ds.data.x), plan.batches[0].edge_index
 
-    def train_batches(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        self.position += 1
         yield self.batch
 
     def eval_batches(self) -> Iterator[tuple[bool, torch.Tensor | None, object]]:
@@ -183,12 +165,12 @@ class GraphJob:
         }
 
 
-class ImageJob:
+class ImageMicroBatches:
     """ViG mini-batches: each replica takes its own --batch-size images of every global batch."""
 
     eval_each_epoch = False  # as the sequential image trainer: evaluate once at the end
 
-    def __init__(self, cfg: Config, ds: ImageDataset, mesh: Mesh) -> None:
+    def __init__(self, cfg: Config, ds: ImageDataset, mesh: StagePlace) -> None:
         self.ds, self.mesh, self.cfg = ds, mesh, cfg
         R, B = mesh.replicas, cfg.strategy.batch_size
         self.B, self.M, self.global_batch = B, cfg.strategy.chunks, R * B
@@ -199,6 +181,7 @@ class ImageJob:
                 f"training images; use a smaller --batch-size."
             )
         self.steps_per_epoch = min(full, cfg.run.max_steps or full)
+        self.total_steps, self.position = cfg.run.epochs * self.steps_per_epoch, 0
         self.denominator = float(self.global_batch)
         self.plan_time_s = 0.0
         self.train_graphs = self.eval_graphs = None
@@ -207,10 +190,11 @@ class ImageJob:
     def probe(self, eval_plan: bool = False) -> tuple[torch.Tensor, None]:
         return self.ds.train_x[: self.B // self.M], None
 
-    def train_batches(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int) -> Iterator[Batch]:
         r, B, seed = self.mesh.replica, self.B, self.cfg.run.seed + epoch
         batches = image_batches(self.ds.train_x, self.ds.train_y, self.global_batch, seed)
         for _, (x, y) in zip(range(self.steps_per_epoch), batches):
+            self.position += 1
             mine = slice(r * B, (r + 1) * B)
             yield Batch(
                 x[mine] if self.first else None,
@@ -254,60 +238,3 @@ class ImageJob:
 
     def extra(self) -> dict:
         return {"global_batch_size": self.global_batch, "micro_batch_size": self.B // self.M}
-
-
-class StageRunner:
-    """This rank's stage for training (loss + backward) and evaluation (forward only)."""
-
-    def __init__(self, cfg: Config, model, job, mesh: Mesh, balance: list[int], device) -> None:
-        S, M, idx = mesh.stages, cfg.strategy.chunks, mesh.stage
-        self.first, self.last, self.M, self.model = idx == 0, idx == S - 1, M, model
-        lo, hi = bounds(balance)[idx]
-        loss = summed_loss(job.denominator, job.ds.multilabel)
-        self.train_sched, self.train_mod = self._stage(
-            model, job, mesh, balance, lo, hi, job.train_graphs, False, device, loss, cfg
-        )
-        self.eval_sched, _ = self._stage(
-            model, job, mesh, balance, lo, hi, job.eval_graphs, True, device, None, cfg
-        )
-
-    def _stage(self, model, job, mesh, balance, lo, hi, graphs, for_eval, device, loss, cfg):
-        x0, ei0 = job.probe(for_eval)
-        shapes = boundary_shapes(model, x0, ei0, balance)
-        idx = mesh.stage
-        module = StageModule(model, lo, hi, self.first, self.last, graphs)
-        stage = build_stage(
-            module,
-            idx,
-            mesh.stages,
-            shapes[idx],
-            shapes[idx + 1],
-            x0.dtype,
-            device,
-            mesh.pipe_group,
-        )
-        return make_schedule(stage, self.M, loss, cfg.strategy.schedule), module
-
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.train_mod.parameters() if p.requires_grad]
-
-    def train_step(self, batch: Batch) -> list:
-        losses: list = []
-        run_schedule(self.train_sched, self.first, self.last, self.M, batch.x, batch.target, losses)
-        return losses
-
-    @torch.no_grad()
-    def evaluate(self, job) -> tuple[object, list[float]]:
-        """Forward every evaluation batch through the pipeline; the last stage collects."""
-        self.model.eval()
-        job.start_collect()
-        times = []
-        for timed, x, context in job.eval_batches():
-            t0 = time.perf_counter()
-            out = run_schedule(self.eval_sched, self.first, self.last, self.M, x)
-            if timed:
-                times.append(time.perf_counter() - t0)
-            if self.last:
-                job.collect(out, context)
-        self.model.train()
-        return (job.payload() if self.last else None), times

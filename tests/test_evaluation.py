@@ -1,4 +1,4 @@
-"""engine.graph_logits: the bounded-memory paths for large graphs equal plain full-graph inference."""
+"""evaluation.graph_logits: the bounded-memory paths for large graphs equal plain full-graph inference."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch_geometric.utils import coalesce, remove_self_loops
 
 from gnnpar.config import Config, resolve
-from gnnpar.engine import graph_logits
+from gnnpar.evaluation import EvalGraphCache, graph_logits
 from gnnpar.models import build_model
 
 
@@ -47,10 +47,8 @@ def test_large_graph_paths_equal_full_graph_inference(name, multigraph):
 
 
 @pytest.mark.parametrize("name", ["gcn", "sage"])
-def test_reuse_eval_graph_builds_the_adjacency_once_for_several_models(name):
-    """Inside reuse_eval_graph the sparse adjacency of the first call serves the next models."""
-    from gnnpar import engine
-
+def test_eval_graph_cache_builds_the_adjacency_once_for_several_models(name):
+    """With an EvalGraphCache the sparse adjacency of the first call serves the next models."""
     x, edge_index = random_graph(multigraph=False)
     cfg = Config()
     cfg.model.name = name
@@ -60,16 +58,14 @@ def test_reuse_eval_graph_builds_the_adjacency_once_for_several_models(name):
         torch.manual_seed(seed)
         models.append(build_model(cfg.model, 16, 5).eval())
     expected = [graph_logits(m, x, edge_index) for m in models]  # plain path, no cache
-    assert engine._ADJ_CACHE is None
-    with engine.reuse_eval_graph():
-        got = [graph_logits(models[0], x, edge_index, limit=1)]
-        adj_t = engine._ADJ_CACHE["adj_t"]
-        assert adj_t.layout == torch.sparse_csr and adj_t.shape == (400, 400)
-        got.append(graph_logits(models[1], x, edge_index, limit=1))
-        assert engine._ADJ_CACHE["adj_t"] is adj_t  # not rebuilt for the second model
-        edited = edge_index.clone()
-        graph_logits(models[1], x, edited, limit=1)  # another graph: its own adjacency
-        assert engine._ADJ_CACHE["adj_t"] is not adj_t
-    assert engine._ADJ_CACHE is None  # freed at the end of the block
+    cache = EvalGraphCache()
+    got = [graph_logits(models[0], x, edge_index, limit=1, cache=cache)]
+    adj_t = cache.adj_t
+    assert adj_t.layout == torch.sparse_csr and adj_t.shape == (400, 400)
+    got.append(graph_logits(models[1], x, edge_index, limit=1, cache=cache))
+    assert cache.adj_t is adj_t  # not rebuilt for the second model
+    edited = edge_index.clone()
+    graph_logits(models[1], x, edited, limit=1, cache=cache)  # another graph: its own adjacency
+    assert cache.adj_t is not adj_t
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

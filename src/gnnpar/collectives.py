@@ -1,0 +1,130 @@
+"""Collectives shared by the strategies: timed, one flat buffer each, and a one-rank fallback.
+
+Every helper is a thin layer over torch.distributed: one flat buffer per collective (one call
+instead of one per parameter, flattened with ``torch.nn.utils.parameters_to_vector``), the
+seconds spent blocked in it added to a :class:`WaitClock` (what ``per_worker_wait_s`` reports),
+and a single-process fallback so that strategies run unchanged on one rank. Timeouts are the
+process group's (``--timeout``): a peer that never arrives becomes an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector
+
+
+def active(group: dist.ProcessGroup | None = None) -> bool:
+    """True when collectives on ``group`` (default: the world) involve more than this rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+@dataclass
+class WaitClock:
+    """Seconds a rank spent blocked in collectives, and how many it took part in."""
+
+    seconds: float = 0.0
+    calls: int = 0
+
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+        """In-place SUM all-reduce of ``tensor`` over ``group``, timed; a no-op on one rank."""
+        if active(group):
+            t0 = time.perf_counter()
+            dist.all_reduce(tensor, group=group)
+            self.seconds += time.perf_counter() - t0
+        self.calls += 1
+
+    def barrier(self) -> None:
+        if active():
+            t0 = time.perf_counter()
+            dist.barrier()
+            self.seconds += time.perf_counter() - t0
+
+
+def flat_grads(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
+    """All gradients in one flat buffer (zeros where a parameter has no gradient)."""
+    return parameters_to_vector(
+        p.grad if p.grad is not None else torch.zeros_like(p) for p in params
+    )
+
+
+def set_grads(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Give each parameter its slice of ``flat`` as its gradient (copies)."""
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad = g.view_as(p).clone()
+
+
+def average_gradients(params: list[torch.nn.Parameter], contributes: bool, clock: WaitClock) -> int:
+    """Replace each rank's gradients by the mean over the ranks that computed one this step.
+
+    A rank without a batch this step (the last step of an uneven split) passes
+    ``contributes=False``: it sends zeros and is not counted, so the result is the gradient of
+    the mean of the contributing ranks' mean losses. Returns how many ranks contributed.
+    """
+    device = params[0].device
+    flat = (
+        flat_grads(params)
+        if contributes
+        else torch.zeros(sum(p.numel() for p in params), device=device)
+    )
+    buf = torch.cat([flat, torch.ones(1, device=device) * float(contributes)])
+    clock.all_reduce(buf)
+    count = int(round(float(buf[-1])))
+    if count > 0:
+        set_grads(params, buf[:-1] / count)
+    return count
+
+
+def sum_gradients(
+    params: list[torch.nn.Parameter], group: dist.ProcessGroup | None, clock: WaitClock
+) -> None:
+    """Sum each gradient over ``group`` (hybrid: the same stage of every pipeline copy)."""
+    if not params or not active(group):
+        return
+    flat = flat_grads(params)
+    clock.all_reduce(flat, group)
+    set_grads(params, flat)
+
+
+def broadcast_parameters(module: torch.nn.Module, src: int = 0) -> None:
+    """Make every rank start from rank ``src``'s parameters and buffers (one flat broadcast)."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    if not active() or not tensors:
+        return
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    dist.broadcast(flat, src)
+    with torch.no_grad():
+        for t, v in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(v.view_as(t).to(t.dtype))
+
+
+def all_gather_flat(flat: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's same-shaped 1-D tensor, on every rank (one all_gather)."""
+    if not active():
+        return [flat]
+    out = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, flat)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s (small, picklable) object on every rank."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+def gather_to_all(obj: Any) -> list[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` on every rank (pickled; small objects only)."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out

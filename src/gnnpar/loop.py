@@ -1,0 +1,301 @@
+"""The one training loop every strategy runs through. Read it top to bottom.
+
+A strategy (``strategies/*.py``) does not loop. It builds a :class:`Plan`: the model and its
+optimizer, a *source* of this rank's batches (:mod:`gnnpar.sources`), a *step* (forward and
+backward of one batch, or one pipeline schedule), and a *sync policy* that acts between steps
+(:mod:`gnnpar.sync`). :func:`train` then runs, on every rank::
+
+    for epoch in range(epochs):
+        sync.start_epoch()                         # lock-step ranks: a common start
+        for batch in source.epoch(epoch):          # None: this rank sits this step out
+            optimizer.zero_grad()
+            loss = step(batch)                     # forward + backward (pipelines: schedule.step)
+            straggler.after_step(compute time)     # --slowdown / --jitter
+            if sync.after_backward(has_batch):     # all-reduce or gossip of gradients
+                optimizer.step()
+            sync.after_step(has_batch)             # averaging or gossip of parameters
+        sync.end_epoch()                           # lock-step ranks: wait for every rank
+        every --eval-every epochs: plan.evaluate()
+    sync.finish()                                  # gossip: serve the last claims
+    plan.finish()                                  # final scores (and final-model choice)
+
+and gathers what every rank did into one :class:`Outcome` (result.json). Timing: a step is
+from asking the source for a batch to the end of its sync; ``data_wait`` is the first part,
+``sync`` what the policy spent blocked on other ranks, ``compute`` the rest (straggler delays
+included). ``train_time_s`` is the longest rank's summed epoch wall time (evaluation,
+partitioning and set-up excluded).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from gnnpar import collectives
+from gnnpar.config import Config
+from gnnpar.metrics import Progress, summarize
+from gnnpar.straggler import Straggler
+from gnnpar.sync import NoSync, Sync
+
+
+class Source(Protocol):
+    """What a rank trains on: ``epoch(e)`` yields its batches (None: no batch at this step)."""
+
+    total_steps: int  # for the progress display
+    position: int  # steps done so far (by every rank, where the source knows)
+
+    def epoch(self, epoch: int) -> Iterator[Any]: ...
+
+
+@dataclass
+class Final:
+    """What :attr:`Plan.finish` returns: the final model's scores."""
+
+    scores: dict[str, float | None]  # val, test (and train where known)
+    eval_times: list[float]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """What a strategy plugs into the loop."""
+
+    name: str
+    model: torch.nn.Module  # the whole model (evaluation, saving)
+    optimizer: torch.optim.Optimizer
+    source: Source
+    step: Callable[[Any], torch.Tensor | float | None]  # forward+backward; the loss where seen
+    finish: Callable[[], Final]
+    sync: Sync = field(default_factory=NoSync)
+    straggler: Straggler = field(default_factory=Straggler)
+    evaluate: Callable[[], tuple[dict | None, list[float]]] | None = None  # mid-run
+    curve: str = "epoch"  # loss_curve: "epoch" (mean over every rank), "step", "replica-step"
+    lockstep: bool = True  # ranks step together: a step's time is the slowest rank's
+    reporter: bool = True  # this rank shows the progress bar
+    replica: int = 0
+    batches_per_step: int = 1  # per_worker_batches unit (pipelines: micro-batches)
+    partition_time_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # strategy-specific result.json keys
+
+
+@dataclass
+class Outcome:
+    train_time_s: float
+    step_times: list[float]
+    test_step_times: list[float]
+    loss_curve: list[float] | dict[str, list[float]]
+    per_worker_batches: list[int]
+    val_score: float
+    test_score: float
+    partition_time_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    model: torch.nn.Module | None = None
+
+
+@dataclass
+class RankLog:
+    """What one rank did; gathered from every rank at the end."""
+
+    replica: int
+    epochs: int
+    loss_sum: list[float] = field(default_factory=list)  # per epoch
+    loss_count: list[int] = field(default_factory=list)
+    step_losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    batches: int = 0
+    data_wait_s: float = 0.0
+    compute_s: float = 0.0
+    first_wait_s: float = 0.0
+    train_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.loss_sum = [0.0] * self.epochs
+        self.loss_count = [0] * self.epochs
+
+    def record(self, epoch: int, loss: float | None, has_batch: bool, wait: float, compute: float):
+        """One step: its loss (None where not seen), data wait, and compute without sync."""
+        if not self.step_times:
+            self.first_wait_s = wait
+        self.step_times.append(wait + compute)
+        self.data_wait_s += wait
+        self.compute_s += compute
+        self.batches += has_batch
+        if loss is not None:
+            self.loss_sum[epoch] += loss
+            self.loss_count[epoch] += 1
+            self.step_losses.append(loss)
+
+
+class MetricsLog:
+    """``<out>/metrics.jsonl``, written as training goes (one JSON record per line, flushed), so
+    a killed run keeps its curve: ``{"event": "step", "epoch", "step", "loss", "time_s"}`` per
+    step, ``{"event": "epoch", "epoch", "loss", "val"?, "train_s"}`` per epoch, and
+    ``{"event": "final", ...scores}`` at the end. Only the rank that reports writes it."""
+
+    def __init__(self, out: str | None) -> None:
+        self.path = None if out is None else Path(out) / "metrics.jsonl"
+        self.file = None
+
+    def __enter__(self) -> MetricsLog:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "w", buffering=1)  # line-buffered: one write per record
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.file is not None:
+            self.file.close()
+
+    def write(self, record: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+
+    def step(self, epoch: int, step: int, loss: float | None, seconds: float) -> None:
+        self.write({"event": "step", "epoch": epoch, "step": step, "loss": loss, "time_s": seconds})
+
+    def epoch(self, epoch: int, log: RankLog, scores: dict | None) -> None:
+        count = log.loss_count[epoch]
+        record = {"event": "epoch", "epoch": epoch, "train_s": log.train_s}
+        record["loss"] = log.loss_sum[epoch] / count if count else None
+        if scores is not None:
+            record["val"] = scores.get("val")
+        self.write(record)
+
+    def final(self, scores: dict, train_s: float) -> None:
+        self.write({"event": "final", **scores, "train_s": train_s})
+
+
+def train(cfg: Config, plan: Plan) -> Outcome:
+    """Train ``plan`` for ``cfg.run.epochs`` epochs on this rank (collective across ranks)."""
+    r = cfg.run
+    source, sync, opt = plan.source, plan.sync, plan.optimizer
+    log = RankLog(plan.replica, r.epochs)
+    metrics = MetricsLog(r.out if plan.reporter else None)
+    eval_times: list[float] = []
+    shown = 0
+    with Progress(source.total_steps, plan.name, plan.reporter and not r.quiet) as bar, metrics:
+        for epoch in range(r.epochs):
+            sync.start_epoch()
+            t_epoch = time.perf_counter()
+            batches = source.epoch(epoch)
+            while True:
+                t0 = time.perf_counter()
+                batch = next(batches, StopIteration)
+                if batch is StopIteration:
+                    break
+                t1, waited = time.perf_counter(), sync.wait_s
+                has_batch = batch is not None
+                opt.zero_grad(set_to_none=True)
+                loss = plan.step(batch) if has_batch else None
+                if has_batch:
+                    plan.straggler.after_step(time.perf_counter() - t1)
+                if sync.after_backward(has_batch):
+                    opt.step()
+                sync.after_step(has_batch)
+                loss = None if loss is None else float(loss)  # waits for an accelerator
+                t2 = time.perf_counter()
+                log.record(epoch, loss, has_batch, t1 - t0, t2 - t1 - (sync.wait_s - waited))
+                metrics.step(epoch, len(log.step_times), loss, t2 - t0)
+                info = f"epoch {epoch + 1} loss {loss:.4f}" if loss is not None else ""
+                bar.update(source.position - shown, f"{info} {sync.status()}".strip())
+                shown = source.position
+            sync.end_epoch()
+            log.train_s += time.perf_counter() - t_epoch
+            scores = None
+            last = epoch + 1 == r.epochs
+            if plan.evaluate and r.eval_every and (epoch + 1) % r.eval_every == 0 and not last:
+                scores, times = plan.evaluate()
+                eval_times += times
+                if scores is not None:
+                    bar.update(0, f"epoch {epoch + 1} val {scores['val']:.3f}")
+            metrics.epoch(epoch, log, scores)
+        t_end = time.perf_counter()
+        sync.finish()
+        log.train_s += time.perf_counter() - t_end
+        final = plan.finish()
+        metrics.final(final.scores, log.train_s)
+    return _outcome(plan, log, eval_times + final.eval_times, final)
+
+
+def _outcome(plan: Plan, log: RankLog, eval_times: list[float], final: Final) -> Outcome:
+    """Every rank's log gathered into result.json's shape (identical on every rank)."""
+    mine = {
+        "log": vars(log),
+        "wait_s": plan.sync.wait_s,
+        "exchanges": plan.sync.exchanges,
+        "delay_s": plan.straggler.delay_s,
+        "info": {**getattr(plan.source, "rank_info", dict)(), **plan.sync.rank_info()},
+    }
+    everyone = collectives.gather_to_all(mine)
+    logs = [e["log"] for e in everyone]
+    breakdown = [
+        {"data_wait": g["data_wait_s"], "compute": g["compute_s"], "sync": e["wait_s"]}
+        for g, e in zip(logs, everyone)
+    ]
+    total = sum(sum(b.values()) for b in breakdown)
+    train_s = [g["train_s"] for g in logs]
+    extra: dict[str, Any] = {
+        "train_score": final.scores.get("train"),
+        "per_worker_train_s": train_s,
+        "per_worker_wait_s": [e["wait_s"] for e in everyone],
+        "per_worker_exchanges": [e["exchanges"] for e in everyone],
+        "per_worker_delay_s": [e["delay_s"] for e in everyone],
+        "time_breakdown_s": breakdown,
+        "data_wait_share": sum(b["data_wait"] for b in breakdown) / total if total else 0.0,
+        "rank_train_time_s": train_s,
+        "max_rank_train_time_s": max(train_s),
+        # part of data_wait: the first batch cannot be prefetched (pipeline fill)
+        "first_batch_wait_s": [g["first_wait_s"] for g in logs],
+    }
+    step_times = _step_times(plan, logs)
+    extra["step_times_s"] = step_times  # every step, in order (the first includes warm-up)
+    extra["per_worker_step_time_s"] = [summarize(g["step_times"]) for g in logs]
+    for key in everyone[0]["info"]:
+        extra[key] = [e["info"][key] for e in everyone]
+    extra.update(plan.extra)
+    extra.update(final.extra)
+    return Outcome(
+        train_time_s=max(train_s),
+        step_times=step_times,
+        test_step_times=eval_times,
+        loss_curve=_loss_curve(plan, logs),
+        per_worker_batches=[g["batches"] * plan.batches_per_step for g in logs],
+        val_score=final.scores["val"],
+        test_score=final.scores["test"],
+        partition_time_s=plan.partition_time_s,
+        extra=extra,
+        model=plan.model,
+    )
+
+
+def _step_times(plan: Plan, logs: list[dict]) -> list[float]:
+    """Lock-step ranks: a step lasts until its slowest rank is done. Otherwise rank 0's."""
+    times = [g["step_times"] for g in logs]
+    if plan.lockstep and len({len(t) for t in times}) == 1:
+        return [max(t) for t in zip(*times)]
+    return times[0]
+
+
+def _loss_curve(plan: Plan, logs: list[dict]) -> list[float] | dict[str, list[float]]:
+    """``epoch``: per epoch, the mean loss over every batch any rank trained in it. ``step``:
+    the step losses of the first rank that sees losses. ``replica-step``: that, per replica."""
+    seen = [g for g in logs if g["step_losses"]]
+    if plan.curve == "step":
+        return seen[0]["step_losses"] if seen else []
+    if plan.curve == "replica-step":
+        by_replica: dict[str, list[float]] = {}
+        for g in seen:
+            by_replica.setdefault(f"replica{g['replica']}", g["step_losses"])
+        return dict(sorted(by_replica.items()))
+    epochs = len(logs[0]["loss_sum"])
+    curve = []
+    for e in range(epochs):
+        count = sum(g["loss_count"][e] for g in logs)
+        curve.append(sum(g["loss_sum"][e] for g in logs) / count if count else float("nan"))
+    return curve

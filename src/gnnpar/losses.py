@@ -1,0 +1,42 @@
+"""The loss of one batch, per kind of batch, and the step that backpropagates it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from gnnpar.metrics import loss_fn
+
+
+def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
+    """Loss over the training nodes of a graph batch (full graph or subgraph)."""
+    out = model(batch.x, batch.edge_index)
+    mask = batch.train_mask
+    return loss_fn(out[mask], batch.y[mask], multilabel)
+
+
+def seed_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
+    """Loss over the seed nodes of a neighbour-sampled batch (the first ``batch_size`` rows)."""
+    out = model(batch.x, batch.edge_index)[: batch.batch_size]
+    return loss_fn(out, batch.y, multilabel)
+
+
+def image_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device) -> torch.Tensor:
+    x, y = batch
+    return loss_fn(model(x.to(device)), y.to(device), False)
+
+
+class LocalStep:
+    """Forward and backward of one batch on this rank: ``loss(net, batch)``, then backward.
+    Returns the loss (detached)."""
+
+    def __init__(self, net: nn.Module, loss: Callable[[nn.Module, Any], torch.Tensor]) -> None:
+        self.net, self.loss = net, loss
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        loss = self.loss(self.net, batch)
+        loss.backward()
+        return loss.detach()

@@ -1,0 +1,222 @@
+"""Sources: what one rank trains on, epoch by epoch (the loop asks ``source.epoch(e)``).
+
+===========================  ================================================  ==============
+source                       batches                                           strategy
+===========================  ================================================  ==============
+:class:`ShuffledBatches`     the full graph, or every Cluster-GCN subgraph     sequential
+                             in a seeded order
+:class:`DealtPartitions`     this rank's share of the subgraphs, dealt once    allreduce
+:class:`PoolSource`          the next subgraph of the shared work pool         gossip
+:class:`ImageBatches`        seeded image mini-batches                         sequential
+:class:`SampledSource`      neighbour-sampled batches over a shared graph     sampled
+:mod:`gnnpar.pipeline.batches`                     pipeline micro-batches      pipeline
+===========================  ================================================  ==============
+
+A source yields ``None`` for a step at which this rank has no batch but must still take part
+in the step's collective (the uneven last step of a static split). ``position`` counts the
+steps done, by every rank where the source knows it (the work pool), for the progress bar.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import torch
+from torch_geometric.data import Data
+
+from gnnpar import collectives
+from gnnpar.config import Config
+from gnnpar.data.sampling import (
+    CSRGraph,
+    SampledBatches,
+    build_loader,
+    save_shared_graph,
+    shard_plan,
+)
+from gnnpar.dist import DistContext
+from gnnpar.gossip import WorkPool
+
+
+def image_batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int | None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Mini-batches in a seeded random order (seed None: in order, for evaluation)."""
+    n = x.size(0)
+    if seed is None:
+        order = torch.arange(n)
+    else:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    for i in range(0, n, batch_size):
+        idx = order[i : i + batch_size]
+        yield x[idx], y[idx]
+
+
+class ShuffledBatches:
+    """Every batch once per epoch in an order drawn from one generator seeded once (at most
+    ``max_steps`` of them). One batch: full-batch training, one step per epoch."""
+
+    def __init__(self, batches: list[Data], epochs: int, seed: int, max_steps: int | None) -> None:
+        self.batches = batches
+        self.steps = min(len(batches), max_steps or len(batches))
+        self.total_steps = epochs * self.steps
+        self.position = 0
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def epoch(self, epoch: int) -> Iterator[Data]:
+        order = torch.randperm(len(self.batches), generator=self.gen)[: self.steps].tolist()
+        for i in order:
+            self.position += 1
+            yield self.batches[i]
+
+
+class ImageBatches:
+    """``--batch-size`` images per step in a seeded order per epoch (seed + epoch)."""
+
+    def __init__(self, ds, batch_size: int, epochs: int, seed: int, max_steps: int | None) -> None:
+        self.ds, self.batch_size, self.seed = ds, batch_size, seed
+        per_epoch = -(-ds.train_x.size(0) // batch_size)
+        self.steps = min(per_epoch, max_steps or per_epoch)
+        self.total_steps = epochs * self.steps
+        self.position = 0
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = image_batches(
+            self.ds.train_x, self.ds.train_y, self.batch_size, self.seed + epoch
+        )
+        for _, xy in zip(range(self.steps), batches):
+            self.position += 1
+            yield xy
+
+
+def assign_parts(num_parts: int, world: int, seed: int) -> list[list[int]]:
+    """Static, even split of the subgraphs: rank r owns ``perm[r::world]`` (sizes differ by <= 1)."""
+    perm = torch.randperm(num_parts, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [perm[r::world] for r in range(world)]
+
+
+def epoch_order(parts: list[int], seed: int, epoch: int, rank: int) -> list[int]:
+    """The order in which a rank trains its own subgraphs in one epoch (seeded, reproducible)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 1009 + rank)
+    return [parts[i] for i in torch.randperm(len(parts), generator=g).tolist()]
+
+
+class DealtPartitions:
+    """Subgraphs dealt once, statically: rank r owns ``perm[r::world]`` of a seeded permutation
+    and trains them in a fresh seeded order each epoch. Every rank runs ``ceil(n / world)``
+    steps (at most ``max_steps``); a rank with one subgraph fewer yields None at the last."""
+
+    def __init__(self, graph, rank: int, world: int, epochs: int, seed: int, max_steps, device):
+        self.graph, self.rank, self.seed, self.device = graph, rank, seed, device
+        self.mine = assign_parts(graph.num_parts, world, seed)[rank]
+        self.steps = min(math.ceil(graph.num_parts / world), max_steps or graph.num_parts)
+        self.total_steps = epochs * self.steps
+        self.position = 0
+
+    def epoch(self, epoch: int) -> Iterator[Data | None]:
+        order = epoch_order(self.mine, self.seed, epoch, self.rank)
+        for i in range(self.steps):
+            self.position += 1
+            yield self.graph.batch(order[i]).to(self.device) if i < len(order) else None
+
+
+class PoolSource:
+    """GossipGCN's work pool (study 003 section 4.3.2): each rank takes the next subgraph
+    whenever it is free, so fast ranks train more. The pool holds every subgraph once per
+    epoch, epochs back to back; a rank's epoch ``e`` is what it takes while the pool hands out
+    epoch ``e`` (possibly nothing, if the others emptied it meanwhile)."""
+
+    def __init__(self, pool: WorkPool, batches: list[Data]) -> None:
+        self.pool, self.batches = pool, batches
+        self.total_steps = pool.total
+        self.position = 0
+        self.taken: list[list[int]] = []  # [epoch, subgraph] in the order taken
+        self._next: tuple[int, int, int] | None = None
+        self._empty = False
+
+    def epoch(self, epoch: int) -> Iterator[Data]:
+        while not self._empty:
+            item = self._next if self._next is not None else self.pool.take()
+            self._next = None
+            if item is None:
+                self._empty = True
+                return
+            pos, e, idx = item
+            if e > epoch:  # the pool moved on: this belongs to a later epoch of ours
+                self._next = item
+                return
+            self.taken.append([e, idx])
+            self.position = pos + 1
+            yield self.batches[idx]
+
+    def rank_info(self) -> dict:
+        return {"pool_log": self.taken}
+
+
+class SampledSource:
+    """This rank's neighbour-sampled mini-batches: one loader pass for the whole run (so the
+    workers keep prefetching across epochs), ``steps`` batches per epoch."""
+
+    def __init__(self, cfg: Config, ds, ctx: DistContext, train_idx: torch.Tensor) -> None:
+        s, r = cfg.strategy, cfg.run
+        self.device = ctx.device
+        t0 = time.perf_counter()
+        path, self.fd = share_graph(ds, ctx)
+        self.setup_s = time.perf_counter() - t0
+        self.per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
+        self.steps = min(steps, r.max_steps or steps)
+        batches = SampledBatches(
+            path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps
+        )
+        self.loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
+        self.total_steps, self.position = r.epochs * self.steps, 0
+        self._it: Iterator | None = None
+        self.start_s = 0.0
+
+    def start(self) -> None:
+        """Start the workers (set-up, not training). Creating the iterator draws a seed from
+        torch's global generator, so it comes after the model's initialisation."""
+        t0 = time.perf_counter()
+        self._it = iter(self.loader)
+        self.start_s = time.perf_counter() - t0
+
+    def epoch(self, epoch: int) -> Iterator:
+        for _ in range(self.steps):
+            batch = next(self._it)
+            self.position += 1
+            yield batch.to_data().to(self.device)
+
+    def rank_info(self) -> dict:
+        return {"loader_start_time_s": self.start_s}
+
+    def close(self) -> None:
+        """Stop the workers; drop the shared graph (already unlinked: freed with the last map)."""
+        self._it = self.loader = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def share_graph(ds, ctx: DistContext) -> tuple[str, int | None]:
+    """Local rank 0 writes CSR + features + labels once per machine; every rank gets a path.
+
+    The file is unlinked as soon as it is written and reached through ``/proc/<pid>/fd/<fd>`` of
+    local rank 0 (which keeps it open until the end of the run), so nothing is left behind in
+    ``/dev/shm`` however the run ends, SIGKILL included: the memory is freed when the last
+    process unmaps it. Returns (path, the fd to close on local rank 0 or None).
+    """
+    path, fd = None, None
+    if ctx.local_rank == 0:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        name = os.path.join(folder, f"gnnpar-sampled-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
+        d = ds.data
+        save_shared_graph(name, CSRGraph.from_edge_index(d.edge_index, ds.num_nodes), d.x, d.y)
+        fd = os.open(name, os.O_RDONLY)
+        os.unlink(name)
+        path = f"/proc/{os.getpid()}/fd/{fd}"
+    paths = collectives.gather_to_all(path)
+    return paths[ctx.rank - ctx.local_rank], fd  # torchrun numbers a machine's ranks in a row

@@ -1,0 +1,33 @@
+"""Emulated heterogeneity (study 003's non-dedicated cluster): ``--slowdown`` and ``--jitter``."""
+
+from __future__ import annotations
+
+import random
+import time
+
+
+class Straggler:
+    """Slows this rank's steps down.
+
+    ``factor`` F makes a step take F times as long: after a step's compute of t seconds the
+    rank sleeps (F-1)*t. ``jitter`` X adds, with probability 0.1 per step, a transient pause of
+    up to X times the step. ``delay_s`` is the total slept (``per_worker_delay_s``).
+    """
+
+    def __init__(self, factor: float = 1.0, jitter: float = 0.0, seed: int = 0) -> None:
+        self.factor = factor
+        self.jitter = jitter
+        self.rng = random.Random(seed)
+        self.delay_s = 0.0
+
+    @classmethod
+    def for_rank(cls, slowdown: dict[int, float], jitter: float, seed: int, rank: int) -> Straggler:
+        return cls(slowdown.get(rank, 1.0), jitter, seed + rank)
+
+    def after_step(self, step_s: float) -> None:
+        pause = (self.factor - 1.0) * step_s
+        if self.jitter > 0 and self.rng.random() < 0.1:
+            pause += self.rng.uniform(0, self.jitter) * step_s
+        if pause > 0:
+            time.sleep(pause)
+            self.delay_s += pause

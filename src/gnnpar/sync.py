@@ -1,0 +1,160 @@
+"""Sync policies: what happens between training steps, each a small class the loop calls.
+
+=======================  ==========================================================  =========
+policy                   what                                                        strategy
+=======================  ==========================================================  =========
+:class:`NoSync`          nothing (one process, or DDP's own hooks do it)             sequential
+:class:`GradAllReduce`   mean of the gradients over the ranks every K steps          allreduce
+:class:`ParamAverage`    mean of the parameters every K steps (torch's averager)     allreduce
+:class:`~gnnpar.gossip.sync.GossipSync`  pairwise gossip every K steps               gossip
+:class:`DDPHooks`        DDP's bucketed all-reduce inside backward, timed            sampled
+:class:`ReplicaGradSum`  sum of a stage's gradients over the pipeline copies         hybrid
+=======================  ==========================================================  =========
+
+The loop calls, per step, ``after_backward(has_batch)`` (returns whether the optimizer steps)
+and ``after_step(has_batch)``; per epoch ``start_epoch()`` and ``end_epoch()``; once at the
+end ``finish()``. ``wait_s`` is the time the policy spent blocked on other ranks
+(``per_worker_wait_s``), ``exchanges`` how many averagings this rank took part in.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+from gnnpar import collectives
+from gnnpar.collectives import WaitClock
+
+
+class NoSync:
+    def __init__(self) -> None:
+        self.clock = WaitClock()
+        self.exchanges = 0
+
+    @property
+    def wait_s(self) -> float:
+        return self.clock.seconds
+
+    def start_epoch(self) -> None:
+        pass
+
+    def after_backward(self, has_batch: bool) -> bool:
+        return has_batch
+
+    def after_step(self, has_batch: bool) -> None:
+        pass
+
+    def end_epoch(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def status(self) -> str:
+        return ""
+
+    def rank_info(self) -> dict:
+        return {}
+
+
+Sync = NoSync  # the interface: every policy is a NoSync that overrides some of its hooks
+
+
+class LockStep(NoSync):
+    """Ranks that run the same steps: a common, untimed start per epoch, and the epoch ends
+    when every rank is done (that wait counts as waiting: the study's synchronisation barrier)."""
+
+    def start_epoch(self) -> None:
+        if collectives.active():
+            dist.barrier()
+
+    def end_epoch(self) -> None:
+        self.clock.barrier()
+
+    def status(self) -> str:
+        return f"waited {self.clock.seconds:.1f}s"
+
+
+class GradAllReduce(LockStep):
+    """Every ``every`` steps (a counter across epochs) the gradients are replaced by their mean
+    over the ranks that had a batch (study 003 algorithms 3 and 4; K = 1 is DDP's maths). Steps
+    in between update with local gradients. A rank without a batch still joins the collective
+    and steps with the mean."""
+
+    def __init__(self, params: list[torch.nn.Parameter], every: int) -> None:
+        super().__init__()
+        self.params, self.every, self.count = params, every, 0
+
+    def after_backward(self, has_batch: bool) -> bool:
+        self.count += 1
+        due = self.count % self.every == 0
+        if due:
+            collectives.average_gradients(self.params, has_batch, self.clock)
+            self.exchanges += 1
+        return has_batch or due
+
+
+class ParamAverage(LockStep):
+    """Local SGD: every rank steps on its own gradients, and every ``every`` steps the
+    parameters are averaged with torch's ``PeriodicModelAverager`` (the first averaging after
+    ``every`` local steps). With plain SGD and K = 1 this equals :class:`GradAllReduce`."""
+
+    def __init__(self, params: list[torch.nn.Parameter], every: int) -> None:
+        super().__init__()
+        self.params, self.every, self.count = params, every, 0
+        with warnings.catch_warnings():  # period 1 "use DDP instead": K = 1 is deliberate
+            warnings.simplefilter("ignore", UserWarning)
+            self.averager = PeriodicModelAverager(period=every, warmup_steps=every - 1)
+
+    def after_step(self, has_batch: bool) -> None:
+        self.count += 1
+        t0 = time.perf_counter()
+        self.averager.average_parameters(self.params)  # averages when its own count says so
+        if self.count % self.every == 0:
+            self.clock.seconds += time.perf_counter() - t0
+            self.exchanges += 1
+
+
+class DDPHooks(NoSync):
+    """DistributedDataParallel averages gradients inside backward; this times the part of it
+    that backward did not hide: from the moment the last bucket is handed to the all-reduce to
+    the moment the last all-reduce completes (it includes waiting for a slower rank)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_call = self.last_done = 0.0
+
+    # No annotations on the arguments: DDP compares them with dist.GradBucket at run time, and
+    # postponed annotations (strings) fail that check.
+    def hook(self, state, bucket):  # noqa: ANN001
+        """DDP comm hook: the default all-reduce (average), timed."""
+        self.last_call = time.perf_counter()
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            self.last_done = time.perf_counter()
+            return fut.value()
+
+        return allreduce_hook(None, bucket).then(done)
+
+    def after_backward(self, has_batch: bool) -> bool:
+        self.clock.seconds += max(0.0, self.last_done - self.last_call)
+        self.last_call = self.last_done = 0.0  # a step without a hook adds 0
+        return has_batch
+
+
+class ReplicaGradSum(NoSync):
+    """Hybrid: after each pipeline step, a stage's gradients are summed over the copies of the
+    pipeline (the losses are already scaled by the global batch, so the sum is its gradient)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], group: dist.ProcessGroup | None) -> None:
+        super().__init__()
+        self.params, self.group = params, group
+
+    def after_backward(self, has_batch: bool) -> bool:
+        collectives.sum_gradients(self.params, self.group, self.clock)
+        return has_batch
