@@ -29,10 +29,9 @@ from typing import Any
 import tomllib
 
 from gnnpar import UsageError
-from gnnpar.models import BUILDERS
-from gnnpar.models.presets import study_defaults
+from gnnpar.models.presets import STUDY_DEFAULTS, study_defaults
 
-MODELS = tuple(BUILDERS)  # gcn, gat, gat3, sage, vig
+MODELS = tuple(STUDY_DEFAULTS)  # gcn, gat, gat3, sage, vig (models/__init__.py builds them)
 STRATEGY_NAMES = (
     "sequential",
     "allreduce",

@@ -16,6 +16,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv, MessagePassing
 from torch_geometric.utils import remove_self_loops
 
+from gnnpar.data.csr import indptr
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.metrics import score
 from gnnpar.sources import image_batches
@@ -86,8 +87,7 @@ def graph_logits(
         # sums, but a mean (SAGEConv) would count them once, so it takes the chunked path.
         key, counts = torch.unique(edge_index[1] * n + edge_index[0], return_counts=True)
         if gcn or key.numel() == edge_index.size(1):
-            crow = torch.zeros(n + 1, dtype=torch.long)
-            crow[1:] = torch.cumsum(torch.bincount(key // n, minlength=n), 0)
+            crow = indptr(key // n, n)
             with warnings.catch_warnings():  # "sparse CSR support is in beta": nothing to act on
                 warnings.simplefilter("ignore", UserWarning)
                 adj_t = torch.sparse_csr_tensor(crow, key % n, counts.to(x.dtype), (n, n))
@@ -105,8 +105,7 @@ def _layerwise_chunked(
     n = x.size(0)
     dst_sorted, order = torch.sort(edge_index[1], stable=True)
     src_sorted = edge_index[0][order]
-    ptr = torch.zeros(n + 1, dtype=torch.long)
-    ptr[1:] = torch.cumsum(torch.bincount(dst_sorted, minlength=n), 0)
+    ptr = indptr(dst_sorted, n)
     # Chunk boundaries: consecutive destination ranges holding about edges_per_chunk edges.
     marks = torch.arange(0, int(ptr[-1]) + 1, edges_per_chunk)
     bounds = torch.unique(torch.cat([torch.searchsorted(ptr, marks), torch.tensor([0, n])]))

@@ -35,6 +35,7 @@ import torch
 from torch_geometric.utils import k_hop_subgraph, subgraph
 
 from gnnpar import UsageError
+from gnnpar.data.partition import metis_partition
 
 IGNORE = (
     -100
@@ -123,29 +124,10 @@ class MicroBatchPlan:
 
 
 def metis_order(edge_index: torch.Tensor, num_nodes: int, parts: int, seed: int) -> torch.Tensor:
-    """METIS part id of every node (symmetric adjacency, no self-loops, as pymetis wants)."""
+    """METIS part id of every node (:func:`gnnpar.data.partition.metis_partition`)."""
     if parts <= 1:
         return torch.zeros(num_nodes, dtype=torch.long)
-    try:  # the shared partitioner, when the data-parallel work provides it
-        from gnnpar.data.partition import metis_partition  # type: ignore[attr-defined]
-
-        return torch.as_tensor(
-            metis_partition(edge_index, num_nodes, parts, seed), dtype=torch.long
-        )
-    except ImportError:
-        pass
-    import pymetis
-
-    src, dst = edge_index
-    keep = src != dst
-    both = torch.cat([torch.stack([src[keep], dst[keep]]), torch.stack([dst[keep], src[keep]])], 1)
-    both = torch.unique(both[0] * num_nodes + both[1])
-    src, dst = both // num_nodes, both % num_nodes  # sorted by source: CSR order
-    xadj = torch.zeros(num_nodes + 1, dtype=torch.long)
-    xadj[1:] = torch.cumsum(torch.bincount(src, minlength=num_nodes), 0)
-    opts = pymetis.Options(seed=seed)
-    _, membership = pymetis.part_graph(parts, xadj=xadj.tolist(), adjncy=dst.tolist(), options=opts)
-    return torch.as_tensor(membership, dtype=torch.long)
+    return metis_partition(edge_index, num_nodes, parts, seed).long()
 
 
 def split_targets(

@@ -36,6 +36,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
 from gnnpar import UsageError
+from gnnpar.data import csr
 from gnnpar.data.cache import exclusive_lock
 
 FORMAT_VERSION = 1
@@ -63,9 +64,7 @@ def symmetric_csr(edge_index: torch.Tensor, num_nodes: int) -> tuple[np.ndarray,
     src, dst = src[keep], dst[keep]
     key = torch.cat([src * num_nodes + dst, dst * num_nodes + src]).unique()  # sorted by row
     rows, cols = key // num_nodes, key % num_nodes
-    indptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=num_nodes), 0)
-    return indptr.numpy(), cols.numpy()
+    return csr.indptr(rows, num_nodes).numpy(), cols.numpy()
 
 
 def metis_partition(
@@ -161,8 +160,7 @@ def build_partitioned(data: Data, part: torch.Tensor, num_parts: int) -> Partiti
     order = torch.argsort(dst * n + src)
     src, dst = src[order], dst[order]
     edge_part = part[n_id[dst]] if dst.numel() else dst
-    edge_ptr = torch.zeros(num_parts + 1, dtype=torch.long)
-    edge_ptr[1:] = torch.cumsum(torch.bincount(edge_part, minlength=num_parts), 0)
+    edge_ptr = csr.indptr(edge_part, num_parts)
     start = node_ptr[edge_part]
     tensors = {
         "part": part,

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gnnpar.data.csr import indptr
+
 _UNSEEN = torch.iinfo(torch.long).max
 
 
@@ -66,10 +68,7 @@ class CSRGraph:
         src, dst = edge_index[0].long(), edge_index[1].long()
         # stable sort keeps the original order of a node's neighbours (deterministic batches)
         order = torch.sort(dst, stable=True).indices
-        counts = torch.bincount(dst, minlength=num_nodes)
-        rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-        torch.cumsum(counts, 0, out=rowptr[1:])
-        return cls(rowptr, src[order].contiguous())
+        return cls(indptr(dst, num_nodes), src[order].contiguous())
 
     def share_memory_(self) -> CSRGraph:
         self.rowptr.share_memory_()

@@ -41,6 +41,7 @@ from torch_geometric.nn import GATConv
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import softmax
 
+from gnnpar.data.csr import indptr
 from gnnpar.models.base import BlockModel, output_head
 
 # Inputs with at most this fraction of non-zeros take the sparse path. At Cora's 1.3% the CSR
@@ -75,11 +76,9 @@ class CSRPlan:
     def from_dense(cls, x: torch.Tensor) -> CSRPlan:
         n, f = x.shape
         row, col = x.nonzero(as_tuple=True)  # row-major order: already CSR order
-        crow = torch.zeros(n + 1, dtype=torch.long, device=x.device)
-        crow[1:] = torch.bincount(row, minlength=n).cumsum(0)
+        crow = indptr(row, n)
         t_perm = torch.argsort(col * n + row)
-        t_crow = torch.zeros(f + 1, dtype=torch.long, device=x.device)
-        t_crow[1:] = torch.bincount(col, minlength=f).cumsum(0)
+        t_crow = indptr(col, f)
         return cls(crow, col, x[row, col], (n, f), t_crow, row[t_perm], t_perm)
 
     def matrix(self, values: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,15 @@
+"""Compressed sparse rows: the one helper every CSR in gnnpar is built with."""
+
+from __future__ import annotations
+
+import torch
+
+
+def indptr(rows: torch.Tensor, size: int) -> torch.Tensor:
+    """Row offsets of a row-sorted entry list: entries of row ``i`` are ``ptr[i]:ptr[i + 1]``.
+
+    ``rows`` holds each entry's row in ``[0, size)`` (sorted or not: only the counts matter).
+    """
+    ptr = torch.zeros(size + 1, dtype=torch.long, device=rows.device)
+    torch.cumsum(torch.bincount(rows, minlength=size), 0, out=ptr[1:])
+    return ptr
