@@ -80,6 +80,15 @@ def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, deadline_s
     raise AssertionError(f"no {steps} steps in {metrics} within {deadline_s} s")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_data_root(tmp_path_factory):
+    """$GNNPAR_DATA -> a temporary folder for the whole session: no test reads or writes the
+    user's real dataset cache (subprocesses inherit it; a test may still pass --data-root)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GNNPAR_DATA", str(tmp_path_factory.mktemp("gnnpar-data")))
+        yield
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -68,6 +68,7 @@ TOML_VALUES = {
     "weight-decay": "0.0",
     "out": '"/tmp/gnnpar-test-out"',
     "quiet": "true",
+    "tensorboard": "true",
 }
 
 
@@ -111,7 +112,7 @@ def test_the_flag_table_covers_every_key_and_names_known_choices():
     assert set(COMMON_KEYS) == {
         "dataset", "data-root", "model", "hidden", "layers", "dropout", "strategy", "workers",
         "optimizer", "lr", "weight-decay", "epochs", "seed", "out", "quiet", "eval-every",
-        "max-steps", "threads", "timeout",
+        "max-steps", "threads", "timeout", "tensorboard",
     }  # fmt: skip
     for uses in USED_BY.values():
         for use in uses:

@@ -5,6 +5,11 @@ Quick start (one process, bundled Cora)::
     gnnpar train --dataset cora --model gat --strategy sequential --out runs/gat
     gnnpar bench                      # the quick tour: every strategy on bundled Cora
     gnnpar datasets                   # what is available offline
+    gnnpar predict RUN_DIR            # per-node predictions of a run's saved model
+
+    import gnnpar
+    run = gnnpar.fit(data, model="gcn", strategy="allreduce", workers=2, partitions=8)
+    run.model(data.x, data.edge_index)  # logits; gnnpar.load(run.out) gives it back later
 
 See README.md for multi-process (``--workers N``) and multi-machine (``torchrun``) use.
 """
@@ -19,6 +24,15 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``gnnpar.fit``, ``gnnpar.load``, ``gnnpar.FitResult``: imported on first use (torch)."""
+    if name in ("fit", "load", "FitResult"):
+        from gnnpar import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'gnnpar' has no attribute {name!r}")
 
 
 class UsageError(Exception):

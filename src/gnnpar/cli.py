@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--config", help=FLAG_HELP["config"])
     for key in KEYS:
-        if key == "quiet":
-            t.add_argument("--quiet", action="store_true", default=None, help="no progress display")
+        if key in ("quiet", "tensorboard"):
+            what = {"quiet": "no progress display", "tensorboard": FLAG_HELP.get("tensorboard")}
+            t.add_argument(f"--{key}", action="store_true", default=None, help=what[key])
             continue
         t.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key))
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
@@ -106,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="output folder (default runs/bench-<suite>)")
     b.add_argument("--data-root", default=None)
     b.add_argument("--quiet", action="store_true")
+    pr = sub.add_parser("predict", help="per-node predictions and scores of a finished run's model")
+    pr.add_argument("run", metavar="RUN_DIR", help="a run's folder (holds model.pt)")
+    pr.add_argument("--dataset", default=None, help="another graph (default: the run's dataset)")
+    pr.add_argument("--out", default=None, help="FILE: writes FILE.pt and FILE.csv")
+    pr.add_argument("--data-root", default=None, help="default: the run's")
     d = sub.add_parser("datasets", help="list datasets and whether they are available offline")
     d.add_argument("--data-root", default=None, help="folder holding <name>/ (default: see list)")
     return p
@@ -121,8 +127,18 @@ def main(argv: list[str] | None = None) -> int:
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
             cfg = build_config(args.config, flags)
             result = run(cfg)
-            if result is not None and not cfg.run.quiet:
-                _print_summary(result)
+            if result is not None:
+                if not cfg.run.quiet:
+                    _print_summary(result)
+                print(f"gnnpar: result.json, model.pt and metrics.jsonl in {cfg.run.out}")
+            return 0
+        if args.command == "predict":
+            from gnnpar.predict import predict
+
+            p = predict(args.run, args.dataset, args.out, args.data_root)
+            scores = "  ".join(f"{k} {v:.4f}" for k, v in p["scores"].items()) or "no split masks"
+            print(f"{p['dataset']}: {p['nodes']} predictions; {scores}")
+            print(f"gnnpar: predictions in {' and '.join(p['files'])}")
             return 0
         if args.command == "bench":
             from gnnpar.bench import run_suite

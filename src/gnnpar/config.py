@@ -100,6 +100,7 @@ class RunConfig:
     seed: int = 0
     out: str | None = None
     quiet: bool = False
+    tensorboard: bool = False  # also write TensorBoard event files to <out>/tensorboard/
     eval_every: int = 1  # evaluate on val/test every N epochs (0: only at the end)
     max_steps: int | None = None  # cap on training steps per epoch (benchmarks)
     threads: int | None = None  # torch intra-op threads per process; None: cores / local ranks
@@ -163,6 +164,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "seed": ("run", "seed"),
     "out": ("run", "out"),
     "quiet": ("run", "quiet"),
+    "tensorboard": ("run", "tensorboard"),
     "eval-every": ("run", "eval_every"),
     "max-steps": ("run", "max_steps"),
     "threads": ("run", "threads"),
@@ -291,12 +293,12 @@ def check_used(cfg: Config, given: Mapping[str, str]) -> None:
 
     Needs a known --dataset, --model and --strategy (validate() checks those first).
     """
-    from gnnpar.data.datasets import REGISTRY  # local: config must not import torch at load
+    from gnnpar.data.datasets import dataset_kind  # local: config must not import torch at load
 
-    spec = REGISTRY[cfg.data.dataset]
+    kind, generated = dataset_kind(cfg.data.dataset)  # a user's own graph: a graph, not generated
     for key, source in given.items():
         uses = USED_BY.get(key, ())
-        missed = [_missed(u, cfg, spec.kind, spec.source == "generated") for u in uses]
+        missed = [_missed(u, cfg, kind, generated) for u in uses]
         if not uses or not all(missed):
             continue
         # the closest use; on a tie, one that keeps the user's strategy (blame the dataset)
@@ -558,12 +560,14 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
         if value not in allowed:
             bad(f"Unknown {flag} '{value}'. Choose one of: {', '.join(allowed)}.")
 
-    from gnnpar.data.datasets import REGISTRY  # local: config must not import torch at load
+    from gnnpar.data.datasets import dataset_kind  # local: config must not import torch at load
 
-    one_of(d.dataset, tuple(REGISTRY), "--dataset")
+    # a registered name, or the user's own graph (.pt file, OGB folder, module:function) that
+    # exists; else "Unknown --dataset" or "no such file"
+    kind, _ = dataset_kind(d.dataset)
     one_of(m.name, MODELS, "--model")
     one_of(s.name, STRATEGY_NAMES, "--strategy")
-    image = REGISTRY[d.dataset].kind == "image"
+    image = kind == "image"
     if image and m.name != "vig":
         bad(f"Dataset '{d.dataset}' holds images; only --model vig trains on it.")
     if not image and m.name == "vig":

@@ -123,6 +123,11 @@ class Progress:
             self._task = self._bar.add_task(description, total=total, info="")
             self._bar.start()
 
+    def log(self, line: str) -> None:
+        """A line above the bar (kept in the terminal's scroll-back, unlike the bar's info)."""
+        if self._bar is not None:
+            self._bar.console.print(line, highlight=False)
+
     def update(self, advance: int = 1, info: str = "") -> None:
         if self._bar is not None:
             self._bar.update(self._task, advance=advance, info=info)
@@ -146,7 +151,7 @@ def versions() -> dict[str, str]:
     import gnnpar
 
     return {
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "torch_geometric": torch_geometric.__version__,
         "gnnpar": gnnpar.__version__,
         "python": platform.python_version(),

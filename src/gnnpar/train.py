@@ -15,16 +15,21 @@ torchrun) then starts N local ranks through torch's elastic launcher; each runs
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from gnnpar import dist, launch
+from gnnpar import UsageError, collectives, dist, launch
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.loop import Outcome, train
 from gnnpar.metrics import machine, score_name, summarize, versions, write_result
+from gnnpar.model_io import save_model
 from gnnpar.parallel_dims import ParallelDims
 from gnnpar.strategies import STRATEGIES
 
@@ -33,18 +38,51 @@ def prepare(cfg: Config) -> ParallelDims:
     """The run's parallel degrees, and every check of the strategy that needs no data."""
     dims = ParallelDims.for_run(cfg)
     STRATEGIES[cfg.strategy.name].check(cfg, dims)
+    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise UsageError(
+            "--tensorboard needs the tensorboard package, which is not installed: "
+            "pip install tensorboard (or gnnpar[tensorboard]), or drop --tensorboard."
+        )
     return dims
 
 
+def default_out(cfg: Config) -> str:
+    """``runs/<YYYYmmdd-HHMMSS>-<dataset>-<model>-<strategy>``."""
+    dataset = Path(cfg.data.dataset.rstrip("/")).stem.replace(":", "-") or "data"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(Path("runs") / f"{stamp}-{dataset}-{cfg.model.name}-{cfg.strategy.name}")
+
+
+def check_out(out: str) -> None:
+    """The output folder can be created and written, before any training starts."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise UsageError(
+            f"--out {out} cannot be written ({e.strerror or e}); choose a writable folder."
+        ) from None
+
+
 def run(cfg: Config) -> dict[str, Any] | None:
-    """Entry point of ``gnnpar train``: launch local ranks if asked, else train in this process."""
+    """Entry point of ``gnnpar train``: launch local ranks if asked, else train in this process.
+
+    Without ``--out`` the run goes to :func:`default_out`; the folder is checked first."""
     dims = prepare(cfg)
+    if cfg.run.out is None and not dist.launched_by_torchrun():
+        cfg.run.out = default_out(cfg)
+    if cfg.run.out is not None:
+        check_out(cfg.run.out)
     if dims.world > 1 and not dist.launched_by_torchrun():
         outputs = launch.launch(
             _rank_main, (cfg.to_dict(),), dims.world, cfg.strategy.timeout_s, cfg.run.threads
         )
         return outputs.get(0)
-    return run_rank(cfg)
+    return run_rank(cfg, default_folder=True)
 
 
 def _rank_main(cfg_dict: dict[str, Any], log_dir: str) -> dict[str, Any] | None:
@@ -59,16 +97,23 @@ def set_threads(cfg: Config, local_world: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_rank(cfg: Config) -> dict[str, Any] | None:
-    """One rank of the run: join the group, load the data, train, write result.json (rank 0)."""
+def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None:
+    """One rank of the run: join the group, load the data, train, write result.json and
+    model.pt (rank 0). ``default_folder``: without --out, use rank 0's :func:`default_out`."""
     ctx = dist.setup(cfg.strategy.timeout_s)
     try:
+        if cfg.run.out is None and default_folder:  # torchrun: each rank would stamp its own
+            cfg.run.out = collectives.broadcast_object(default_out(cfg))
+            if ctx.is_main:
+                check_out(cfg.run.out)
         set_threads(cfg, ctx.local_world_size)
         ds = load_dataset(cfg.data.dataset, cfg.data.data_root, cfg.data.scale, cfg.run.seed)
         outcome = train_rank(cfg, ds, ctx)
-        result = build_result(cfg, outcome, ds.multilabel, ctx.world_size)
+        result = build_result(cfg, outcome, ds, ctx.world_size)
         if ctx.is_main and cfg.run.out:
-            write_result(result, cfg.run.out)
+            out = Path(cfg.run.out)
+            save_model(out / "model.pt", outcome.model, cfg, ds, result)
+            write_result(result, out)
         return result if ctx.is_main else None
     finally:
         dist.teardown()
@@ -78,10 +123,11 @@ def train_rank(cfg: Config, ds, ctx: dist.DistContext) -> Outcome:
     """The strategy's plan for this rank, trained by the one loop."""
     dims = prepare(cfg)
     plan = STRATEGIES[cfg.strategy.name].build(cfg, ds, ctx, dims)
+    plan.device = plan.device or ctx.device
     return train(cfg, plan)
 
 
-def build_result(cfg: Config, o: Outcome, multilabel: bool, world_size: int) -> dict[str, Any]:
+def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:
     result: dict[str, Any] = {
         "dataset": cfg.data.dataset,
         "model": cfg.model.name,
@@ -94,13 +140,14 @@ def build_result(cfg: Config, o: Outcome, multilabel: bool, world_size: int) -> 
         "partition_time_s": o.partition_time_s,
         "step_time_s": summarize(o.step_times),
         "test_step_time_s": summarize(o.test_step_times),
-        "score_name": score_name(multilabel),
+        "score_name": score_name(ds.multilabel),
         "test_score": o.test_score,
         "val_score": o.val_score,
         "per_worker_batches": o.per_worker_batches,
         "loss_curve": o.loss_curve,
         "versions": versions(),
         "machine": machine(),
+        "dataset_info": getattr(ds, "info", {}),
     }
     result.update(o.extra)
     return result

@@ -13,6 +13,9 @@ the folder, and where to obtain them (the CLI exits 2).
   ``<data_root>/cache/<name>/`` and memory-mapped from there (cache.py).
 - generated: synthetic-reddit, synthetic-amazon, synthetic-cifar10 (synthetic.py), cached in
   ``<data_root>/cache/<name>-scale<F>-seed<S>/``.
+- your own graph (user.py): ``--dataset FILE.pt``, an OGB-layout folder, or ``module:function``;
+  cached by content in ``<data_root>/cache/user-<sha256[:20]>/``. A registered name always wins:
+  write ``./cora`` for a folder called cora.
 
 Tensors loaded from the cache are memory-mapped (read-only in spirit, copy-on-write if written):
 ranks on one machine share one copy through the page cache. Multi-label ``y`` is uint8 0/1.
@@ -24,14 +27,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch_geometric.data import Data
 
 from gnnpar import UsageError
-from gnnpar.data import readers, synthetic
+from gnnpar.data import readers, synthetic, user
 from gnnpar.data.cache import cached, fingerprint
 
 BUNDLED = Path(__file__).parent / "planetoid"
@@ -43,6 +47,9 @@ class GraphDataset:
     data: Data  # x [N, F] float32, edge_index [2, E] long, y [N] long or [N, C] uint8 (multilabel)
     num_classes: int
     multilabel: bool = False
+    # What result.json and model.pt record about a user's graph (user.py): source, fingerprint,
+    # directed, split, split_counts, num_nodes, num_edges. Empty for the registered datasets.
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_nodes(self) -> int:
@@ -344,8 +351,31 @@ REGISTRY: dict[str, DatasetSpec] = {
 }
 
 
+def unknown_dataset(name: str, flag: str = "dataset") -> str:
+    return (
+        f"Unknown {flag} '{name}'. Choose one of: {', '.join(REGISTRY)}; or give your own graph: "
+        f"{user.FORMS} (see `gnnpar datasets`)."
+    )
+
+
+def dataset_kind(name: str) -> tuple[str, bool]:
+    """(kind, generated) of ``--dataset name`` without loading it: ("graph" | "image", whether
+    gnnpar generates it). Checks that a user's file or folder exists (or that the module of
+    ``module:function`` can be found); UsageError for those and for unknown names."""
+    if name in REGISTRY:
+        return REGISTRY[name].kind, REGISTRY[name].source == "generated"
+    if user.is_user_source(name):
+        user.check_source(name)
+        return "graph", False
+    raise UsageError(unknown_dataset(name, "--dataset"))
+
+
 def load_dataset(name: str, root: str | Path, scale: float = 1.0, seed: int = 0) -> Loaded:
-    if name not in REGISTRY:
-        raise UsageError(f"Unknown dataset '{name}'. Choose one of: {', '.join(REGISTRY)}.")
-    spec = REGISTRY[name]
-    return spec.loader(Path(root), scale, seed)
+    """A registered dataset by name, or the user's own graph (a .pt file, an OGB-layout folder,
+    or module:function; user.py). ``scale`` applies to generated datasets only; ``seed`` to
+    generated ones and to the split of a user graph given without masks."""
+    if name in REGISTRY:
+        return REGISTRY[name].loader(Path(root), scale, seed)
+    if user.is_user_source(name):
+        return user.load_user_graph(name, Path(root), seed)
+    raise UsageError(unknown_dataset(name))

@@ -78,3 +78,27 @@ def print_datasets(root: Path | str | None = None) -> None:
         console.print("Where to get the missing files (place them in the folder shown above):")
         for spec in absent:
             console.print(f"  {spec.name}: {spec.obtain}", overflow="fold")
+    console.print(own_graph_text(root), overflow="fold", highlight=False, markup=False)
+
+
+def own_graph_text(root: Path) -> str:
+    """The "Your own graph" paragraph of `gnnpar datasets` (the forms user.py accepts)."""
+    count = len(list((root / "cache").glob("user-*/meta.json"))) if root.is_dir() else 0
+    cached = f"; {count} cached there now" if count else ""
+    return f"""
+Your own graph: --dataset takes, instead of a name,
+  FILE.pt          a torch.save'd PyG Data (or a one-graph InMemoryDataset, [data], a dict) with
+                   x [N, F], edge_index [2, E], y [N] class indices or [N, C] 0/1 (multi-label),
+                   optionally all of train_mask, val_mask, test_mask (bool [N])
+  FOLDER           OGB node-property layout under any name: raw/edge.csv.gz, raw/node-feat.csv.gz,
+                   raw/node-label.csv.gz, split/<name>/{{train,valid,test}}.csv.gz (one split folder)
+  module:function  function() from module (the current folder comes first on sys.path) returns a Data
+Without masks (or split/), nodes are split 60/20/20 within each class, seeded by --seed. Edges are
+kept as given: a directed graph stays directed, messages flow edge_index[0] -> edge_index[1] (the
+ogbn-* datasets above are made symmetric). Each graph is converted once into
+{root / "cache"}/user-<sha256>/ (keyed by content, not name{cached}) and memory-mapped
+by every local rank. Only load .pt files you trust: reading a Data unpickles it.
+Example:
+  python -c "import torch; from torch_geometric.data import Data; torch.save(Data(x=torch.randn(100, 8),
+      edge_index=torch.randint(0, 100, (2, 400)), y=torch.randint(0, 3, (100,))), 'my.pt')"
+  gnnpar train --dataset my.pt --model gcn --workers 2 --strategy allreduce --partitions 4"""

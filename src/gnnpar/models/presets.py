@@ -17,12 +17,12 @@ FALLBACK: dict[str, Any] = dict(
 )
 
 STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
+    # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, wd 5e-4, 200 epochs
+    "gcn": dict(hidden=16, layers=2, heads=1, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200),
     # study 001: GAT 8x8, dropout 0.6, Adam lr 0.005, wd 5e-4, 300 epochs
     "gat": dict(hidden=8, layers=2, heads=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=300),
     # study 002: 3 layers x 16, 1 head, dropout 0.6, Adam lr 5e-3, wd 5e-4
     "gat3": dict(hidden=16, layers=3, heads=1, dropout=0.6, lr=5e-3, weight_decay=5e-4, epochs=20),
-    # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, wd 5e-4, 200 epochs
-    "gcn": dict(hidden=16, layers=2, heads=1, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200),
     # study 002: 3 x 256 dropout 0.5; study 003: 2 hidden layers (3 convs) 128/512, lr 1e-2
     "sage": dict(hidden=256, layers=3, heads=1, dropout=0.5, lr=5e-3, weight_decay=5e-4, epochs=20),
     # study 000: 8 ViG blocks of C = 107 channels (138K parameters each, see models/vig.py);

@@ -61,6 +61,12 @@ class PipelineStep:
         )
         return make_schedule(stage, self.M, loss, cfg.strategy.schedule), module
 
+    def stage_state(self) -> dict[str, torch.Tensor]:
+        """This stage's entries of the whole model's state dict (its blocks, stem or head)."""
+        mine = {id(t) for t in (*self.train_mod.parameters(), *self.train_mod.buffers())}
+        state = self.model.state_dict(keep_vars=True)
+        return {k: v.detach().clone() for k, v in state.items() if id(v) in mine}
+
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.train_mod.parameters() if p.requires_grad]
 

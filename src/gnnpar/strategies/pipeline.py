@@ -106,7 +106,14 @@ class Pipeline:
         def finish() -> Final:
             payload, times = step.evaluate(job)
             evals.append(times)
-            everyone = collectives.gather_to_all((place.replica, place.last, payload, evals))
+            # every stage's trained weights (replica 0's: the copies are identical), so that
+            # each rank ends holding the whole trained model (model.pt, gnnpar.load)
+            weights = step.stage_state() if place.replica == 0 else {}
+            everyone = collectives.gather_to_all(
+                (place.replica, place.last, payload, evals, weights)
+            )
+            joined = {k: v for e in everyone for k, v in e[4].items()}
+            model.load_state_dict(joined)
             lasts = sorted((e for e in everyone if e[1]), key=lambda e: e[0])
             scores = job.scores([e[2] for e in lasts])
             # an evaluation lasts until the slowest stage of replica 0 (which splits it) is done
