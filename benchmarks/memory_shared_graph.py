@@ -22,6 +22,16 @@ caches first, so the measured runs only read them, as every run after the first 
     .venv/bin/python benchmarks/memory_shared_graph.py                     # full size, 4 ranks
     .venv/bin/python benchmarks/memory_shared_graph.py --scale 0.1 --reps 3
     .venv/bin/python benchmarks/memory_shared_graph.py --strategy gossip   # with final-model choice
+
+Your own graph (issue 10: a user graph of ~1M edges, 4 local ranks <= 1.3x one rank's summed
+peak PSS): ``--dataset PATH.pt`` trains on a saved PyG ``Data`` instead (``--scale`` does not
+apply to it); ``--generate NODES,EDGES,FEATURES,CLASSES`` first writes such a file at PATH (a
+seeded random graph: directed edges, no masks, so gnnpar draws the stratified split) unless
+it exists. The warm-up run converts the file into gnnpar's content-keyed cache, which the
+measured runs then memory-map, as for the bundled graphs::
+
+    .venv/bin/python benchmarks/memory_shared_graph.py --dataset /tmp/user1m.pt \
+        --generate 50000,1000000,64,10 --partitions 8 --reps 2
 """
 
 from __future__ import annotations
@@ -73,10 +83,33 @@ def read_kib(path: str, field: str) -> int | None:
     return None
 
 
+def is_user_graph(dataset: str) -> bool:
+    return dataset.lower().endswith((".pt", ".pth"))
+
+
+def make_user_graph(path: Path, spec: str, seed: int = 0) -> None:
+    """Write a random PyG ``Data`` (NODES,EDGES,FEATURES,CLASSES; directed edges, no masks)."""
+    import torch
+    from torch_geometric.data import Data
+
+    nodes, edges, features, classes = (int(v) for v in spec.split(","))
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (nodes,), generator=g)
+    # features carry the class (a noisy one-hot block), so the run also learns something
+    x = torch.randn(nodes, features, generator=g)
+    x[torch.arange(nodes), y % features] += 2.0
+    edge_index = torch.randint(0, nodes, (2, edges), generator=g)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(Data(x=x, edge_index=edge_index, y=y), path)
+
+
 def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
+    if is_user_graph(args.dataset):  # a user graph has no --scale
+        data = ["--dataset", str(Path(args.dataset).resolve())]
+    else:
+        data = ["--dataset", args.dataset, "--scale", str(args.scale)]
     cmd = [
-        sys.executable, "-m", "gnnpar", "train",
-        "--dataset", "synthetic-reddit", "--scale", str(args.scale), "--model", "sage",
+        sys.executable, "-m", "gnnpar", "train", *data, "--model", "sage",
         "--strategy", args.strategy, "--partitions", str(args.partitions),
         "--workers", str(workers), "--epochs", "1", "--max-steps", str(args.steps),
         "--eval-every", "0", "--quiet", "--data-root", args.data_root, "--out", str(out),
@@ -121,7 +154,18 @@ def cache_state(data_root: str) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument(
+        "--dataset",
+        default="synthetic-reddit",
+        help="a bundled dataset name, or PATH.pt: a saved PyG Data (a user graph)",
+    )
+    p.add_argument(
+        "--generate",
+        default=None,
+        metavar="NODES,EDGES,FEATURES,CLASSES",
+        help="with --dataset PATH.pt: write a random graph of this size there first (if absent)",
+    )
+    p.add_argument("--scale", type=float, default=1.0, help="bundled datasets only")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--partitions", type=int, default=40)
     p.add_argument("--steps", type=int, default=3, help="training steps per rank (allreduce)")
@@ -137,6 +181,14 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write the measurements here as JSON")
     p.add_argument("--skip-warmup", action="store_true", help="the caches are already built")
     args = p.parse_args()
+    user = is_user_graph(args.dataset)
+    if args.generate:
+        if not user:
+            p.error("--generate needs --dataset PATH.pt")
+        if not Path(args.dataset).exists():
+            make_user_graph(Path(args.dataset), args.generate)
+    # issue 10 asks <= 1.3x for a user graph; issue 3 asked <= 1.5x for the bundled ones
+    target = 1.3 if user else 1.5
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_warmup:
             print("warm-up (builds the dataset and partition caches; not measured)", flush=True)
@@ -155,7 +207,10 @@ def main() -> None:
     }
     one, many = med[1], med[args.workers]
     summary = {
-        "scale": args.scale,
+        "dataset": args.dataset,
+        "generated": args.generate,
+        "partitions": args.partitions,
+        "scale": None if user else args.scale,
         "strategy": args.strategy,
         "workers": args.workers,
         "reps": args.reps,
@@ -174,8 +229,8 @@ def main() -> None:
         f"{many['peak_of_sum_pss_gib']:.2f} |\n"
         f"| ratio | {summary['ratio_sum_peak_pss']:.2f}x | {summary['ratio_sum_peak_rss']:.2f}x | "
         f"{summary['ratio_peak_of_sum_pss']:.2f}x |\n"
-        f"\ntarget: sum of peak PSS of {args.workers} ranks <= 1.5x one rank: "
-        f"{'met' if summary['ratio_sum_peak_pss'] <= 1.5 else 'NOT met'}"
+        f"\ntarget: sum of peak PSS of {args.workers} ranks <= {target}x one rank: "
+        f"{'met' if summary['ratio_sum_peak_pss'] <= target else 'NOT met'}"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=1))

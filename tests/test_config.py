@@ -69,6 +69,7 @@ TOML_VALUES = {
     "out": '"/tmp/gnnpar-test-out"',
     "quiet": "true",
     "tensorboard": "true",
+    "resume": "false",
 }
 
 
@@ -112,7 +113,8 @@ def test_the_flag_table_covers_every_key_and_names_known_choices():
     assert set(COMMON_KEYS) == {
         "dataset", "data-root", "model", "hidden", "layers", "dropout", "strategy", "workers",
         "optimizer", "lr", "weight-decay", "epochs", "seed", "out", "quiet", "eval-every",
-        "max-steps", "threads", "timeout", "tensorboard",
+        "max-steps", "threads", "timeout", "tensorboard", "checkpoint-every", "resume",
+        "max-restarts",
     }  # fmt: skip
     for uses in USED_BY.values():
         for use in uses:

@@ -65,6 +65,12 @@ FLAG_HELP = {
     "max-steps": "at most this many training steps per epoch",
     "eval-every": "evaluate every N epochs (0: only at the end)",
     "threads": "torch threads per process",
+    "tensorboard": "also write TensorBoard event files to <out>/tensorboard/",
+    "checkpoint-every": "write a checkpoint every N epochs to <out>/checkpoints/ (last 2 kept)",
+    "checkpoint-every-steps": "write a checkpoint every N training steps",
+    "resume": "continue the run in --out from its newest good checkpoint",
+    "max-restarts": "restart the ranks up to N times when one fails; they resume from the "
+    "newest checkpoint",
 }
 
 
@@ -90,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--config", help=FLAG_HELP["config"])
     for key in KEYS:
-        if key in ("quiet", "tensorboard"):
-            what = {"quiet": "no progress display", "tensorboard": FLAG_HELP.get("tensorboard")}
-            t.add_argument(f"--{key}", action="store_true", default=None, help=what[key])
+        if key in ("quiet", "tensorboard", "resume"):
+            what = {"quiet": "no progress display"}.get(key, FLAG_HELP.get(key))
+            t.add_argument(f"--{key}", action="store_true", default=None, help=what)
             continue
         t.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key))
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")

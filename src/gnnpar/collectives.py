@@ -46,6 +46,11 @@ class WaitClock:
             self.seconds += time.perf_counter() - t0
 
 
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
 def flat_grads(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     """All gradients in one flat buffer (zeros where a parameter has no gradient)."""
     return parameters_to_vector(

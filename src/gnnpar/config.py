@@ -104,6 +104,10 @@ class RunConfig:
     eval_every: int = 1  # evaluate on val/test every N epochs (0: only at the end)
     max_steps: int | None = None  # cap on training steps per epoch (benchmarks)
     threads: int | None = None  # torch intra-op threads per process; None: cores / local ranks
+    checkpoint_every: int = 0  # epochs between checkpoints (0: none)
+    checkpoint_every_steps: int = 0  # steps between checkpoints (0: none)
+    resume: bool = False  # continue from the newest good checkpoint in --out
+    max_restarts: int = 0  # the elastic agent restarts failed ranks this often (they resume)
 
 
 @dataclass
@@ -168,6 +172,10 @@ KEYS: dict[str, tuple[str, str]] = {
     "eval-every": ("run", "eval_every"),
     "max-steps": ("run", "max_steps"),
     "threads": ("run", "threads"),
+    "checkpoint-every": ("run", "checkpoint_every"),
+    "checkpoint-every-steps": ("run", "checkpoint_every_steps"),
+    "resume": ("run", "resume"),
+    "max-restarts": ("run", "max_restarts"),
 }
 
 SECTIONS: dict[str, type] = {
@@ -233,6 +241,8 @@ USED_BY: dict[str, tuple[Use, ...]] = {
         Use(("sampled",)),
         Use(("sequential", "pipeline", "hybrid"), kinds=("image",)),
     ),
+    # gossip ranks reach no common step, only epoch ends (they take from a shared pool)
+    "checkpoint-every-steps": (Use(("sequential", "allreduce", "pipeline", "hybrid", "sampled")),),
 }
 COMMON_KEYS = tuple(k for k in KEYS if k not in USED_BY)
 
@@ -632,3 +642,12 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
         bad(f"--max-steps must be at least 1, got {r.max_steps}.")
     if r.threads is not None and r.threads < 1:
         bad(f"--threads must be at least 1, got {r.threads}.")
+    for flag, v in (
+        ("--checkpoint-every", r.checkpoint_every),
+        ("--checkpoint-every-steps", r.checkpoint_every_steps),
+        ("--max-restarts", r.max_restarts),
+    ):
+        if v < 0:
+            bad(f"{flag} must be >= 0, got {v}.")
+    if r.resume and not r.out:
+        bad("--resume continues the run in --out: pass --out RUN_DIR (the folder to continue).")

@@ -6,7 +6,7 @@
 
 ``gnnpar train --workers N`` calls :func:`launch` with :func:`gnnpar.train.run_rank`'s wrapper:
 one elastic agent in this process (``torch.distributed.launcher.api.elastic_launch``, c10d
-rendezvous on a free localhost port, no restarts) starts the ranks, which run exactly what a
+rendezvous on a free localhost port, restarts only with --max-restarts) starts the ranks, which run exactly what a
 torchrun rank runs, so ranks coordinate only through torch.distributed (process group and its
 TCP store): nothing here is shared between ranks but the environment torch's launcher sets.
 
@@ -59,6 +59,7 @@ def launch(
     nprocs: int,
     timeout_s: float,
     threads: int | None = None,
+    max_restarts: int = 0,
 ) -> dict[int, Any]:
     """Run ``fn(*args, log_dir)`` on ``nprocs`` local ranks; return {rank: return value}.
 
@@ -78,7 +79,9 @@ def launch(
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         rdzv_configs={"timeout": timeout, "join_timeout": timeout},
-        max_restarts=0,  # a failed rank fails the run: no silent retries
+        # a failed rank fails the run, unless restarts were asked for: then the agent starts
+        # every rank again (they resume from the newest checkpoint, train.checkpointer)
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),

@@ -28,19 +28,17 @@ partitioning and set-up excluded).
 
 from __future__ import annotations
 
-import json
-import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from gnnpar import collectives
+from gnnpar.checkpoint import Checkpointer, Resumed
 from gnnpar.config import Config
-from gnnpar.metrics import Progress, summarize
+from gnnpar.metrics import MetricsLog, Progress, epoch_line, peak_memory, summarize
 from gnnpar.straggler import Straggler
 from gnnpar.sync import NoSync, Sync
 
@@ -120,6 +118,14 @@ class RankLog:
         self.loss_sum = [0.0] * self.epochs
         self.loss_count = [0] * self.epochs
 
+    def restore(self, saved: dict[str, Any]) -> None:
+        """A checkpoint's log; a resumed run may train more epochs than the one it continues."""
+        for key, value in saved.items():
+            setattr(self, key, value)
+        grow = max(0, self.epochs - len(self.loss_sum))
+        self.loss_sum += [0.0] * grow
+        self.loss_count += [0] * grow
+
     def record(self, epoch: int, loss: float | None, has_batch: bool, wait: float, compute: float):
         """One step: its loss (None where not seen), data wait, and compute without sync."""
         if not self.step_times:
@@ -134,102 +140,48 @@ class RankLog:
             self.step_losses.append(loss)
 
 
-class MetricsLog:
-    """``<out>/metrics.jsonl``, written as training goes (one JSON record per line, flushed), so
-    a killed run keeps its curve: ``{"event": "step", "epoch", "step", "loss", "time_s"}`` per
-    step, ``{"event": "epoch", "epoch", "loss", "val"?, "train_s"}`` per epoch, and
-    ``{"event": "final", ...scores}`` at the end. Only the rank that reports writes it."""
+def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
+    """Train ``plan`` for ``cfg.run.epochs`` epochs on this rank (collective across ranks).
 
-    def __init__(self, out: str | None, tensorboard: bool = False) -> None:
-        self.path = None if out is None else Path(out) / "metrics.jsonl"
-        self.file = None
-        self.tb_dir = None if out is None or not tensorboard else Path(out) / "tensorboard"
-        self.tb = None
-
-    def __enter__(self) -> MetricsLog:
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(self.path, "w", buffering=1)  # line-buffered: one write per record
-        if self.tb_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter  # checked at start: train.prepare
-
-            self.tb = SummaryWriter(str(self.tb_dir))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.tb is not None:
-            self.tb.close()
-
-    def write(self, record: dict) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-
-    def step(self, epoch: int, step: int, loss: float | None, seconds: float) -> None:
-        self.write({"event": "step", "epoch": epoch, "step": step, "loss": loss, "time_s": seconds})
-        if self.tb is not None and loss is not None:
-            self.tb.add_scalar("loss/step", loss, step)
-            self.tb.add_scalar("time/step_s", seconds, step)
-
-    def epoch(self, epoch: int, log: RankLog, scores: dict | None, device) -> dict:
-        """The epoch's record (also what the per-epoch line shows)."""
-        count = log.loss_count[epoch]
-        record = {"event": "epoch", "epoch": epoch, "train_s": log.train_s}
-        record["loss"] = log.loss_sum[epoch] / count if count else None
-        if scores is not None:
-            record["val"] = scores.get("val")
-        record.update(peak_memory(device))
-        self.write(record)
-        if self.tb is not None:
-            for key in ("loss", "val"):
-                if record.get(key) is not None:
-                    self.tb.add_scalar(f"{key}/epoch", record[key], epoch + 1)
-        return record
-
-    def final(self, scores: dict, train_s: float) -> None:
-        self.write({"event": "final", **scores, "train_s": train_s})
-        if self.tb is not None:
-            for key in ("val", "test"):
-                if isinstance(scores.get(key), float):
-                    self.tb.add_scalar(f"final/{key}", scores[key], 0)
-
-
-def peak_memory(device) -> dict[str, int]:
-    """This process's peak resident memory (and the accelerator's peak allocation) in bytes."""
-    peak = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    if device is not None and device.type == "cuda":
-        peak["cuda_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
-    return peak
-
-
-def epoch_line(record: dict, epochs: int) -> str:
-    """``epoch 3/20  loss 0.4123  val 0.812  12.3 s  peak 1.2 GiB``"""
-    parts = [f"epoch {record['epoch'] + 1}/{epochs}"]
-    if record.get("loss") is not None:
-        parts.append(f"loss {record['loss']:.4f}")
-    if record.get("val") is not None:
-        parts.append(f"val {record['val']:.3f}")
-    parts.append(f"{record['train_s']:.1f} s")
-    parts.append(f"peak {record['peak_rss_bytes'] / 2**30:.2f} GiB")
-    if "cuda_peak_bytes" in record:
-        parts.append(f"cuda {record['cuda_peak_bytes'] / 2**30:.2f} GiB")
-    return "  ".join(parts)
-
-
-def train(cfg: Config, plan: Plan) -> Outcome:
-    """Train ``plan`` for ``cfg.run.epochs`` epochs on this rank (collective across ranks)."""
+    With ``ckpt``: checkpoints every ``--checkpoint-every`` epochs / ``-steps`` steps, and, when
+    the run resumes, first restores the newest good checkpoint and continues where it was."""
     r = cfg.run
     source, sync, opt = plan.source, plan.sync, plan.optimizer
     log = RankLog(plan.replica, r.epochs)
-    metrics = MetricsLog(r.out if plan.reporter else None, r.tensorboard)
     eval_times: list[float] = []
-    shown = 0
+    first_epoch = first_step = 0
+    resumed = _resume(cfg, plan, ckpt) if ckpt is not None and ckpt.resume else None
+    if resumed is not None:
+        log.restore({**resumed.loop["log"], "epochs": r.epochs})
+        eval_times, first_epoch, first_step = (
+            resumed.loop["eval_times"],
+            resumed.epoch,
+            resumed.step,
+        )
+
+    def save(epoch: int, step: int, partial_s: float = 0.0) -> None:
+        def state() -> dict:
+            return {
+                "log": {**vars(log), "train_s": log.train_s + partial_s},
+                "eval_times": eval_times,
+                "source": _state(source),
+                "sync": sync.state(),
+                "straggler": (plan.straggler.rng.getstate(), plan.straggler.delay_s),
+            }
+
+        sync.pause()  # gossip: finish pending exchanges, accept no more, before the barrier
+        ckpt.save(plan.model, opt, epoch, step, state, cfg.to_dict())
+        sync.unpause()
+
+    metrics = MetricsLog(r.out if plan.reporter else None, r.tensorboard, append=resumed)
+    shown = source.position
     with Progress(source.total_steps, plan.name, plan.reporter and not r.quiet) as bar, metrics:
-        for epoch in range(r.epochs):
+        bar.update(shown)
+        for epoch in range(first_epoch, r.epochs):
             sync.start_epoch()
             t_epoch = time.perf_counter()
             batches = source.epoch(epoch)
+            step = first_step if epoch == first_epoch else 0
             while True:
                 t0 = time.perf_counter()
                 batch = next(batches, StopIteration)
@@ -246,11 +198,14 @@ def train(cfg: Config, plan: Plan) -> Outcome:
                 sync.after_step(has_batch)
                 loss = None if loss is None else float(loss)  # waits for an accelerator
                 t2 = time.perf_counter()
+                step += 1
                 log.record(epoch, loss, has_batch, t1 - t0, t2 - t1 - (sync.wait_s - waited))
                 metrics.step(epoch, len(log.step_times), loss, t2 - t0)
                 info = f"epoch {epoch + 1} loss {loss:.4f}" if loss is not None else ""
                 bar.update(source.position - shown, f"{info} {sync.status()}".strip())
                 shown = source.position
+                if ckpt is not None and ckpt.due_step(len(log.step_times)):
+                    save(epoch, step, time.perf_counter() - t_epoch)
             sync.end_epoch()
             log.train_s += time.perf_counter() - t_epoch
             scores = None
@@ -261,12 +216,41 @@ def train(cfg: Config, plan: Plan) -> Outcome:
                 if scores is not None:
                     bar.update(0, f"epoch {epoch + 1} val {scores['val']:.3f}")
             bar.log(epoch_line(metrics.epoch(epoch, log, scores, plan.device), r.epochs))
+            if ckpt is not None and ckpt.due_epoch(epoch + 1) and not last:
+                save(epoch + 1, 0)
         t_end = time.perf_counter()
         sync.finish()
         log.train_s += time.perf_counter() - t_end
         final = plan.finish()
         metrics.final(final.scores, log.train_s)
-    return _outcome(plan, log, eval_times + final.eval_times, final)
+    outcome = _outcome(plan, log, eval_times + final.eval_times, final)
+    if ckpt is not None:
+        outcome.extra.update(ckpt.report(resumed))
+    return outcome
+
+
+def _state(part: Any) -> Any:
+    return part.state() if hasattr(part, "state") else None
+
+
+def _resume(cfg: Config, plan: Plan, ckpt: Checkpointer) -> Resumed | None:
+    """Restore the newest good checkpoint into the plan's parts (model, optimizer and random
+    generators: :meth:`Checkpointer.load`; source, sync and straggler here)."""
+    warn = print if plan.reporter else (lambda _: None)
+    resumed = ckpt.load(plan.model, plan.optimizer, lambda m: warn(f"gnnpar: {m}"))
+    if resumed is None:
+        return None
+    loop = resumed.loop
+    if loop["source"] is not None:
+        plan.source.load_state(loop["source"])
+    if hasattr(plan.source, "skip"):  # epochs made from (seed, epoch): pass over what was done
+        plan.source.skip = resumed.step
+    plan.sync.load_state(loop["sync"])
+    plan.straggler.rng.setstate(loop["straggler"][0])
+    plan.straggler.delay_s = loop["straggler"][1]
+    warn(f"gnnpar: resuming from {resumed.path} (epoch {resumed.epoch + 1}, step {resumed.step})")
+    collectives.barrier()  # e.g. the work pool's counter is restored before anybody takes
+    return resumed
 
 
 def _outcome(plan: Plan, log: RankLog, eval_times: list[float], final: Final) -> Outcome:

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch_geometric.data import Data
 
 from gnnpar import collectives
@@ -66,15 +67,55 @@ class ShuffledBatches:
         self.total_steps = epochs * self.steps
         self.position = 0
         self.gen = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+        self.done = 0  # batches of the current epoch's order yielded so far
 
     def epoch(self, epoch: int) -> Iterator[Data]:
-        order = torch.randperm(len(self.batches), generator=self.gen)[: self.steps].tolist()
-        for i in order:
+        if not 0 < self.done < len(self.order):  # a fresh epoch (not one resumed midway)
+            self.order = torch.randperm(len(self.batches), generator=self.gen)[: self.steps]
+            self.order, self.done = self.order.tolist(), 0
+        while self.done < len(self.order):
+            self.done += 1
             self.position += 1
-            yield self.batches[i]
+            yield self.batches[self.order[self.done - 1]]
+
+    def state(self) -> dict:
+        return {
+            "gen": self.gen.get_state(),
+            "order": self.order,
+            "done": self.done,
+            "pos": self.position,
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.gen.set_state(state["gen"])
+        self.order, self.done, self.position = state["order"], state["done"], state["pos"]
 
 
-class ImageBatches:
+class Resumable:
+    """A source whose epochs are functions of (seed, epoch) alone: resuming midway skips the
+    batches the checkpoint had done."""
+
+    position = 0
+    done = 0  # steps of the current epoch done
+    skip = 0  # on resume: steps of the resumed epoch to pass over (the loop sets it)
+
+    def state(self) -> dict:
+        return {"pos": self.position}
+
+    def load_state(self, state: dict) -> None:
+        self.position = state["pos"]
+
+    def _counted(self, items: Iterator) -> Iterator:
+        skip, self.skip, self.done = self.skip, 0, 0
+        for item in items:
+            self.done += 1
+            if self.done > skip:
+                self.position += 1
+                yield item
+
+
+class ImageBatches(Resumable):
     """``--batch-size`` images per step in a seeded order per epoch (seed + epoch)."""
 
     def __init__(self, ds, batch_size: int, epochs: int, seed: int, max_steps: int | None) -> None:
@@ -88,9 +129,7 @@ class ImageBatches:
         batches = image_batches(
             self.ds.train_x, self.ds.train_y, self.batch_size, self.seed + epoch
         )
-        for _, xy in zip(range(self.steps), batches):
-            self.position += 1
-            yield xy
+        return self._counted(xy for _, xy in zip(range(self.steps), batches))
 
 
 def assign_parts(num_parts: int, world: int, seed: int) -> list[list[int]]:
@@ -105,7 +144,7 @@ def epoch_order(parts: list[int], seed: int, epoch: int, rank: int) -> list[int]
     return [parts[i] for i in torch.randperm(len(parts), generator=g).tolist()]
 
 
-class DealtPartitions:
+class DealtPartitions(Resumable):
     """Subgraphs dealt once, statically: rank r owns ``perm[r::world]`` of a seeded permutation
     and trains them in a fresh seeded order each epoch. Every rank runs ``ceil(n / world)``
     steps (at most ``max_steps``); a rank with one subgraph fewer yields None at the last."""
@@ -119,9 +158,10 @@ class DealtPartitions:
 
     def epoch(self, epoch: int) -> Iterator[Data | None]:
         order = epoch_order(self.mine, self.seed, epoch, self.rank)
-        for i in range(self.steps):
-            self.position += 1
-            yield self.graph.batch(order[i]).to(self.device) if i < len(order) else None
+        steps = self._counted(iter(range(self.steps)))
+        return (
+            self.graph.batch(order[i]).to(self.device) if i < len(order) else None for i in steps
+        )
 
 
 class PoolSource:
@@ -156,6 +196,27 @@ class PoolSource:
     def rank_info(self) -> dict:
         return {"pool_log": self.taken}
 
+    def state(self) -> dict:
+        """At a checkpoint every rank has stopped taking (the loop quiesces gossip first), so
+        the pool's counter is final: positions below it were trained, but for the one each
+        rank took for its next epoch and holds (``next``), which it trains first on resume."""
+        counter = self.pool.handed_out()
+        return {
+            "counter": counter,
+            "next": self._next,
+            "empty": self._empty,
+            "taken": self.taken,
+            "pos": self.position,
+        }
+
+    def load_state(self, state: dict) -> None:
+        """Every rank restores its own part; rank 0 sets the (fresh) store's counter, and the
+        loop's barrier after loading keeps anybody from taking before that."""
+        self._next, self._empty, self.taken = state["next"], state["empty"], state["taken"]
+        self.position = state["pos"]
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            self.pool.restore(state["counter"])
+
 
 class SampledSource:
     """This rank's neighbour-sampled mini-batches: one loader pass for the whole run (so the
@@ -172,6 +233,8 @@ class SampledSource:
         batches = SampledBatches(
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps
         )
+        self.batches, self.epochs, self.workers = batches, r.epochs, s.loader_workers
+        self.timeout_s = s.timeout_s
         self.loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
         self._it: Iterator | None = None
@@ -185,10 +248,25 @@ class SampledSource:
         self.start_s = time.perf_counter() - t0
 
     def epoch(self, epoch: int) -> Iterator:
-        for _ in range(self.steps):
+        done = self.position - epoch * self.steps  # > 0 when resumed midway
+        for _ in range(done, self.steps):
             batch = next(self._it)
             self.position += 1
             yield batch.to_data().to(self.device)
+
+    def state(self) -> dict:
+        return {"pos": self.position}
+
+    def load_state(self, state: dict) -> None:
+        """Start the loader at the checkpoint's batch: batch i of the run is made from
+        (seed, epoch, rank, step) alone, so it is the batch the uninterrupted run trains."""
+        self.position = state["pos"]
+        self._it = None
+        self.loader = build_loader(
+            self.batches, self.epochs, self.workers, self.timeout_s, start=self.position
+        )
+        with torch.random.fork_rng(devices=[]):  # the run drew its loader seed long ago
+            self.start()
 
     def rank_info(self) -> dict:
         return {"loader_start_time_s": self.start_s}

@@ -55,11 +55,29 @@ class NoSync:
     def finish(self) -> None:
         pass
 
+    def pause(self) -> None:
+        """Before a checkpoint's barrier: nothing may still wait on another rank."""
+
+    def unpause(self) -> None:
+        """After the checkpoint."""
+
     def status(self) -> str:
         return ""
 
     def rank_info(self) -> dict:
         return {}
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (counters; subclasses add theirs)."""
+        return {
+            "wait_s": self.clock.seconds,
+            "calls": self.clock.calls,
+            "exchanges": self.exchanges,
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.clock.seconds, self.clock.calls = state["wait_s"], state["calls"]
+        self.exchanges = state["exchanges"]
 
 
 Sync = NoSync  # the interface: every policy is a NoSync that overrides some of its hooks
@@ -90,6 +108,13 @@ class GradAllReduce(LockStep):
         super().__init__()
         self.params, self.every, self.count = params, every, 0
 
+    def state(self) -> dict:
+        return {**super().state(), "count": self.count}  # steps since the start: K's phase
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.count = state["count"]
+
     def after_backward(self, has_batch: bool) -> bool:
         self.count += 1
         due = self.count % self.every == 0
@@ -110,6 +135,13 @@ class ParamAverage(LockStep):
         with warnings.catch_warnings():  # period 1 "use DDP instead": K = 1 is deliberate
             warnings.simplefilter("ignore", UserWarning)
             self.averager = PeriodicModelAverager(period=every, warmup_steps=every - 1)
+
+    def state(self) -> dict:
+        return {**super().state(), "count": self.count, "averager_step": self.averager.step}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.count, self.averager.step = state["count"], state["averager_step"]
 
     def after_step(self, has_batch: bool) -> None:
         self.count += 1

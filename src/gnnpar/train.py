@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from gnnpar import UsageError, collectives, dist, launch
+from gnnpar.checkpoint import Checkpointer
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.loop import Outcome, train
@@ -77,9 +78,19 @@ def run(cfg: Config) -> dict[str, Any] | None:
         cfg.run.out = default_out(cfg)
     if cfg.run.out is not None:
         check_out(cfg.run.out)
+    if cfg.run.resume and not Checkpointer(cfg.run.out, 0, 1, 0, 0, True).valid_folders():
+        raise UsageError(
+            f"--resume: {cfg.run.out}/checkpoints/ holds no complete checkpoint to continue "
+            "from (was the run started with --checkpoint-every N?)."
+        )
     if dims.world > 1 and not dist.launched_by_torchrun():
         outputs = launch.launch(
-            _rank_main, (cfg.to_dict(),), dims.world, cfg.strategy.timeout_s, cfg.run.threads
+            _rank_main,
+            (cfg.to_dict(),),
+            dims.world,
+            cfg.strategy.timeout_s,
+            cfg.run.threads,
+            cfg.run.max_restarts,
         )
         return outputs.get(0)
     return run_rank(cfg, default_folder=True)
@@ -124,7 +135,18 @@ def train_rank(cfg: Config, ds, ctx: dist.DistContext) -> Outcome:
     dims = prepare(cfg)
     plan = STRATEGIES[cfg.strategy.name].build(cfg, ds, ctx, dims)
     plan.device = plan.device or ctx.device
-    return train(cfg, plan)
+    return train(cfg, plan, checkpointer(cfg, ctx))
+
+
+def checkpointer(cfg: Config, ctx: dist.DistContext) -> Checkpointer | None:
+    """The run's checkpoints: written with --checkpoint-every(-steps), read back with --resume
+    and on every restart of the elastic agent (--max-restarts, or torchrun's)."""
+    r = cfg.run
+    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
+    if not r.out or not (r.checkpoint_every or r.checkpoint_every_steps or r.resume):
+        return None
+    every, steps = r.checkpoint_every, r.checkpoint_every_steps
+    return Checkpointer(r.out, ctx.rank, ctx.world_size, every, steps, r.resume or restarted)
 
 
 def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:

@@ -446,6 +446,7 @@ def build_loader(
     workers: int,
     timeout_s: float,
     start_method: str = "forkserver",
+    start: int = 0,
 ) -> torch.utils.data.DataLoader:
     """A DataLoader over batches ``0 .. epochs * steps - 1`` of ``dataset`` with ``workers``
     persistent worker processes (0: sample in the training process). One pass covers the whole
@@ -453,7 +454,8 @@ def build_loader(
     epoch's iterator is set up. See :mod:`gnnpar.strategies.sampled` for why ``forkserver``.
     As with ``spawn``, workers import the main module: a script that trains with loader workers
     needs the usual ``if __name__ == "__main__":`` guard (``python -m gnnpar`` has it)."""
-    order = range(epochs * dataset.steps)  # batch i = epoch i // steps, step i % steps
+    # batch i = epoch i // steps, step i % steps; a resumed run starts at its checkpoint's batch
+    order = range(start, epochs * dataset.steps)
     if workers == 0:
         return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=order)
     ctx = mp.get_context(start_method)

@@ -41,6 +41,11 @@ class WorkPool:
         epoch, offset = divmod(pos, self.size)
         return pos, epoch, self.order(epoch)[offset]
 
+    def restore(self, counter: int) -> None:
+        """A resumed run: the positions below ``counter`` were handed out before (its store is
+        fresh, so the counter is raised from 0)."""
+        self.store.add(self.key, counter - self.store.add(self.key, 0))
+
     def handed_out(self) -> int:
         """How many positions were taken so far (for the progress display; add 0 reads)."""
         return min(self.store.add(self.key, 0), self.total)

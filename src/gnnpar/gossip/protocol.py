@@ -111,6 +111,13 @@ class Pairing:
         self.store.set(self.speed_key(self.rank), b"0")
         self.store.set(self.key(self.rank), AVAIL)
 
+    def state(self) -> dict:
+        """For a checkpoint: claim ids stay unique across a resume, the step time goes on."""
+        return {"claims": self._claims, "step_s": self._step_s, "steps": self._steps}
+
+    def load_state(self, state: dict) -> None:
+        self._claims, self._step_s, self._steps = state["claims"], state["step_s"], state["steps"]
+
     def record_step(self, seconds: float, every: int = 4) -> None:
         """Publish this rank's typical step time (every few steps: one store write)."""
         self._step_s = seconds if self._steps == 0 else 0.8 * self._step_s + 0.2 * seconds

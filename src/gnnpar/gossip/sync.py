@@ -75,6 +75,12 @@ class GossipSync(NoSync):
 
     def finish(self) -> None:
         """Clean-up (study lines 45-54): finish our pick, serve claims on us, then retire."""
+        self.pause()
+        self.clock.barrier()  # the fast ranks' idle time at the end counts as waiting
+
+    def pause(self) -> None:
+        """Retire as at the end: complete our pick, serve every claim made on us, and leave
+        ``done`` so nobody claims us while we sit in a barrier (a checkpoint's, or the end)."""
         while True:
             t = time.perf_counter()
             x = self.pairing.retire()
@@ -82,10 +88,22 @@ class GossipSync(NoSync):
             if x is None:
                 break
             self.serve(x)
-        self.clock.barrier()  # the fast ranks' idle time at the end counts as waiting
+
+    def unpause(self) -> None:
+        """After a checkpoint: available again (the barrier saw every rank retired)."""
+        self.pairing.open()
 
     def status(self) -> str:
         return f"exch {self.exchanges} wait {self.clock.seconds:.1f}s"
 
     def rank_info(self) -> dict:
         return {"exchange_log": self.log}
+
+    def state(self) -> dict:
+        mine = {"since": self.since, "log": self.log, "steps": self.steps}
+        return {**super().state(), **mine, "pairing": self.pairing.state()}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.since, self.log, self.steps = state["since"], state["log"], state["steps"]
+        self.pairing.load_state(state["pairing"])

@@ -25,7 +25,7 @@ from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
 from gnnpar.metrics import score
-from gnnpar.sources import image_batches
+from gnnpar.sources import Resumable, image_batches
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Batch:
     own_scale: float  # summed micro-batch losses * own_scale = this replica's own mean loss
 
 
-class GraphMicroBatches:
+class GraphMicroBatches(Resumable):
     """Full-batch node classification: one step per epoch."""
 
     eval_each_epoch = True
@@ -109,7 +109,7 @@ class GraphMicroBatches:
             self.denominator / max(own, 1),
         )
         self.eval_x = self.eval_plan.features(data.x) if first else None
-        self.total_steps, self.position = cfg.run.epochs, 0
+        self.total_steps = cfg.run.epochs
         self.train_graphs = self.train_plan.edge_indices()
         self.eval_graphs = self.eval_plan.edge_indices()
 
@@ -124,8 +124,7 @@ class GraphMicroBatches:
         return first.features(self.ds.data.x), plan.batches[0].edge_index
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
-        self.position += 1
-        yield self.batch
+        return self._counted(iter([self.batch]))
 
     def eval_batches(self) -> Iterator[tuple[bool, torch.Tensor | None, object]]:
         yield True, self.eval_x, None  # (timed as a test step, input, context for collect)
@@ -165,7 +164,7 @@ class GraphMicroBatches:
         }
 
 
-class ImageMicroBatches:
+class ImageMicroBatches(Resumable):
     """ViG mini-batches: each replica takes its own --batch-size images of every global batch."""
 
     eval_each_epoch = False  # as the sequential image trainer: evaluate once at the end
@@ -181,7 +180,7 @@ class ImageMicroBatches:
                 f"training images; use a smaller --batch-size."
             )
         self.steps_per_epoch = min(full, cfg.run.max_steps or full)
-        self.total_steps, self.position = cfg.run.epochs * self.steps_per_epoch, 0
+        self.total_steps = cfg.run.epochs * self.steps_per_epoch
         self.denominator = float(self.global_batch)
         self.plan_time_s = 0.0
         self.train_graphs = self.eval_graphs = None
@@ -193,9 +192,8 @@ class ImageMicroBatches:
     def epoch(self, epoch: int) -> Iterator[Batch]:
         r, B, seed = self.mesh.replica, self.B, self.cfg.run.seed + epoch
         batches = image_batches(self.ds.train_x, self.ds.train_y, self.global_batch, seed)
-        for _, (x, y) in zip(range(self.steps_per_epoch), batches):
-            self.position += 1
-            mine = slice(r * B, (r + 1) * B)
+        mine = slice(r * B, (r + 1) * B)
+        for _, (x, y) in self._counted(zip(range(self.steps_per_epoch), batches)):
             yield Batch(
                 x[mine] if self.first else None,
                 y[mine] if self.last else None,
