@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import tempfile
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
 
-from gnnpar import RankFailedError
+from gnnpar import RankFailedError, UsageError
 from gnnpar.launch import _collateral, launch
 
 
@@ -19,6 +22,8 @@ def _rank_fn(mode: str, log_dir: str) -> dict:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5))
     if rank == 1 and mode == "raise":
         raise ValueError("boom on rank 1")
+    if rank == 1 and mode == "usage":
+        raise UsageError("bad input found on rank 1")
     if rank == 1 and mode == "hang":
         time.sleep(600)  # never reaches the barrier: rank 0's wait must time out
     dist.barrier()
@@ -27,21 +32,94 @@ def _rank_fn(mode: str, log_dir: str) -> dict:
     return {"rank": rank, "world": world}
 
 
+@pytest.fixture
+def log_root(tmp_path, monkeypatch):
+    """Where launch() makes its gnnpar-ranks-* log folder (tempfile's folder, redirected)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
+def _log_dirs(root) -> list:  # noqa: ANN001
+    return sorted(root.glob("gnnpar-ranks-*"))
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.slow
-def test_launch_returns_every_ranks_value():
+def test_launch_returns_every_ranks_value(log_root):
     out = launch(_rank_fn, ("ok",), 2, timeout_s=30)
     assert out == {0: {"rank": 0, "world": 2}, 1: {"rank": 1, "world": 2}}
+    assert _log_dirs(log_root) == []  # the rank logs go once the run succeeded
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.slow
-def test_a_rank_that_raises_ends_the_run_naming_rank_and_cause():
+def test_a_rank_that_raises_ends_the_run_naming_rank_and_cause(log_root):
     with pytest.raises(RankFailedError) as info:
         launch(_rank_fn, ("raise",), 2, timeout_s=30)
     message = str(info.value)
     assert message.startswith("rank 1 failed: ValueError: boom on rank 1")
     assert "Traceback:" in message and "\n" not in message  # one line, traceback in a file
+    traceback = message.split("Traceback: ")[1]
+    assert os.path.isfile(traceback) and "boom on rank 1" in open(traceback).read()
+    assert [str(d) for d in _log_dirs(log_root)] == [os.path.dirname(traceback)]  # kept: named
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_a_usage_error_in_a_rank_leaves_no_log_folder(log_root):
+    with pytest.raises(UsageError, match="bad input found on rank 1"):
+        launch(_rank_fn, ("usage",), 2, timeout_s=30)
+    assert _log_dirs(log_root) == []  # the message does not point there: nothing to keep
+
+
+def _fake_agent(monkeypatch, outcome) -> None:  # noqa: ANN001
+    """Replace torch's elastic agent: ``outcome`` is returned, or raised if an exception."""
+    import torch.distributed.launcher.api as api
+
+    def elastic_launch(config, fn):  # noqa: ANN001
+        def run(*args):  # noqa: ANN002
+            assert os.path.isdir(args[-1])  # the ranks' log folder exists while they run
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+
+
+def _child_failed(message: str, stack: str | None = None):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    error = ChildFailedError.__new__(ChildFailedError)  # skip reading real error files
+    data = {"message": message, "extraInfo": {"py_callstack": stack} if stack else {}}
+    error.failures = {1: SimpleNamespace(message=data, timestamp=1)}
+    return error
+
+
+def test_the_log_folder_goes_on_every_exit_unless_the_error_names_it(log_root, monkeypatch):
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    _fake_agent(monkeypatch, {0: "done"})
+    assert launch(_rank_fn, (), 2, timeout_s=5) == {0: "done"}
+    assert _log_dirs(log_root) == []
+    _fake_agent(monkeypatch, SignalException("Ctrl-C", signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        launch(_rank_fn, (), 2, timeout_s=5)
+    assert _log_dirs(log_root) == []
+    _fake_agent(monkeypatch, _child_failed("UsageError: bad flag"))
+    with pytest.raises(UsageError, match="bad flag"):
+        launch(_rank_fn, (), 2, timeout_s=5)
+    assert _log_dirs(log_root) == []
+    _fake_agent(monkeypatch, RuntimeError("rendezvous failed"))
+    with pytest.raises(RuntimeError, match="rendezvous failed"):
+        launch(_rank_fn, (), 2, timeout_s=5)
+    assert _log_dirs(log_root) == []
+    _fake_agent(monkeypatch, _child_failed("ValueError: boom", stack="Traceback ...\n"))
+    with pytest.raises(RankFailedError, match="Traceback: .*rank1.traceback.txt") as info:
+        launch(_rank_fn, (), 2, timeout_s=5)
+    (kept,) = _log_dirs(log_root)
+    assert str(kept) in str(info.value) and (kept / "rank1.traceback.txt").exists()
 
 
 @pytest.mark.timeout(120)

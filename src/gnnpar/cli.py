@@ -168,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     except RankFailedError as e:  # a rank of a multi-process run failed: not a usage problem
         print(f"gnnpar: error: {e}", file=sys.stderr)
         return 1
+    except RuntimeError as e:  # a cache lock whose holder stopped answering: exit 1, its message
+        from gnnpar.data.cache import CacheLockTimeout  # (torch is loaded by now anyway)
+
+        if not isinstance(e, CacheLockTimeout):
+            raise
+        print(f"gnnpar: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("gnnpar: interrupted", file=sys.stderr)
         return 130

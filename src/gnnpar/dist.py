@@ -33,6 +33,7 @@ class DistContext:
     backend: str | None = None
     device: torch.device = torch.device("cpu")
     store: dist.Store = field(default_factory=dist.HashStore)  # gnnpar's keys (prefixed)
+    heartbeat_store: dist.Store | None = None  # the same keys over a connection of its own
 
     @property
     def is_distributed(self) -> bool:
@@ -81,7 +82,9 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _make_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Store:
+def _make_store(
+    rank: int, world: int, timeout: datetime.timedelta, client: bool = False
+) -> dist.Store:
     addr = os.environ.get("MASTER_ADDR")
     if not addr or "MASTER_PORT" not in os.environ:
         raise UsageError(
@@ -92,7 +95,8 @@ def _make_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.Stor
     if not 0 < port < 65536:
         raise UsageError(f"MASTER_PORT={port} is not a TCP port (1-65535).")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return dist.TCPStore(addr, port, world, is_master=(rank == 0 and not agent), timeout=timeout)
+    master = rank == 0 and not agent and not client
+    return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
 
 
 def setup(timeout_s: float = 120.0) -> DistContext:
@@ -119,7 +123,8 @@ def setup(timeout_s: float = 120.0) -> DistContext:
             timeout=timeout,
         )
     store = dist.PrefixStore(f"gnnpar/{attempt}", base)
-    return DistContext(rank, world, local_rank, local_world, backend, device, store)
+    beats = dist.PrefixStore(f"gnnpar/{attempt}", _make_store(rank, world, timeout, client=True))
+    return DistContext(rank, world, local_rank, local_world, backend, device, store, beats)
 
 
 def teardown() -> None:

@@ -14,7 +14,8 @@ Failures: the first rank to fail ends the run; the agent stops the others. A
 :class:`gnnpar.UsageError` raised in a rank (bad input found only once data is loaded) is raised
 again here, so the CLI exits 2 with its message; any other failure becomes
 :class:`gnnpar.RankFailedError` ("rank R failed: <cause>", CLI exit 1), with the full traceback left
-in a per-rank log file named in the message. Every wait inside a rank has a timeout
+in a per-rank log file named in the message (that log folder is kept then; on every other exit,
+success, Ctrl-C or a failure whose message does not point there, it is removed). Every wait inside a rank has a timeout
 (``--timeout``), so a stuck collective turns into a failure instead of a hang.
 """
 
@@ -82,6 +83,9 @@ def launch(
         # a failed rank fails the run, unless restarts were asked for: then the agent starts
         # every rank again (they resume from the newest checkpoint, train.checkpointer)
         max_restarts=max_restarts,
+        # after a failure the survivors get SIGTERM, then SIGKILL after this: a stopped
+        # (SIGSTOPped, hung) rank never acts on SIGTERM, and must not hold the run for long
+        shutdown_timeout=2,
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
@@ -97,10 +101,13 @@ def launch(
     old_levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
+    keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
     try:
         outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
     except ChildFailedError as e:
-        raise _describe(e, log_dir) from None  # keeps log_dir: the message points into it
+        error = _describe(e, log_dir)
+        keep_logs = log_dir in str(error)  # "Traceback: <log_dir>/rank1.traceback.txt"
+        raise error from None
     except SignalException:  # Ctrl-C or SIGTERM reached the agent; it has stopped the ranks
         raise KeyboardInterrupt from None
     finally:
@@ -108,7 +115,8 @@ def launch(
             lg.setLevel(level)
         if old_omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
-    shutil.rmtree(log_dir, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
     return outputs
 
 
@@ -125,7 +133,10 @@ def _describe(e: Any, log_dir: str) -> Exception:
     if not failures:
         return RankFailedError(f"the ranks failed without a report (logs in {log_dir}).")
     # A UsageError anywhere wins (it explains the run); then the earliest, least collateral one.
-    failures.sort(key=lambda t: (t[1] != 0, t[0], t[1], t[2]))
+    # a rank's report that a peer stalled explains the run (the stalled rank itself is killed,
+    # which the agent sees first): it comes right after a usage error
+    stalled = "PeerStalledError"
+    failures.sort(key=lambda t: (t[1] != 0, not t[3].startswith(stalled), t[0], t[1], t[2]))
     _, _, rank, message = failures[0]
     if message.startswith(_USAGE_PREFIX):
         return UsageError(message[len(_USAGE_PREFIX) :])

@@ -28,6 +28,7 @@ from gnnpar import UsageError, collectives, dist, launch
 from gnnpar.checkpoint import Checkpointer
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
+from gnnpar.heartbeat import Heartbeat
 from gnnpar.loop import Outcome, train
 from gnnpar.metrics import machine, score_name, summarize, versions, write_result
 from gnnpar.model_io import save_model
@@ -112,13 +113,18 @@ def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None
     """One rank of the run: join the group, load the data, train, write result.json and
     model.pt (rank 0). ``default_folder``: without --out, use rank 0's :func:`default_out`."""
     ctx = dist.setup(cfg.strategy.timeout_s)
+    beats = None
+    if ctx.heartbeat_store is not None:  # a stalled peer is named within --timeout
+        beats = Heartbeat(ctx.heartbeat_store, ctx.rank, ctx.world_size, cfg.strategy.timeout_s)
+        beats.start()
     try:
         if cfg.run.out is None and default_folder:  # torchrun: each rank would stamp its own
             cfg.run.out = collectives.broadcast_object(default_out(cfg))
             if ctx.is_main:
                 check_out(cfg.run.out)
         set_threads(cfg, ctx.local_world_size)
-        ds = load_dataset(cfg.data.dataset, cfg.data.data_root, cfg.data.scale, cfg.run.seed)
+        d = cfg.data
+        ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
         outcome = train_rank(cfg, ds, ctx)
         result = build_result(cfg, outcome, ds, ctx.world_size)
         if ctx.is_main and cfg.run.out:
@@ -127,6 +133,8 @@ def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None
             write_result(result, out)
         return result if ctx.is_main else None
     finally:
+        if beats is not None:
+            beats.stop()
         dist.teardown()
 
 

@@ -10,84 +10,403 @@ Two ranks that start at once must neither corrupt the cache nor both generate a 
 builder takes an exclusive ``fcntl.flock`` on ``<key>.lock`` (released by the kernel if the
 process dies), re-checks the cache, builds into a temporary folder and renames it into place,
 so a reader sees either no folder or a complete one.
+
+Crash safety:
+
+* Waits on a lock are bounded by the run's ``--timeout`` *of silence*: the holder writes its
+  PID, host and a heartbeat into the lock file; a waiter keeps waiting while the holder is alive
+  and running (a full-size build may take minutes), and fails with :class:`CacheLockTimeout`
+  (naming the lock, what is being written, and the holder's PID and host) once the holder has
+  shown no sign of life for ``--timeout`` seconds: stopped (SIGSTOP, ``kill -STOP``), or, on
+  another host, no heartbeat.
+* Every entry records its size and checksums in ``meta.json`` (``integrity``): the size and the
+  SHA-256 of the first and last MiB are checked on every open (a truncated or overwritten file
+  is caught for the cost of a ``stat`` and a 2 MiB read, whatever the file's size; the zip index
+  ``torch.load`` needs sits in the last MiB), and ``torch.load`` failing counts as damage too.
+  The SHA-256 of the whole file, computed while it is written, is kept for a full check
+  (:func:`check_file` with ``full=True``): hashing a multi-GB file on every open of every rank
+  would cost seconds per run. A damaged entry is rebuilt, with one warning naming it.
+* A build killed with SIGKILL leaves its hidden ``.<key>.tmp-*`` folder behind; whoever next holds
+  a lock in that cache folder removes such leftovers whose own lock is free (so a live builder's
+  folder is never touched).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Tensors = dict[str, torch.Tensor]
+Tensors = dict[str, "torch.Tensor"]
 Builder = Callable[[], tuple[Tensors, dict[str, Any]]]
+
+# A lock holder that shows no sign of life for this long is reported (the default of --timeout,
+# config.StrategyConfig.timeout_s; callers pass the run's own value).
+DEFAULT_LOCK_TIMEOUT_S = 120.0
+HEARTBEAT_S = 1.0  # how often a lock holder rewrites its record in the lock file
+ENDS = 1 << 20  # bytes hashed at each end of a file on every open
+TMP_MARK, OLD_MARK = ".tmp-", ".old-"  # hidden leftovers: .<name>.tmp-XXXX, .<name>.old-XXXX
+INTEGRITY = "integrity"  # the meta.json key holding {file: {size, sha256_ends, sha256}}
+
+
+class CacheLockTimeout(RuntimeError):
+    """The process holding a cache lock stopped answering (CLI: exit 1, the message says which)."""
+
+
+# ------------------------------------------------------------------------------------- locks
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a local process from /proc, or None if there is no such process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, ValueError):
+        return None
+    return fields[0], fields[19]  # state (R, S, D, T, t, Z, ...), starttime (clock ticks)
+
+
+def _holder_record(beat: int) -> bytes:
+    stat = _proc_stat(os.getpid())
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "start": stat[1] if stat else None,
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "beat": beat,
+        }
+    ).encode()
+
+
+def _write_record(fd: int, record: bytes) -> None:
+    try:
+        os.pwrite(fd, record, 0)
+        os.ftruncate(fd, len(record))
+    except OSError:
+        pass  # the record only helps a waiter's message; the lock itself is what matters
+
+
+def _read_holder(lock_path: Path) -> tuple[bytes, dict[str, Any]]:
+    """The raw lock file and its parsed holder record (opened afresh: NFS revalidates on open)."""
+    try:
+        raw = lock_path.read_bytes()
+    except OSError:
+        return b"", {}
+    try:
+        info = json.loads(raw)
+    except ValueError:  # empty (an older writer), or caught mid-rewrite
+        return raw, {}
+    return raw, info if isinstance(info, dict) else {}
+
+
+def _local_state(info: dict[str, Any]) -> str | None:
+    """The holder's process state if it runs on this host (None: elsewhere, or gone)."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return None
+    stat = _proc_stat(pid)
+    if stat is None or (info.get("start") is not None and stat[1] != info["start"]):
+        return None  # not that process (gone; its PID reused)
+    return stat[0]
+
+
+def _holder_text(info: dict[str, Any], state: str | None) -> str:
+    if not info.get("pid"):
+        return "a process that did not record itself (an older gnnpar, or another program)"
+    where = info.get("host", "an unknown host")
+    text = f"PID {info['pid']} on host {where} (holding it since {info.get('since', '?')}"
+    if state in ("T", "t"):
+        text += "; that process is stopped"
+    elif state is None and where != socket.gethostname():
+        text += "; another host: its heartbeat in the lock file stopped"
+    return text + ")"
 
 
 @contextmanager
-def exclusive_lock(lock_path: str | Path, what: str, timeout_s: float) -> Iterator[None]:
+def exclusive_lock(
+    lock_path: str | Path, what: str, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``lock_path`` (the kernel releases it if we die).
 
-    Waits at most ``timeout_s`` for another process that holds it, then raises TimeoutError
-    naming ``what`` it is writing, so a stuck writer ends in a clear error instead of a hang.
+    While holding it, this process keeps its PID, host and a heartbeat in the lock file. A waiter
+    waits as long as the holder is alive and running (a local process not stopped, or a
+    heartbeat that still changes), and raises :class:`CacheLockTimeout` once the holder has shown
+    no sign of life for ``timeout_s`` seconds (e.g. stopped with SIGSTOP), naming the lock file,
+    ``what`` is being written and the holder. Past ``timeout_s`` of waiting on a live holder it
+    says on stderr whom it waits for, so a long wait is never silent.
     """
-    with open(lock_path, "w") as lock:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"Waited {timeout_s:.0f} s for another process to finish writing "
-                        f"{what} (it holds {lock_path}). Stop that process or wait for it."
-                    ) from None
-                time.sleep(0.1)
+    lock_path = Path(lock_path)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        writable = True
+    except PermissionError:  # another user's cache: flock works on a read-only descriptor too
+        fd, writable = os.open(lock_path, os.O_RDONLY), False
+    try:
+        _acquire(fd, lock_path, what, timeout_s)
+        stop = threading.Event()
+        beater = None
+        if writable:
+            _write_record(fd, _holder_record(0))
+
+            def beat() -> None:
+                n = 0
+                while not stop.wait(HEARTBEAT_S):
+                    n += 1
+                    _write_record(fd, _holder_record(n))
+
+            beater = threading.Thread(target=beat, name="gnnpar-cache-lock", daemon=True)
+            beater.start()
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            stop.set()
+            if beater is not None:
+                beater.join()
+                _write_record(fd, b"")
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
+def _acquire(fd: int, lock_path: Path, what: str, timeout_s: float) -> None:
+    start = last_sign = time.monotonic()
+    seen = None
+    notice_at, notice_every = start + timeout_s, max(60.0, timeout_s)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        raw, info = _read_holder(lock_path)
+        state = _local_state(info)
+        if raw != seen or state not in (None, "T", "t", "Z", "X", "x"):
+            seen, last_sign = raw, now  # a new heartbeat, or a local holder that runs
+        if now - last_sign > timeout_s:
+            pid = info.get("pid") if isinstance(info.get("pid"), int) else "PID"
+            find = "" if isinstance(pid, int) else f" (find it with: fuser -v {lock_path})"
+            busy = (
+                "" if state in ("T", "t") else "; or, if it is only busy, give a larger --timeout"
+            )
+            raise CacheLockTimeout(
+                f"Waited {now - start:.0f} s for the lock {lock_path}, held by "
+                f"{_holder_text(info, state)} while it writes {what}: it showed no sign of life "
+                f"for {timeout_s:g} s (--timeout). Resume that process (kill -CONT {pid}) or end "
+                f"it (kill {pid}; the lock is released when it exits){find}, then run again"
+                f"{busy}."
+            )
+        if now >= notice_at:
+            print(
+                f"gnnpar: waiting {now - start:.0f} s so far for {_holder_text(info, state)}, "
+                f"which is writing {what} (lock {lock_path}); it is still alive.",
+                file=sys.stderr,
+                flush=True,
+            )
+            notice_at = now + notice_every
+        time.sleep(min(0.2, timeout_s / 10))
+
+
+def remove_stale_temporaries(folder: Path, own: str | None = None) -> list[Path]:
+    """Remove ``.<name>.tmp-*`` / ``.<name>.old-*`` leftovers of dead builds in ``folder``.
+
+    Call it holding the lock ``<own>.lock``: leftovers of ``own`` are removed outright (nobody
+    else can be building it); those of another name only if its lock ``<name>.lock`` is free
+    right now (taken without waiting while removing), so a live builder's folder is never
+    touched. Returns what was removed.
+    """
+    removed = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        name = entry.name
+        if not name.startswith("."):
+            continue
+        cut = max(name.rfind(TMP_MARK), name.rfind(OLD_MARK))
+        if cut <= 1:
+            continue
+        base = name[1:cut]
+        if base == own:
+            _remove(entry, removed)
+            continue
+        try:
+            fd = os.open(folder / f"{base}.lock", os.O_RDONLY)
+        except FileNotFoundError:
+            _remove(entry, removed)  # no lock file: no builder could be holding it
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # someone is building it now
+        try:
+            _remove(entry, removed)
+        finally:
+            os.close(fd)  # closing releases the lock
+    return removed
+
+
+def _remove(path: Path, removed: list[Path]) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except OSError:
+            return
+    removed.append(path)
+
+
+# --------------------------------------------------------------------------------- integrity
+class _HashingWriter:
+    """A file wrapper that hashes what ``torch.save`` writes through it (no second read)."""
+
+    def __init__(self, fh) -> None:  # noqa: ANN001
+        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data) -> int:  # noqa: ANN001
+        self.sha.update(data)
+        self.size += len(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _ends_digest(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        h.update(fh.read(ENDS))
+        fh.seek(max(0, size - ENDS))
+        h.update(fh.read(ENDS))
+    return h.hexdigest()
+
+
+def save_tensors(obj: Any, path: str | Path) -> dict[str, Any]:
+    """``torch.save(obj, path)``; returns the integrity record ``{size, sha256_ends, sha256}``."""
+    import torch
+
+    path = Path(path)
+    with open(path, "wb") as fh:
+        writer = _HashingWriter(fh)
+        torch.save(obj, writer)
+    return {
+        "size": writer.size,
+        "sha256_ends": _ends_digest(path, writer.size),
+        "sha256": writer.sha.hexdigest(),
+    }
+
+
+def check_file(path: str | Path, record: dict[str, Any] | None, full: bool = False) -> str | None:
+    """What is wrong with ``path`` against its integrity record (None: nothing found).
+
+    Always checks the size and the SHA-256 of the first and last MiB; ``full=True`` also hashes
+    the whole file. A missing record (an entry written before records existed) checks nothing.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except OSError as e:
+        return f"{path.name} cannot be read ({e})"
+    if not record:
+        return None
+    if size != record.get("size"):
+        return f"{path.name} has {size} bytes, {record.get('size')} were written (truncated?)"
+    try:
+        if _ends_digest(path, size) != record.get("sha256_ends"):
+            return f"{path.name} differs from what was written (checksum of its ends)"
+        if full:
+            h = hashlib.sha256()
+            with open(path, "rb") as fh:
+                while chunk := fh.read(1 << 24):
+                    h.update(chunk)
+            if h.hexdigest() != record.get("sha256"):
+                return f"{path.name} differs from what was written (SHA-256)"
+    except OSError as e:
+        return f"{path.name} cannot be read ({e})"
+    return None
+
+
+def load_tensors(path: str | Path) -> Any:
+    """``torch.load(path, mmap=True, weights_only=True)``."""
+    import torch
+
+    return torch.load(path, mmap=True, weights_only=True)
+
+
+def brief(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+# ------------------------------------------------------------------------------ the cache
 def cache_dir(root: Path, key: str) -> Path:
     return Path(root) / "cache" / key
 
 
-def _valid(folder: Path, version: str) -> bool:
-    meta = folder / "meta.json"
-    if not (meta.exists() and (folder / "tensors.pt").exists()):
-        return False
+def _open(folder: Path, version: str) -> tuple[tuple[Tensors, dict[str, Any]] | None, str | None]:
+    """``((tensors, meta), None)`` for a valid entry; else ``(None, why)``, where ``why`` is None
+    if the entry is simply absent or of another version, and says what is damaged otherwise."""
+    if not folder.exists():
+        return None, None
     try:
-        return json.loads(meta.read_text()).get("version") == version
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def _load(folder: Path) -> tuple[Tensors, dict[str, Any]]:
-    tensors = torch.load(folder / "tensors.pt", mmap=True, weights_only=True)
-    return tensors, json.loads((folder / "meta.json").read_text())
+        meta = json.loads((folder / "meta.json").read_text())
+    except FileNotFoundError:
+        return None, "meta.json is missing"
+    except (OSError, ValueError) as e:
+        return None, f"meta.json cannot be read ({brief(e)})"
+    if not isinstance(meta, dict):
+        return None, "meta.json does not hold a record"
+    if meta.get("version") != version:
+        return None, None
+    record = meta.pop(INTEGRITY, {}).get("tensors.pt")
+    why = check_file(folder / "tensors.pt", record)
+    if why is not None:
+        return None, why
+    try:
+        tensors = load_tensors(folder / "tensors.pt")
+    except Exception as e:
+        return None, f"torch.load of tensors.pt failed ({brief(e)})"
+    return (tensors, meta), None
 
 
 def cached(
-    root: Path, key: str, version: str, build: Builder, lock_timeout_s: float = 3600.0
+    root: Path,
+    key: str,
+    version: str,
+    build: Builder,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> tuple[Tensors, dict[str, Any], bool]:
     """Load ``key`` from the cache, building it with ``build()`` first if absent or stale.
 
     Returns ``(tensors, meta, hit)``; ``hit`` is False when this call built the entry. ``version``
-    is stored in meta.json: an entry with another version (older generator) is rebuilt.
+    is stored in meta.json: an entry with another version (older generator) is rebuilt, and so
+    is a damaged one (with a warning naming it). ``lock_timeout_s`` (the run's ``--timeout``)
+    bounds the wait on a lock holder that stopped answering (:func:`exclusive_lock`).
     """
     folder = cache_dir(root, key)
-    if _valid(folder, version):
-        return (*_load(folder), True)
+    loaded, why = _open(folder, version)
+    if loaded is not None:
+        return (*loaded, True)
     parent = folder.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -95,25 +414,34 @@ def cached(
         probe.close()
     except OSError as e:
         # A read-only data root still works, only without sharing or reuse: say so once.
+        damaged = f" (the cached copy {folder} is damaged: {why})" if why else ""
         warnings.warn(
-            f"Cannot write the dataset cache {parent} ({e}); building {key} in memory. Point "
-            "--data-root or $GNNPAR_DATA at a writable folder to cache it.",
+            f"Cannot write the dataset cache {parent} ({e}); building {key} in memory{damaged}. "
+            "Point --data-root or $GNNPAR_DATA at a writable folder to cache it.",
             stacklevel=2,
         )
         tensors, meta = build()
         return tensors, {**meta, "version": version}, False
     with exclusive_lock(parent / f"{key}.lock", str(folder), lock_timeout_s):
-        if _valid(folder, version):  # another process built it while we waited
-            return (*_load(folder), True)
+        remove_stale_temporaries(parent, own=key)
+        loaded, why = _open(folder, version)
+        if loaded is not None:  # another process built it while we waited
+            return (*loaded, True)
+        if why is not None:
+            warnings.warn(
+                f"The dataset cache entry {folder} is damaged ({why}); rebuilding it.",
+                stacklevel=2,
+            )
         tensors, meta = build()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}{TMP_MARK}", dir=parent))
         try:
             tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any file
-            torch.save(tensors, tmp / "tensors.pt")
-            (tmp / "meta.json").write_text(json.dumps({**meta, "version": version}, indent=1))
+            record = save_tensors(tensors, tmp / "tensors.pt")
+            full_meta = {**meta, "version": version, INTEGRITY: {"tensors.pt": record}}
+            (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1))
             del tensors
             if folder.exists():  # a stale version: move it aside, then delete it
-                stale = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=parent))
+                stale = Path(tempfile.mkdtemp(prefix=f".{key}{OLD_MARK}", dir=parent))
                 os.rename(folder, stale / "old")
                 shutil.rmtree(stale, ignore_errors=True)
             os.rename(tmp, folder)
@@ -121,7 +449,10 @@ def cached(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     # Reload memory-mapped, so the freshly built copy is shared with other ranks, not private.
-    return (*_load(folder), False)
+    loaded, why = _open(folder, version)
+    if loaded is None:
+        raise RuntimeError(f"The cache entry {folder} just written cannot be read back ({why}).")
+    return (*loaded, False)
 
 
 def fingerprint(paths: list[Path]) -> str:

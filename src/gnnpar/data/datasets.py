@@ -36,7 +36,7 @@ from torch_geometric.data import Data
 
 from gnnpar import UsageError
 from gnnpar.data import readers, synthetic, user
-from gnnpar.data.cache import cached, fingerprint
+from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
 
 BUNDLED = Path(__file__).parent / "planetoid"
 
@@ -94,7 +94,7 @@ class DatasetSpec:
     size: str  # human-readable size at scale 1
     files: tuple[str, ...]  # expected under data_root (bundled: inside the package)
     obtain: str  # where a user gets the files
-    loader: Callable[[Path, float, int], Loaded]
+    loader: Callable[[Path, float, int, float], Loaded]  # (root, scale, seed, timeout_s)
 
     def folder(self, root: Path) -> Path:
         if self.source == "bundled":
@@ -127,8 +127,8 @@ def _require_files(spec: DatasetSpec, root: Path) -> Path:
 PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 
 
-def _planetoid(name: str) -> Callable[[Path, float, int], Loaded]:
-    def load(root: Path, scale: float, seed: int) -> Loaded:
+def _planetoid(name: str) -> Callable[[Path, float, int, float], Loaded]:
+    def load(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
         from torch_geometric.io import read_planetoid_data
 
         spec = REGISTRY[name.lower()]
@@ -152,7 +152,7 @@ def verify_bundled_checksums() -> list[str]:
     return bad
 
 
-def _karate(root: Path, scale: float, seed: int) -> Loaded:
+def _karate(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
     from torch_geometric.datasets import KarateClub
 
     data = KarateClub()[0]
@@ -188,24 +188,27 @@ def _images_from_tensors(name: str, t: dict, meta: dict) -> ImageDataset:
     return ImageDataset(name, *(t[k] for k in keys), num_classes=int(meta["num_classes"]))
 
 
-def _user_cached(name: str, root: Path, read: Callable[[Path], tuple[dict, dict]]):
+def _user_cached(
+    name: str, root: Path, read: Callable[[Path], tuple[dict, dict]], timeout_s: float
+):
     """Read a user dataset once into the cache (keyed by the source files' size and mtime)."""
     spec = REGISTRY[name]
     folder = _require_files(spec, root)
     version = f"{READER_VERSION}|{fingerprint([folder / f for f in spec.files])}"
-    tensors, meta, _ = cached(root, name, version, lambda: read(folder))
+    tensors, meta, _ = cached(root, name, version, lambda: read(folder), timeout_s)
     return tensors, meta
 
 
 def _user_graph(name: str, read: Callable[[Path], tuple[dict, dict]]):
-    def load(root: Path, scale: float, seed: int) -> Loaded:
-        return _graph_from_tensors(name, *_user_cached(name, root, read))
+    def load(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
+        return _graph_from_tensors(name, *_user_cached(name, root, read, timeout_s))
 
     return load
 
 
-def _user_images(root: Path, scale: float, seed: int) -> Loaded:
-    return _images_from_tensors("cifar10", *_user_cached("cifar10", root, readers.read_cifar10))
+def _user_images(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
+    tensors, meta = _user_cached("cifar10", root, readers.read_cifar10, timeout_s)
+    return _images_from_tensors("cifar10", tensors, meta)
 
 
 def generated_key(name: str, scale: float, seed: int) -> str:
@@ -213,26 +216,27 @@ def generated_key(name: str, scale: float, seed: int) -> str:
 
 
 def _generated_graph(recipe: synthetic.GraphRecipe):
-    def load(root: Path, scale: float, seed: int) -> Loaded:
+    def load(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
         key = generated_key(recipe.name, scale, seed)
         tensors, meta, _ = cached(
             root,
             key,
             synthetic.VERSION,
             lambda: synthetic.generate_graph(recipe, scale, seed),
+            timeout_s,
         )
         return _graph_from_tensors(recipe.name, tensors, meta)
 
     return load
 
 
-def _generated_images(root: Path, scale: float, seed: int) -> Loaded:
+def _generated_images(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
     def build() -> tuple[dict, dict]:
         raw, meta = synthetic.generate_cifar(scale, seed)
         return readers.normalise_images(raw), meta
 
     key = generated_key("synthetic-cifar10", scale, seed)
-    tensors, meta, _ = cached(root, key, synthetic.CIFAR_VERSION, build)
+    tensors, meta, _ = cached(root, key, synthetic.CIFAR_VERSION, build, timeout_s)
     return _images_from_tensors("synthetic-cifar10", tensors, meta)
 
 
@@ -370,12 +374,20 @@ def dataset_kind(name: str) -> tuple[str, bool]:
     raise UsageError(unknown_dataset(name, "--dataset"))
 
 
-def load_dataset(name: str, root: str | Path, scale: float = 1.0, seed: int = 0) -> Loaded:
+def load_dataset(
+    name: str,
+    root: str | Path,
+    scale: float = 1.0,
+    seed: int = 0,
+    timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> Loaded:
     """A registered dataset by name, or the user's own graph (a .pt file, an OGB-layout folder,
     or module:function; user.py). ``scale`` applies to generated datasets only; ``seed`` to
-    generated ones and to the split of a user graph given without masks."""
+    generated ones and to the split of a user graph given without masks. ``timeout_s`` (the
+    run's ``--timeout``) bounds a wait on the cache lock of a process that stopped answering
+    (cache.exclusive_lock; gnnpar.data.cache.CacheLockTimeout)."""
     if name in REGISTRY:
-        return REGISTRY[name].loader(Path(root), scale, seed)
+        return REGISTRY[name].loader(Path(root), scale, seed, timeout_s)
     if user.is_user_source(name):
-        return user.load_user_graph(name, Path(root), seed)
+        return user.load_user_graph(name, Path(root), seed, timeout_s)
     raise UsageError(unknown_dataset(name))

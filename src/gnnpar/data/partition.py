@@ -23,9 +23,12 @@ partition time from the training time).
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,16 @@ from torch_geometric.utils import subgraph
 
 from gnnpar import UsageError
 from gnnpar.data import csr
-from gnnpar.data.cache import exclusive_lock
+from gnnpar.data.cache import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    TMP_MARK,
+    brief,
+    check_file,
+    exclusive_lock,
+    load_tensors,
+    remove_stale_temporaries,
+    save_tensors,
+)
 
 FORMAT_VERSION = 1
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
@@ -207,15 +219,34 @@ def _identity(data: Data) -> dict[str, int]:
     }
 
 
-def _read(path: Path, data: Data) -> PartitionedGraph | None:
+def integrity_path(path: Path) -> Path:
+    """``<file>.json`` next to a partition file: its size and checksums (cache.save_tensors)."""
+    return path.with_name(f"{path.name}.json")
+
+
+def _read(path: Path, data: Data) -> tuple[PartitionedGraph | None, str | None]:
+    """``(graph, None)`` for a valid file; else ``(None, why)``: ``why`` is None if the file is
+    absent or belongs to another graph or format (rebuilt silently), and names the damage
+    otherwise (rebuilt with a warning)."""
+    if not path.exists():
+        return None, None
     try:
-        blob = torch.load(path, mmap=True, weights_only=True)
-    except (OSError, RuntimeError, EOFError):
-        return None
-    meta = blob.get("meta", {})
+        record = json.loads(integrity_path(path).read_text())
+    except FileNotFoundError:
+        record = None  # written before records existed: torch.load is the only check
+    except (OSError, ValueError) as e:
+        return None, f"{integrity_path(path).name} cannot be read ({brief(e)})"
+    why = check_file(path, record if isinstance(record, dict) else None)
+    if why is not None:
+        return None, why
+    try:
+        blob = load_tensors(path)
+        meta = blob.get("meta", {})
+    except Exception as e:
+        return None, f"torch.load failed ({brief(e)})"
     if meta.get("format") != FORMAT_VERSION or meta.get("graph") != _identity(data):
-        return None
-    return PartitionedGraph(blob["tensors"])
+        return None, None
+    return PartitionedGraph(blob["tensors"]), None
 
 
 def load_or_build(
@@ -224,7 +255,7 @@ def load_or_build(
     num_parts: int,
     seed: int,
     path: Path | None,
-    lock_timeout_s: float = 3600.0,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> tuple[PartitionedGraph, bool]:
     """The partitioned graph, read from ``path`` if cached there; returns ``(graph, cache_hit)``.
 
@@ -235,11 +266,15 @@ def load_or_build(
     [P+1] and ``edge_ptr`` [P+1] (offsets of part p's nodes and edges), ``edge_index`` [2, E_in]
     (intra-part edges sorted by part then destination; ids local to the part, 0..size_p-1), and
     ``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask`` reordered by ``n_id``. It is read
-    with ``torch.load(mmap=True)``, so local ranks share its pages.
+    with ``torch.load(mmap=True)``, so local ranks share its pages. Next to it, ``<file>.json``
+    holds its size and checksums (``{size, sha256_ends, sha256}``), checked on every read (size
+    and the SHA-256 of its first and last MiB); a damaged file is rebuilt with a warning.
 
     Concurrency: the builder holds an exclusive ``flock`` on ``<path>.lock`` (released by the
-    kernel if it dies); others wait on the lock, then read. The file is written to a temporary
-    name in the same folder and renamed into place, so a reader never sees a partial file.
+    kernel if it dies); others wait on the lock (at most ``lock_timeout_s`` of the holder's
+    silence: cache.exclusive_lock), then read. The file is written to a temporary name in the
+    same folder and renamed into place, so a reader never sees a partial file; temporary files
+    of killed builds are removed by the next holder of the lock.
     """
 
     def build() -> PartitionedGraph:
@@ -248,9 +283,9 @@ def load_or_build(
 
     if path is None:
         return build(), False
-    cached = _read(path, data) if path.exists() else None
-    if cached is not None:
-        return cached, True
+    found, _ = _read(path, data)
+    if found is not None:
+        return found, True
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -259,9 +294,18 @@ def load_or_build(
             "or $GNNPAR_DATA at a writable folder."
         ) from e
     with exclusive_lock(f"{path}.lock", str(path), lock_timeout_s):
-        cached = _read(path, data) if path.exists() else None  # built while we waited?
-        if cached is not None:
-            return cached, True
+        remove_stale_temporaries(path.parent, own=path.name)
+        for old in path.parent.glob(f".{glob.escape(path.name)}.*"):
+            if old.is_file():  # a killed build's temporary file (older naming, no .tmp- mark)
+                old.unlink(missing_ok=True)
+        found, why = _read(path, data)  # built while we waited?
+        if found is not None:
+            return found, True
+        if why is not None:
+            warnings.warn(
+                f"The partition cache file {path} is damaged ({why}); rebuilding it.",
+                stacklevel=2,
+            )
         graph = build()
         meta: dict[str, Any] = {
             "format": FORMAT_VERSION,
@@ -270,21 +314,29 @@ def load_or_build(
             "seed": seed,
             "graph": _identity(data),
         }
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{TMP_MARK}", dir=path.parent)
+        os.close(fd)
+        fd, tmp_record = tempfile.mkstemp(prefix=f".{path.name}{TMP_MARK}", dir=path.parent)
         os.close(fd)
         try:
-            torch.save({"meta": meta, "tensors": graph.tensors}, tmp)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is readable like data
+            record = save_tensors({"meta": meta, "tensors": graph.tensors}, tmp)
+            Path(tmp_record).write_text(json.dumps(record))
+            for name in (tmp, tmp_record):
+                os.chmod(name, 0o644)  # mkstemp makes it private; a cache is readable like data
+            # The file, then its record: a reader between the two sees a mismatch, waits for
+            # this lock, and reads again.
             os.replace(tmp, path)
+            os.replace(tmp_record, integrity_path(path))
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for name in (tmp, tmp_record):
+                if os.path.exists(name):
+                    os.unlink(name)
     # Read back memory-mapped, so this rank shares the pages with the others instead of
     # keeping its private copy of the reordered features.
     del graph
-    shared = _read(path, data)
+    shared, why = _read(path, data)
     if shared is None:
-        raise RuntimeError(f"The partition file {path} just written cannot be read back.")
+        raise RuntimeError(f"The partition file {path} just written cannot be read back ({why}).")
     return shared, False
 
 
@@ -299,7 +351,9 @@ def load_partitions(cfg, ds) -> tuple[PartitionedGraph, float, bool]:
     path = None
     if d.data_root:
         path = cache_path(d.data_root, ds.name, d.scale, d.partitions, d.partitioner, cfg.run.seed)
-    graph, hit = load_or_build(ds.data, d.partitioner, d.partitions, cfg.run.seed, path)
+    graph, hit = load_or_build(
+        ds.data, d.partitioner, d.partitions, cfg.run.seed, path, cfg.strategy.timeout_s
+    )
     return graph, time.perf_counter() - t0, hit
 
 

@@ -72,7 +72,7 @@ from torch_geometric.data import Data
 
 from gnnpar import UsageError
 from gnnpar.data import readers
-from gnnpar.data.cache import cached
+from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached
 
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds
 PT_SUFFIXES = (".pt", ".pth")
@@ -129,7 +129,7 @@ def _pt_or_folder(name: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------ loading
-def load_user_graph(name: str, root: Path, seed: int):
+def load_user_graph(name: str, root: Path, seed: int, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S):
     """The GraphDataset for ``--dataset name`` (one of the three forms), cached by content."""
     from gnnpar.data.datasets import GraphDataset
 
@@ -153,7 +153,7 @@ def load_user_graph(name: str, root: Path, seed: int):
             label = path.stem
             digest = _files_digest(path.parent, [path.name])
             build = functools.partial(_read_pt, path)
-    t, meta, _ = cached(root, f"user-{digest[:20]}", VERSION, build)
+    t, meta, _ = cached(root, f"user-{digest[:20]}", VERSION, build, timeout_s)
     data = Data(x=t["x"], edge_index=t["edge_index"], y=t["y"])
     given = {m: t[m] for m in meta["masks"]}
     masks = stratified_split(t["y"], bool(meta["multilabel"]), seed, given)
