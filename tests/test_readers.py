@@ -184,3 +184,32 @@ def test_pubmed_planetoid_reader(tmp_path):
     assert d.val_mask.nonzero().view(-1).tolist() == list(range(2, 502))
     assert d.test_mask.nonzero().view(-1).tolist() == [505, 506, 507]
     assert d.edge_index.size(1) == 2 * 508
+
+
+@pytest.mark.parametrize(
+    "name, model",
+    [
+        ("reddit", "gcn"),
+        ("amazon", "gcn"),
+        ("ogbn-arxiv", "gcn"),
+        ("cifar10", "vig"),
+        ("pubmed", "gcn"),
+    ],
+)
+@pytest.mark.parametrize("damage", ["garbage", "empty"])
+def test_damaged_raw_files_exit_2_naming_them(tmp_path, capsys, name, model, damage):
+    """Every reader: files with the right names but damaged contents are bad input (exit 2),
+    never a traceback from zipfile, numpy, gzip or pickle."""
+    from gnnpar.cli import main
+    from gnnpar.data.datasets import REGISTRY
+
+    spec = REGISTRY[name]
+    for rel in spec.files:
+        path = tmp_path / name / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"" if damage == "empty" else b"\x00garbage\xff" * 50)
+    args = ["train", "--dataset", name, "--model", model, "--data-root", str(tmp_path)]
+    assert main([*args, "--epochs", "1", "--quiet", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"Dataset '{name}'" in err and "could not be read" in err and str(tmp_path / name) in err
+    assert "Traceback" not in err

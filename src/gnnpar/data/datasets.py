@@ -134,7 +134,7 @@ def _planetoid(name: str) -> Callable[[Path, float, int, float], Loaded]:
         spec = REGISTRY[name.lower()]
         folder = _require_files(spec, root)
         raw = folder / f"{name}/raw" if spec.source == "bundled" else folder
-        data = read_planetoid_data(str(raw), name.lower())
+        data = _read_raw(spec, raw, lambda f: read_planetoid_data(str(f), name.lower()))
         # Row-normalise the bag-of-words features, as GAT and GCN do on these datasets.
         data.x = data.x / data.x.sum(dim=1, keepdim=True).clamp(min=1)
         return GraphDataset(name.lower(), data, int(data.y.max()) + 1)
@@ -195,8 +195,24 @@ def _user_cached(
     spec = REGISTRY[name]
     folder = _require_files(spec, root)
     version = f"{READER_VERSION}|{fingerprint([folder / f for f in spec.files])}"
-    tensors, meta, _ = cached(root, name, version, lambda: read(folder), timeout_s)
+    tensors, meta, _ = cached(root, name, version, lambda: _read_raw(spec, folder, read), timeout_s)
     return tensors, meta
+
+
+def _read_raw(spec: DatasetSpec, folder: Path, read: Callable[[Path], tuple[dict, dict]]):
+    """A reader's failure on the user's own files is bad input (exit 2) naming them, never a
+    traceback from zipfile, numpy, gzip or pickle."""
+    try:
+        return read(folder)
+    except UsageError:
+        raise
+    except Exception as e:  # BadZipFile, EOFError, UnpicklingError, ValueError, OSError, ...
+        cause = str(e).splitlines()[0][:200] if str(e) else ""
+        raise UsageError(
+            f"Dataset '{spec.name}': the files in {folder} ({', '.join(spec.files)}) could not "
+            f"be read: {type(e).__name__}{': ' + cause if cause else ''}. They are damaged or "
+            f"not in the expected format: obtain them again from {spec.obtain}."
+        ) from None
 
 
 def _user_graph(name: str, read: Callable[[Path], tuple[dict, dict]]):
