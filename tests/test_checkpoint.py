@@ -163,3 +163,49 @@ def test_gossip_killed_and_resumed_trains_every_subgraph_once(tmp_path):
     taken = Counter((e, i) for rank in r["pool_log"] for e, i in rank)
     assert taken == Counter({(e, i): 1 for e in range(400) for i in range(4)})
     assert r["epochs"] == 400 and "resumed_from" in r
+
+
+@pytest.mark.slow
+def test_torchruns_own_max_restarts_resume_from_the_checkpoint(tmp_path):
+    """The same under `torchrun --max-restarts`: its restarted ranks find the checkpoint."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    flags = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
+    flags += ["--partitions", "8", "--epochs", "30", "--threads", "1", "--quiet"]
+    assert run_cli(*flags, "--workers", "2", "--out", str(tmp_path / "a")).returncode == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", "1", "-m", "gnnpar", *flags, "--checkpoint-every", "1"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "b")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_steps(tmp_path / "b/metrics.jsonl", 50, proc, deadline_s=120)
+        os.kill(torchrun_rank_pid(proc.pid, 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+    assert json.loads((tmp_path / "b/result.json").read_text())["restarts"] == 1
+
+
+def torchrun_rank_pid(launcher: int, rank: int) -> int:
+    """torchrun starts `-m` ranks as subprocesses with RANK in their environment."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            env = (entry / "environ").read_text().split("\0")
+        except OSError:
+            continue
+        if int(stat[1]) == launcher and f"RANK={rank}" in env:
+            return int(entry.name)
+    raise AssertionError(f"torchrun {launcher} has no rank {rank}")
