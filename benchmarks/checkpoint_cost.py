@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -47,6 +48,7 @@ def main() -> None:
     base += ["--strategy", "allreduce", "--workers", "2", "--partitions", "40", "--threads", "1"]
     base += ["--epochs", str(a.epochs), "--timeout", "600"]
     out = Path(a.out)
+    shutil.rmtree(out, ignore_errors=True)  # nothing of an earlier run (its checkpoints!)
     train([*base, "--epochs", "1"], out / "warmup")  # builds the dataset and partition caches
     rows = []
     for rep in range(a.reps):

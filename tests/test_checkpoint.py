@@ -80,6 +80,18 @@ def test_resume_without_a_checkpoint_or_an_out_exits_2(tmp_path, capsys):
     assert "--resume continues the run in --out" in capsys.readouterr().err
 
 
+def test_a_checkpoint_of_another_run_is_refused_and_a_fresh_run_clears_old_ones(tmp_path, capsys):
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
+    assert main([*SEQ, "--epochs", "3", *b]) == 0
+    assert main([*SEQ, "--epochs", "5", "--lr", "0.1", *b, "--resume"]) == 2
+    assert "written by a different run (optim.lr: 0.005 there, 0.1 here)" in capsys.readouterr().err
+    assert main([*SEQ, "--epochs", "2", *b]) == 0  # a fresh run in the same --out
+    assert "removed the earlier run's checkpoints" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "b/checkpoints").iterdir()] == [
+        "epoch-000001-step-00000000"
+    ]
+
+
 def test_gossip_cannot_checkpoint_by_steps(capsys, tmp_path):
     flags = ["train", "--dataset", "karate", "--model", "gcn", "--strategy", "gossip"]
     flags += ["--partitions", "4", "--workers", "2", "--checkpoint-every-steps", "2"]

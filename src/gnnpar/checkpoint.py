@@ -91,6 +91,7 @@ class Checkpointer:
         self.rank, self.world = rank, world
         self.every, self.every_steps = every, every_steps
         self.resume = resume  # look for a checkpoint to continue from
+        self.config: dict = {}  # the run's settings, checked against a checkpoint's
         self.saved: list[float] = []  # seconds each save took (result.json)
         self.resumed_at = 0.0
 
@@ -171,6 +172,12 @@ class Checkpointer:
             except (OSError, json.JSONDecodeError):
                 warn(f"checkpoint {path} has an unreadable {MARKER}; trying the one before")
                 continue
+            different = config_differences(marker.get("config") or {}, self.config)
+            if different:
+                raise UsageError(
+                    f"checkpoint {path} was written by a different run ({'; '.join(different)}). "
+                    "Resume with the same settings, or use another --out."
+                )
             if marker.get("world") != self.world:
                 raise UsageError(
                     f"checkpoint {path} was written by {marker.get('world')} ranks; this run "
@@ -196,6 +203,38 @@ class Checkpointer:
             self.resumed_at = time.time()
             return Resumed(marker["epoch"], marker["step"], loop, path, marker["time"])
         return None
+
+
+# settings a resumed run may change: how long it trains, how it checkpoints, what it shows
+RESUMABLE = {
+    "run": {"epochs", "out", "quiet", "resume", "max_restarts", "checkpoint_every",
+            "checkpoint_every_steps", "tensorboard", "threads", "eval_every"},
+    "strategy": {"timeout_s", "workers"},
+    "data": {"data_root"},
+}  # fmt: skip
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """Settings (other than :data:`RESUMABLE` ones) in which two runs differ."""
+    out = []
+    for section, values in current.items():
+        for key, value in values.items():
+            if key in RESUMABLE.get(section, set()):
+                continue
+            old = saved.get(section, {}).get(key)
+            if json.dumps(old, default=str) != json.dumps(value, default=str):
+                out.append(f"{section}.{key}: {old!r} there, {value!r} here")
+    return out
+
+
+def clear(out: str) -> Path | None:
+    """A fresh run's --out must not hold an earlier run's checkpoints (a restart would resume
+    from them): remove them. Returns the folder removed, if any."""
+    folder = Path(out) / "checkpoints"
+    if not folder.exists():
+        return None
+    shutil.rmtree(folder, ignore_errors=True)  # under torchrun every rank may try at once
+    return folder
 
 
 def _barrier() -> None:

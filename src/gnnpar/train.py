@@ -26,6 +26,7 @@ import torch
 
 from gnnpar import UsageError, collectives, dist, launch
 from gnnpar.checkpoint import Checkpointer
+from gnnpar.checkpoint import clear as clear_checkpoints
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.heartbeat import Heartbeat
@@ -84,6 +85,8 @@ def run(cfg: Config) -> dict[str, Any] | None:
             f"--resume: {cfg.run.out}/checkpoints/ holds no complete checkpoint to continue "
             "from (was the run started with --checkpoint-every N?)."
         )
+    if not cfg.run.resume and cfg.run.out and (restarted() == 0) and clear_checkpoints(cfg.run.out):
+        print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
     if dims.world > 1 and not dist.launched_by_torchrun():
         outputs = launch.launch(
             _rank_main,
@@ -150,11 +153,18 @@ def checkpointer(cfg: Config, ctx: dist.DistContext) -> Checkpointer | None:
     """The run's checkpoints: written with --checkpoint-every(-steps), read back with --resume
     and on every restart of the elastic agent (--max-restarts, or torchrun's)."""
     r = cfg.run
-    restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
     if not r.out or not (r.checkpoint_every or r.checkpoint_every_steps or r.resume):
         return None
     every, steps = r.checkpoint_every, r.checkpoint_every_steps
-    return Checkpointer(r.out, ctx.rank, ctx.world_size, every, steps, r.resume or restarted)
+    ckpt = Checkpointer(r.out, ctx.rank, ctx.world_size, every, steps, r.resume or restarted() > 0)
+    ckpt.config = cfg.to_dict()
+    return ckpt
+
+
+def restarted() -> int:
+    """How often the elastic agent (ours, or torchrun's) restarted this run's ranks."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
 
 
 def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:
