@@ -12,7 +12,9 @@ What is measured, per rank process (Linux ``/proc``):
 * peak PSS: the maximum over samples (every 0.1 s) of ``Pss`` in ``/proc/<pid>/smaps_rollup``.
   PSS charges a page shared by k processes 1/k to each, so the sum over ranks is the physical
   memory they use together. The target (summed peak of N=4 ranks <= 1.5 x one rank) is judged
-  on PSS for that reason; RSS is reported beside it to show the double counting.
+  on PSS for that reason; RSS is reported beside it to show the double counting. The peaks of
+  its two parts are recorded too, each on its own: ``Pss_Anon`` (private heap, where a rank's
+  own copy of the graph would be) and ``Pss_File`` (its share of the memory-mapped caches).
 
 The graph is shared because the dataset and the partitioned graph are cached files opened with
 ``torch.load(mmap=True)`` (``gnnpar.data.cache``, ``gnnpar.data.partition``): ranks map the same
@@ -73,6 +75,20 @@ def rank_pids(launcher: int) -> list[int]:
     return found
 
 
+def read_fields(path: str, fields: tuple[str, ...]) -> dict[str, int]:
+    """The named ``Field: N kB`` lines of one read of a /proc file (those present)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        if name in fields:
+            found[name] = int(rest.split()[0])
+    return found
+
+
 def read_kib(path: str, field: str) -> int | None:
     try:
         for line in Path(path).read_text().splitlines():
@@ -118,17 +134,22 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
     proc = subprocess.Popen(cmd, cwd=ROOT)
     pss: dict[int, int] = {}
     hwm: dict[int, int] = {}
+    anon: dict[int, int] = {}  # Pss_Anon: private heap (a private copy of the graph lands here)
+    mapped: dict[int, int] = {}  # Pss_File: this rank's share of memory-mapped files (caches)
     peak_sum_pss = 0
     while proc.poll() is None:
         pids = [proc.pid] if workers == 1 else rank_pids(proc.pid)
         total = 0
         for pid in pids:
-            p = read_kib(f"/proc/{pid}/smaps_rollup", "Pss")
+            roll = read_fields(f"/proc/{pid}/smaps_rollup", ("Pss", "Pss_Anon", "Pss_File"))
             h = read_kib(f"/proc/{pid}/status", "VmHWM")
-            if p is None or h is None:
+            if "Pss" not in roll or h is None:
                 continue
+            p = roll["Pss"]
             pss[pid] = max(pss.get(pid, 0), p)
             hwm[pid] = max(hwm.get(pid, 0), h)
+            anon[pid] = max(anon.get(pid, 0), roll.get("Pss_Anon", 0))
+            mapped[pid] = max(mapped.get(pid, 0), roll.get("Pss_File", 0))
             total += p
         peak_sum_pss = max(peak_sum_pss, total)
         time.sleep(0.1)
@@ -137,10 +158,13 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
     if len(pss) != workers:
         raise SystemExit(f"expected {workers} rank processes, saw {len(pss)}")
     gib = 1 / 2**20
+    order = sorted(pss, key=pss.get)  # ranks by peak PSS, as rank_peak_pss_gib lists them
     return {
         "workers": workers,
         "rank_peak_rss_gib": sorted(round(v * gib, 3) for v in hwm.values()),
         "rank_peak_pss_gib": sorted(round(v * gib, 3) for v in pss.values()),
+        "rank_peak_pss_anon_gib": [round(anon.get(p, 0) * gib, 3) for p in order],
+        "rank_peak_pss_file_gib": [round(mapped.get(p, 0) * gib, 3) for p in order],
         "sum_peak_rss_gib": sum(hwm.values()) * gib,
         "sum_peak_pss_gib": sum(pss.values()) * gib,
         "peak_of_sum_pss_gib": peak_sum_pss * gib,
