@@ -10,7 +10,6 @@ import torch
 
 from gnnpar.metrics import (
     REQUIRED_KEYS,
-    StepTimer,
     loss_fn,
     score,
     score_name,
@@ -63,15 +62,6 @@ def test_summarize_by_hand():
     }
     assert summarize([0.5])["std"] == 0.0 and summarize([0.5])["median"] == 0.5
     assert summarize([]) == dict(mean=0.0, std=0.0, min=0.0, max=0.0, median=0.0, count=0)
-
-
-def test_step_timer_records_each_step():
-    timer = StepTimer()
-    for _ in range(3):
-        with timer:
-            sum(range(1000))
-    assert len(timer.times) == 3 and all(t > 0 for t in timer.times)
-    assert timer.total == pytest.approx(sum(timer.times))
 
 
 def test_write_result_requires_every_contract_key(tmp_path):

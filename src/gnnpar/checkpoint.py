@@ -40,12 +40,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from gnnpar import UsageError
+from gnnpar.collectives import barrier
+from gnnpar.dist import restart_count
 
 KEEP = 2
 MARKER = "gnnpar.json"
@@ -102,7 +103,7 @@ class Checkpointer:
         out: dict[str, Any] = {
             "checkpoints_written": len(self.saved),
             "checkpoint_time_s": summarize(self.saved),
-            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            "restarts": restart_count(),
         }
         if resumed is not None:
             out["resumed_from"] = str(resumed.path)
@@ -135,7 +136,7 @@ class Checkpointer:
         if self.rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
-        _barrier()
+        barrier()
         msd, osd = get_state_dict(model, optimizer)
         blob = io.BytesIO()
         torch.save({**loop(), "rng": rng_state()}, blob)
@@ -152,17 +153,13 @@ class Checkpointer:
             _fsync_dir(self.folder)
             for old in self.valid_folders()[:-KEEP]:
                 shutil.rmtree(old, ignore_errors=True)
-        _barrier()  # nobody trains on while the checkpoint could still be renamed
+        barrier()  # nobody trains on while the checkpoint could still be renamed
         self.saved.append(time.perf_counter() - t0)
         return final
 
     # ---------------------------------------------------------------------------------- load
     def valid_folders(self) -> list[Path]:
-        """Complete checkpoints (renamed into place, marker written), oldest first."""
-        if not self.folder.is_dir():
-            return []
-        found = [p for p in self.folder.iterdir() if p.is_dir() and (p / MARKER).is_file()]
-        return sorted(found, key=lambda p: p.name)
+        return complete_checkpoints(self.folder.parent)
 
     def load(self, model, optimizer, warn: Callable[[str], None]) -> Resumed | None:
         """Restore the newest checkpoint that loads (collective); None when there is none."""
@@ -227,6 +224,16 @@ def config_differences(saved: dict, current: dict) -> list[str]:
     return out
 
 
+def complete_checkpoints(out: str | Path) -> list[Path]:
+    """The complete checkpoints in ``<out>/checkpoints/`` (renamed into place, marker
+    written), oldest first."""
+    folder = Path(out) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
 def clear(out: str) -> Path | None:
     """A fresh run's --out must not hold an earlier run's checkpoints (a restart would resume
     from them): remove them. Returns the folder removed, if any."""
@@ -235,11 +242,6 @@ def clear(out: str) -> Path | None:
         return None
     shutil.rmtree(folder, ignore_errors=True)  # under torchrun every rank may try at once
     return folder
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -76,6 +76,12 @@ def env_world_size() -> int | None:
     return world
 
 
+def restart_count() -> int:
+    """How often the elastic agent (gnnpar's launcher, or torchrun) restarted this run's ranks."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
+
+
 def pick_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -113,7 +119,7 @@ def setup(timeout_s: float = 120.0) -> DistContext:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     base = _make_store(rank, world, timeout)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = restart_count()
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,

@@ -11,9 +11,7 @@ import os
 import platform
 import resource
 import statistics
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,36 +31,6 @@ def summarize(times: Iterable[float]) -> dict[str, float]:
         "median": statistics.median(xs),
         "count": len(xs),
     }
-
-
-class StepTimer:
-    """Collects the wall time of each step: ``with timer: step()``."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._t0 = 0.0
-
-    def __enter__(self) -> StepTimer:
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.times.append(time.perf_counter() - self._t0)
-
-    @property
-    def total(self) -> float:
-        return sum(self.times)
-
-
-@contextmanager
-def stopwatch() -> Iterator[list[float]]:
-    """``with stopwatch() as t: ...`` then ``t[0]`` holds the elapsed seconds."""
-    out = [0.0]
-    t0 = time.perf_counter()
-    try:
-        yield out
-    finally:
-        out[0] = time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------- scores

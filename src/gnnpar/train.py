@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from gnnpar import UsageError, collectives, dist, launch
-from gnnpar.checkpoint import Checkpointer
+from gnnpar.checkpoint import Checkpointer, complete_checkpoints
 from gnnpar.checkpoint import clear as clear_checkpoints
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
@@ -80,12 +80,13 @@ def run(cfg: Config) -> dict[str, Any] | None:
         cfg.run.out = default_out(cfg)
     if cfg.run.out is not None:
         check_out(cfg.run.out)
-    if cfg.run.resume and not Checkpointer(cfg.run.out, 0, 1, 0, 0, True).valid_folders():
+    if cfg.run.resume and not complete_checkpoints(cfg.run.out):
         raise UsageError(
             f"--resume: {cfg.run.out}/checkpoints/ holds no complete checkpoint to continue "
             "from (was the run started with --checkpoint-every N?)."
         )
-    if not cfg.run.resume and cfg.run.out and (restarted() == 0) and clear_checkpoints(cfg.run.out):
+    fresh = not cfg.run.resume and dist.restart_count() == 0
+    if fresh and cfg.run.out and clear_checkpoints(cfg.run.out):
         print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
     if dims.world > 1 and not dist.launched_by_torchrun():
         outputs = launch.launch(
@@ -156,15 +157,11 @@ def checkpointer(cfg: Config, ctx: dist.DistContext) -> Checkpointer | None:
     if not r.out or not (r.checkpoint_every or r.checkpoint_every_steps or r.resume):
         return None
     every, steps = r.checkpoint_every, r.checkpoint_every_steps
-    ckpt = Checkpointer(r.out, ctx.rank, ctx.world_size, every, steps, r.resume or restarted() > 0)
+    ckpt = Checkpointer(
+        r.out, ctx.rank, ctx.world_size, every, steps, r.resume or dist.restart_count() > 0
+    )
     ckpt.config = cfg.to_dict()
     return ckpt
-
-
-def restarted() -> int:
-    """How often the elastic agent (ours, or torchrun's) restarted this run's ranks."""
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return int(count) if count.isdigit() else 0
 
 
 def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:
