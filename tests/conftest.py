@@ -45,8 +45,9 @@ def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 def rank_pids(launcher_pid: int, ranks: int, deadline_s: float = 30) -> list[int]:
     """The pids of the local ranks that ``gnnpar train --workers N`` (process ``launcher_pid``)
-    started, in rank order: its ``spawn`` children, which torch's agent starts one after the
-    other in local-rank order (their environment is set after start, so it cannot tell)."""
+    started, in rank order: its children (forked or spawned; not multiprocessing's resource
+    tracker), which torch's agent starts one after the other in local-rank order (their
+    environment is set after start, so it cannot tell)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
         children = []
@@ -58,7 +59,7 @@ def rank_pids(launcher_pid: int, ranks: int, deadline_s: float = 30) -> list[int
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat[1]) == launcher_pid and b"spawn_main" in cmdline:
+            if int(stat[1]) == launcher_pid and b"resource_tracker" not in cmdline:
                 children.append((int(stat[19]), int(entry.name)))  # (start time, pid)
         if len(children) >= ranks:
             return [pid for _, pid in sorted(children)[:ranks]]

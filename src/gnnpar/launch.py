@@ -21,6 +21,7 @@ success, Ctrl-C or a failure whose message does not point there, it is removed).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -54,6 +55,24 @@ def _collateral(message: str) -> int:
     return 1
 
 
+def start_method() -> str:
+    """``fork`` where it is safe, else ``spawn``.
+
+    Forked ranks share this process's pages copy-on-write: the interpreter with torch, PyG and
+    gnnpar imported (~0.25 GiB of private memory per process, mostly libtorch's relocated data)
+    sits in RAM once, not once per rank, which is most of what a rank of a small graph costs
+    (BENCHMARKS.md, memory of a user graph). Not after CUDA was initialised here (a forked child
+    cannot use it), and not when ``GNNPAR_START_METHOD=spawn`` asks for fresh interpreters."""
+    import torch
+
+    asked = os.environ.get("GNNPAR_START_METHOD", "")
+    if asked not in ("", "fork", "spawn"):
+        raise UsageError(f"GNNPAR_START_METHOD={asked!r}: use fork or spawn (or leave it unset).")
+    if asked == "spawn" or torch.cuda.is_initialized():
+        return "spawn"
+    return "fork"
+
+
 def launch(
     fn: Callable[..., Any],
     args: tuple,
@@ -64,7 +83,7 @@ def launch(
 ) -> dict[int, Any]:
     """Run ``fn(*args, log_dir)`` on ``nprocs`` local ranks; return {rank: return value}.
 
-    ``fn`` must be importable by name (module level): ranks are started with ``spawn``.
+    ``fn`` must be importable by name (module level): ranks are started with :func:`start_method`.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,7 +106,7 @@ def launch(
         # (SIGSTOPped, hung) rank never acts on SIGTERM, and must not hold the run for long
         shutdown_timeout=2,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     # OMP reads its thread count at start-up, so it is set before spawning (children inherit
@@ -102,6 +121,11 @@ def launch(
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
+    if launch_cfg.start_method == "fork":
+        # objects that exist now move to a generation the collector never visits, so the ranks'
+        # collections do not write to (and so copy) the pages they share with this process
+        gc.collect()
+        gc.freeze()
     try:
         outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
     except ChildFailedError as e:
@@ -111,6 +135,7 @@ def launch(
     except SignalException:  # Ctrl-C or SIGTERM reached the agent; it has stopped the ranks
         raise KeyboardInterrupt from None
     finally:
+        gc.unfreeze()
         for lg, level in zip(loggers, old_levels):
             lg.setLevel(level)
         if old_omp is None:
