@@ -127,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
+            from gnnpar import launch
             from gnnpar.config import build_config
             from gnnpar.train import run
 
+            launch.allow_fork()  # nothing has computed in this process yet
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
             cfg = build_config(args.config, flags)
             result = run(cfg)

@@ -55,14 +55,33 @@ def _collateral(message: str) -> int:
     return 1
 
 
+_threads_when_clean: int | None = None  # set by allow_fork(): the command line's own process
+
+
+def _native_threads() -> int:
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
+
+
+def allow_fork() -> None:
+    """Let :func:`launch` fork: called by the command line once torch is imported and before
+    anything computes. It records the process's thread count; a later launch forks only while
+    the count is unchanged, i.e. no OpenMP pool (or other thread) was started since: a forked
+    child that uses an OpenMP pool its parent had running hangs (seen with torch 2.13's libgomp:
+    a matmul on 4 threads in the parent, then in a forked child, never returns)."""
+    global _threads_when_clean
+    _threads_when_clean = _native_threads()
+
+
 def start_method() -> str:
     """``fork`` where it is safe, else ``spawn``.
 
     Forked ranks share this process's pages copy-on-write: the interpreter with torch, PyG and
-    gnnpar imported (~0.25 GiB of private memory per process, mostly libtorch's relocated data)
-    sits in RAM once, not once per rank, which is most of what a rank of a small graph costs
-    (BENCHMARKS.md, memory of a user graph). Not after CUDA was initialised here (a forked child
-    cannot use it), and not when ``GNNPAR_START_METHOD=spawn`` asks for fresh interpreters."""
+    gnnpar imported (~0.2 GiB of private memory per process, mostly libtorch's relocated data
+    and Python objects) sits in RAM once, not once per rank, which is most of what a rank of a
+    small graph costs (BENCHMARKS.md, memory of a user graph: 1.72x -> 1.26-1.29x one rank).
+    Safe means: the command line's process (:func:`allow_fork`) with no thread started since,
+    and CUDA not initialised (a forked child cannot use it). A notebook calling ``gnnpar.fit``
+    after its own torch work gets ``spawn``, and so does ``GNNPAR_START_METHOD=spawn``."""
     import torch
 
     asked = os.environ.get("GNNPAR_START_METHOD", "")
@@ -70,7 +89,8 @@ def start_method() -> str:
         raise UsageError(f"GNNPAR_START_METHOD={asked!r}: use fork or spawn (or leave it unset).")
     if asked == "spawn" or torch.cuda.is_initialized():
         return "spawn"
-    return "fork"
+    clean = _threads_when_clean is not None and _native_threads() <= _threads_when_clean
+    return "fork" if clean else "spawn"
 
 
 def launch(
