@@ -189,16 +189,17 @@ serve_ready:
     :: INITIATES(me)           /* case 3 (want: see the header): Pairing._pick */
     :: else -> goto step
     fi;
-pick_busy:                     /* compare_set(me, AVAIL, BUSY) != BUSY: claimed meanwhile */
+pick_busy:                     /* compare_set(me, AVAIL, BUSY) == BUSY, else claimed meanwhile */
     if
-    :: atomic { kind[me] == AVAIL -> kind[me] = BUSY }
-    :: else -> goto step       /* (compare_set returns our claim: served next boundary) */
+    :: atomic { (kind[me] == AVAIL || kind[me] == BUSY) -> kind[me] = BUSY }
+    :: else -> goto step       /* (compare_set returned a claim: served next boundary) */
     fi;
     /* The candidates are tried in random order, those with much shorter steps left out
      * (_not_faster). A failed compare_set changes nothing, so the loop amounts to: claim one
      * candidate that is avail when its compare_set runs, or none. Which candidates the filter
      * keeps depends on timing, so every choice is allowed here. */
 pick_claim:                    /* compare_set(state/c, AVAIL, claim:me:X) == claim:me:X */
+    /* (X is fresh and only we write claim:me:..., so c cannot hold claim:me:X already) */
     if
 #define TRY(r) \
     :: d_step { \
@@ -266,7 +267,7 @@ retire_wait:                   /* at_boundary(want=False), polled until our pick
     fi;
 retire_done:                   /* compare_set(me, AVAIL, DONE), then _serve of its answer */
     if
-    :: atomic { kind[me] == AVAIL -> kind[me] = DONE }   /* on to the barrier */
+    :: atomic { (kind[me] == AVAIL || kind[me] == DONE) -> kind[me] = DONE }   /* to barrier */
     :: atomic { kind[me] == CLAIM -> xp = who[me]; xn = num[me]; xinit = false } ->
 retire_ready:                  /* a claim is pending: serve it (the study's clean-up) */
         d_step { kind[me] = READY; who[me] = xp; num[me] = xn }
