@@ -2,19 +2,21 @@
  * The gossip pairing protocol and the work pool as a Promela model, checked with SPIN.
  *
  * N ranks run gnnpar's training loop under --strategy gossip (topology AnyPeer) or, with
- * -DBIPARTITE, gossip-bipartite. Each rank runs the code's own steps, in the code's order:
+ * -DBIPARTITE, gossip-bipartite; with -DCHECKPOINT, --checkpoint-every 1 (each epoch's end but
+ * the last pauses gossip, passes a barrier and reopens, as loop.train's save() does). Each rank
+ * runs the code's own steps, in the code's order:
  *   loop.train, sources.PoolSource  -> the epoch loop; take, train, hold a later epoch's item
  *   gossip/pool.py WorkPool.take     -> one atomic store.add on the pool counter (label take)
  *   gossip/sync.py GossipSync        -> boundary(), serve(), pause() and the final barrier
  *   gossip/protocol.py Pairing       -> at_boundary, _pick, _serve, _if_ready, finish, retire
- * The docstring of gossip/protocol.py maps each line of code to its label here.
+ * The docstring of gossip/protocol.py maps each step of the code to its label here.
  *
  * The store: each TCPStore operation (get, set, compare_set, add) is one atomic step, as the
  * store serialises them; nothing else is atomic. Rank r's key state/r holds kind[r] and, for
  * claim:A:X and ready:A:X, who[r] = A and num[r] = X's counter (the xid is "A.num").
  * compare_set(key, expected, desired) returns the value after the call: desired if the key held
- * expected, else the key's value. A rank's purely local work is folded into its next store step
- * (nobody else can see it), which keeps the state space small without removing a behaviour.
+ * expected, else the key's value. A rank's purely local work is folded into an adjacent
+ * store step (nobody else can see it): a smaller state space, and no behaviour lost.
  *
  * What is abstracted, and why no behaviour of the code is lost:
  * - want (K steps since the last exchange): the model always picks and lets every pick give up
@@ -36,7 +38,8 @@
  *   permutation per epoch (tests/test_gossip.py), so "each position once" is "each subgraph
  *   once per epoch".
  *
- * What is checked (tests/test_gossip_model.py, 2, 3 and 4 ranks, both topologies):
+ * What is checked (tests/test_gossip_model.py, 2, 3 and 4 ranks, both topologies, with and
+ * without checkpoints):
  * - safety (pan compiled with -DSAFETY -DNOCLAIM): no assertion fails and no invalid end state
  *   (a deadlock). The assertions: a claim pairs two distinct ranks, neither in an exchange; the
  *   two sides of an exchange name each other and the same xid; no pool position is trained
@@ -99,7 +102,7 @@ int trained = 0;       /* bit p: pool position p was trained */
 byte inx[N];           /* exchanges rank r is in: from the claim to r's own finish */
 byte mate[N] = NONE;   /* r's partner in that exchange */
 byte finished = 0;     /* ranks past the final barrier */
-byte arrived = 0;      /* the barrier's count */
+byte arrived = 0;      /* arrivals at barriers, all barriers together */
 
 #define ALL_TRAINED (trained == (1 << TOTAL) - 1)
 #if N == 2
@@ -129,6 +132,8 @@ proctype Rank(byte me)
     byte xn;                   /*   xid "claimer.xn" (claimer: me if xinit, else xp), */
     bool xinit;                /*   initiated */
     bool retiring = false;     /* in GossipSync.pause's loop, rather than in boundary() */
+    bool checkpointing = false;    /* pausing for a checkpoint (-DCHECKPOINT), not the end */
+    byte passed = 0;           /* barriers passed */
     byte rc;                   /* a received message: the xid */
     byte rn;
 
@@ -254,6 +259,12 @@ finish:                        /* Pairing.finish: pending = None (claimer), set(
 
 epoch_end:                     /* sync.end_epoch: nothing for gossip */
     epoch++;
+#ifdef CHECKPOINT
+    if                         /* --checkpoint-every 1: loop.train's save(), but after the last */
+    :: epoch < EPOCHS -> checkpointing = true; goto retire   /* sync.pause() */
+    :: else
+    fi;
+#endif
     goto next_epoch;
 
 retire:                        /* GossipSync.pause: x = Pairing.retire() until None */
@@ -275,9 +286,18 @@ retire_ready:                  /* a claim is pending: serve it (the study's clea
     :: else -> assert(false)   /* retire's RuntimeError: an unexpected state */
     fi;
 
-barrier:                       /* GossipSync.finish: clock.barrier() */
-    d_step { arrived++ }
-    (arrived == N);
+barrier:                       /* GossipSync.finish: clock.barrier() (or a checkpoint's) */
+    d_step { arrived++; passed++ }
+    (arrived >= N * passed);   /* every rank passes the same barriers: a count suffices */
+#ifdef CHECKPOINT
+    if
+    :: checkpointing ->        /* checkpoint written: sync.unpause() */
+unpause:                       /* Pairing.open: set(me, AVAIL) */
+        d_step { kind[me] = AVAIL; checkpointing = false; retiring = false }
+        goto next_epoch
+    :: else
+    fi;
+#endif
     d_step { finished++ }
 }
 

@@ -76,7 +76,9 @@ operation is one atomic step of the model. Code step -> model label:
   exchange -> the jump back to ``at_boundary``
 * ``retire``: waiting for our pick's ``ready`` -> ``retire_wait``; ``compare_set(me, AVAIL,
   DONE)`` -> ``retire_done``; serving a claim found there -> ``retire_ready``
-* ``GossipSync.finish``'s barrier -> ``barrier``
+* ``GossipSync.finish``'s barrier -> ``barrier``; a checkpoint (``-DCHECKPOINT``):
+  ``GossipSync.pause`` -> ``retire``, the checkpoint's barriers -> ``barrier``,
+  ``GossipSync.unpause`` (``open``) -> ``unpause``
 
 A change to any of these steps needs the same change in the model (and a passing check).
 """
