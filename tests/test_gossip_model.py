@@ -45,9 +45,10 @@ def build(folder: Path, text: str, defines: list[str], safety: bool, opt: str = 
     the larger state spaces."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "protocol.pml").write_text(text)
-    subprocess.run(
-        ["spin", "-a", *defines, "protocol.pml"], cwd=folder, check=True, capture_output=True
+    spin = subprocess.run(
+        ["spin", "-a", *defines, "protocol.pml"], cwd=folder, capture_output=True, text=True
     )
+    assert spin.returncode == 0 and (folder / "pan.c").exists(), spin.stdout + spin.stderr
     flags = ["-DSAFETY", "-DNOCLAIM"] if safety else []
     subprocess.run(
         ["gcc", opt, "-w", *flags, "-o", "pan", "pan.c"], cwd=folder, check=True, timeout=120
