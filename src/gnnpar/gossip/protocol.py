@@ -57,6 +57,30 @@ every wait ends within one step of the awaited rank. A ``done`` rank cannot be p
 retire loop ends once the at most ``p - 1`` claims made on the rank before are served. If a
 partner crashes or stalls, the exchange or the wait for ``ready`` times out (``--timeout``) with
 an error naming the partner: a fault ends the run instead of hanging it.
+
+Model check. ``protocol.pml`` (next to this file) is this protocol, the work pool and the loop's
+use of them as a Promela model; ``tests/test_gossip_model.py`` has SPIN check it for 2, 3 and 4
+ranks (no deadlock, every rank terminates, no rank paired with itself or with two partners at
+once, every pool position trained exactly once) and check that mutated models fail. Each store
+operation is one atomic step of the model. Code step -> model label:
+
+* ``WorkPool.take`` (``store.add``), ``PoolSource.epoch`` (hold a later epoch's item) -> ``take``
+* ``at_boundary`` case 2, ``_if_ready`` (one ``get`` of the partner's key) -> ``ready_poll``
+* ``at_boundary`` case 1: ``get`` of our key -> ``serve_get``; ``_serve``'s ``set`` ready
+  -> ``serve_ready``
+* ``_pick``: ``compare_set(me, AVAIL, BUSY)`` -> ``pick_busy``; ``compare_set(cand, AVAIL,
+  claim)`` over the filtered, shuffled candidates -> ``pick_claim``; ``set(me, AVAIL)`` when
+  nobody was claimed -> ``pick_release``
+* ``GossipSync.serve``: ``exchange_average`` -> ``exchange_send``, ``exchange_recv``;
+  ``finish`` (``set(me, AVAIL)``) -> ``finish``; ``boundary``'s re-pick after our own
+  exchange -> the jump back to ``at_boundary``
+* ``retire``: waiting for our pick's ``ready`` -> ``retire_wait``; ``compare_set(me, AVAIL,
+  DONE)`` -> ``retire_done``; serving a claim found there -> ``retire_ready``
+* ``GossipSync.finish``'s barrier -> ``barrier``; a checkpoint (``-DCHECKPOINT``):
+  ``GossipSync.pause`` -> ``retire``, the checkpoint's barriers -> ``barrier``,
+  ``GossipSync.unpause`` (``open``) -> ``unpause``
+
+A change to any of these steps needs the same change in the model (and a passing check).
 """
 
 from __future__ import annotations
