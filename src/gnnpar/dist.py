@@ -139,13 +139,21 @@ def setup(timeout_s: float = 120.0) -> DistContext:
     base = _make_store(rank, world, timeout)
     attempt = restart_count()
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend,
-            store=dist.PrefixStore(f"pg/{attempt}", base),
-            rank=rank,
-            world_size=world,
-            timeout=timeout,
-        )
+        try:
+            dist.init_process_group(
+                backend=backend,
+                store=dist.PrefixStore(f"pg/{attempt}", base),
+                rank=rank,
+                world_size=world,
+                timeout=timeout,
+            )
+        except RuntimeError as e:  # store reached, ranks not all connected (gloo: RuntimeError)
+            what = (
+                f"rank {rank} of {world} reached the store but the {backend} process group did "
+                f"not form within {timeout_s:g} s ({_first_line(e)}): a rank did not join, or "
+                "the ranks advertise addresses the others cannot reach"
+            )
+            raise StoreUnreachableError(f"{what}. {_network_hint(rank, world)}") from None
     store = dist.PrefixStore(f"gnnpar/{attempt}", base)
     beats = dist.PrefixStore(f"gnnpar/{attempt}", _make_store(rank, world, timeout, client=True))
     return DistContext(rank, world, local_rank, local_world, backend, device, store, beats)
@@ -161,35 +169,38 @@ class StoreUnreachableError(RankFailedError):
     almost always an address or interface setting on a machine with several networks."""
 
 
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(e).__name__
+
+
 def _unreachable(
-    rank: int,
-    world: int,
-    addr: str,
-    port: int,
-    master: bool,
-    timeout: datetime.timedelta,
+    rank: int, world: int, addr: str, port: int, master: bool, timeout: datetime.timedelta,
     cause: Exception,
-) -> str:
+) -> str:  # fmt: skip
     """The one message for a store that nobody reached, naming the settings that decide it."""
     secs = f"{timeout.total_seconds():g} s"
-    text = str(cause).strip()
-    first = text.splitlines()[0].rstrip(".") if text else type(cause).__name__
     if master:
         what = (
             f"rank 0 hosted the store at {addr}:{port}, but within {secs} not all of the other "
-            f"{world - 1} ranks connected to it ({first})"
+            f"{world - 1} ranks connected to it ({_first_line(cause)})"
         )
     else:
         what = (
             f"rank {rank} of {world} could not reach the store at MASTER_ADDR:MASTER_PORT = "
-            f"{addr}:{port} within {secs} ({first})"
+            f"{addr}:{port} within {secs} ({_first_line(cause)})"
         )
+    return f"{what}. {_network_hint(rank, world)}"
+
+
+def _network_hint(rank: int, world: int) -> str:
+    """The settings that decide whether ranks on several hosts find each other."""
     fix = (
         "On machines with several network interfaces (or hosts that share a hostname) pass "
         "torchrun --local-addr <this host's address on the network the hosts share> on every "
         "host, and set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME with GPUs) to that network's "
         "interface; check that the address is reachable from every host (firewall, port), that "
-        "rank 0's host is up, and raise --timeout if hosts start far apart."
+        "every host was started, and raise --timeout if hosts start far apart."
     )
     if _from_slurm:
         fix += (
@@ -197,7 +208,7 @@ def _unreachable(
             "task with srun (one process per task); in a batch script without srun, unset "
             "SLURM_NTASKS to train with --workers N on one node."
         )
-    return f"{what}. {fix}"
+    return fix
 
 
 _from_slurm = False  # set once adopt_slurm took the ranks from SLURM (the error messages say so)
