@@ -67,13 +67,15 @@ def test_waiting_for_a_key_nobody_sets_ends_in_a_clear_timeout_error():
 
 
 # ------------------------------------------------------------------ a store nobody answers
-def test_a_rank_that_cannot_reach_the_store_names_the_settings_that_decide_it(cli):
+@pytest.mark.parametrize("agent_store", ["False", "True"])  # rank 0's store; torchrun's agent's
+def test_a_rank_that_cannot_reach_the_store_names_the_settings_that_decide_it(cli, agent_store):
     """RANK 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT: exit 1 within --timeout, a message
     naming the address and the multi-homed-host settings, no Python traceback."""
     from gnnpar.launch import free_port
 
     port = free_port()  # free: nobody listens there
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
     args = ["--dataset", "karate", "--model", "gcn", "--strategy", "allreduce"]
     proc = cli("train", *args, "--partitions", "2", "--timeout", "2", "--quiet", env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]

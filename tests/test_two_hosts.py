@@ -139,6 +139,7 @@ class Run:
     logs: list[Path]
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    must_fail: bool = False
 
     def result_dir(self) -> Path:
         """The --out of the host that got global rank 0 (the only one with result.json)."""
@@ -170,7 +171,9 @@ def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def two_hosts(h: Hosts, tmp: Path, name: str, nproc: int, port: int, args: list[str]) -> Run:
+def two_hosts(
+    h: Hosts, tmp: Path, name: str, nproc: int, port: int, args: list[str], local_addr: bool = True
+) -> Run:
     """The README's two commands, host A (rendezvous host) and host B, started together."""
     procs, outs, logs = [], [], []
     for ns, ifname, addr, conf in (
@@ -181,7 +184,8 @@ def two_hosts(h: Hosts, tmp: Path, name: str, nproc: int, port: int, args: list[
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run"]
         cmd += ["--nnodes", "2", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
         cmd += ["--rdzv-endpoint", f"{ADDR_A}:{port}", "--rdzv-id", name, "--rdzv-conf", conf]
-        cmd += ["--local-addr", addr, "-m", "gnnpar", "train", *COMMON, *args, "--out", str(out)]
+        cmd += ["--local-addr", addr] if local_addr else []
+        cmd += ["-m", "gnnpar", "train", *COMMON, *args, "--out", str(out)]
         procs.append(_start(cmd, log, _env(GLOO_SOCKET_IFNAME=ifname)))
         outs.append(out)
         logs.append(log)
@@ -267,9 +271,9 @@ def run_all(h: Hosts, runs: list[Run]) -> Watch:
                 pytest.fail(f"runs {late} did not end within {DEADLINE_S} s")
             for r in runs:
                 codes = [p.poll() for p in r.procs]
-                if any(c not in (None, 0) for c in codes):
-                    pytest.fail(f"{r.name} failed (exit {codes}):\n{r.tail()}")
-                if r.ended is None and all(c == 0 for c in codes):
+                if r.must_fail and 0 in codes or not r.must_fail and set(codes) - {None, 0}:
+                    pytest.fail(f"{r.name}: exit {codes}:\n{r.tail()}")
+                if r.ended is None and None not in codes:
                     r.ended = time.monotonic()
             two = [p.pid for r in runs if len(r.procs) == 2 and r.ended is None for p in r.procs]
             for pid in _descendants(set(two)):
@@ -311,6 +315,10 @@ def runs(hosts, tmp_path_factory):
         name: one_host(tmp, f"{name}-one-host", 2 * PAIRS[name][0], PAIRS[name][1])
         for name in SINGLE
     }
+    # the mistake the README warns of: no --local-addr on hosts that share a hostname
+    args = [*PAIRS["allreduce-2x1"][1], "--timeout", "15"]  # the last --timeout wins
+    pairs["no-local-addr"] = two_hosts(hosts, tmp, "no-local-addr", 1, 29399, args, False)
+    pairs["no-local-addr"].must_fail = True
     watch = run_all(hosts, [*pairs.values(), *refs.values()])
     times = {r.name: round(r.ended - r.started, 1) for r in [*pairs.values(), *refs.values()]}
     print(f"two-host runs: {times}, all {time.monotonic() - started:.1f} s")
@@ -354,6 +362,22 @@ def test_pipeline_with_one_stage_per_host_matches_the_single_host_run(runs):
     assert (r["test_score"], r["val_score"]) == (ref["test_score"], ref["val_score"])
     assert r["loss_curve"] == ref["loss_curve"]
     _same_weights(two, one)
+
+
+@pytest.mark.timeout(600)
+def test_without_local_addr_the_ranks_fail_naming_the_settings_that_decide_it(runs):
+    """Both hosts share a hostname: the store's host advertises it, the other host's ranks
+    resolve it to themselves. Every rank ends with gnnpar's message (exit 1), none with a
+    traceback from gnnpar's code (torchrun's agent still prints its own summary)."""
+    run = runs[0]["no-local-addr"]
+    assert all(p.returncode == 1 for p in run.procs), run.tail()
+    logs = [log.read_text() for log in run.logs]
+    errors = [line for log in logs for line in log.splitlines() if "gnnpar: error: " in line]
+    assert len(errors) == 2, run.tail()
+    assert any("could not reach the store at MASTER_ADDR:MASTER_PORT" in e for e in errors)
+    for e in errors:
+        assert "--local-addr" in e and "GLOO_SOCKET_IFNAME" in e and "NCCL_SOCKET_IFNAME" in e
+    assert not any("gnnpar/dist.py" in log for log in logs), run.tail()
 
 
 @pytest.mark.timeout(600)

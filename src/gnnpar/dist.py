@@ -28,6 +28,8 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import socket
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +118,8 @@ def _make_store(
         raise UsageError(f"MASTER_PORT={port} is not a TCP port (1-65535).")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     master = rank == 0 and not agent and not client
+    if agent:  # the agent made the store before starting any rank: it answers now, or never
+        _probe(rank, world, addr, port, timeout)
     try:
         return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
     except dist.DistError as e:  # DistNetworkError (no connection), DistStoreError (no clients)
@@ -167,6 +171,27 @@ def teardown() -> None:
 class StoreUnreachableError(RankFailedError):
     """This rank could not reach the run's TCP store (or, hosting it, no other rank reached it):
     almost always an address or interface setting on a machine with several networks."""
+
+
+def _probe(rank: int, world: int, addr: str, port: int, timeout: datetime.timedelta) -> None:
+    """Connect to the agent's store within half of ``timeout``, or raise the message.
+
+    TCPStore's own client retries for up to about twice its timeout, while the ranks that did
+    reach the store give up on this one after ``timeout``; their agent then exits, taking the
+    rendezvous with it, and this rank's agent stops it before it can say why. Half the timeout
+    lets the rank that is lost report first."""
+    deadline = time.monotonic() + timeout.total_seconds() / 2
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(left, 0.1)):
+                return
+        except OSError as e:
+            if time.monotonic() + 0.2 >= deadline:
+                half = datetime.timedelta(seconds=timeout.total_seconds() / 2)
+                message = _unreachable(rank, world, addr, port, False, half, e)
+                raise StoreUnreachableError(message) from None
+            time.sleep(0.2)
 
 
 def _first_line(e: Exception) -> str:
