@@ -286,7 +286,7 @@ def run_all(h: Hosts, runs: list[Run]) -> Watch:
                 watch.addresses |= {a for row in rows for a in row[:2]}
                 if any({lo, re} == {ADDR_A, ADDR_B} and st == "01" for lo, re, st in rows):
                     watch.cross += 1
-            time.sleep(0.2)
+            time.sleep(0.5)
     except BaseException:
         _kill(runs)
         raise
