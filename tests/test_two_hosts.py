@@ -112,7 +112,7 @@ def hosts():
         ("link", "set", h.if_b, "netns", h.b),
         ("-n", h.a, "addr", "add", f"{ADDR_A}/30", "dev", h.if_a),
         ("-n", h.b, "addr", "add", f"{ADDR_B}/30", "dev", h.if_b),
-        *[("-n", ns, "link", "set", dev, "up") for ns in (h.a, h.b) for dev in ("lo",)],
+        *[("-n", ns, "link", "set", dev, "up") for ns, dev in ((h.a, "lo"), (h.b, "lo"))],
         ("-n", h.a, "link", "set", h.if_a, "up"),
         ("-n", h.b, "link", "set", h.if_b, "up"),
     ]
@@ -284,7 +284,7 @@ def run_all(h: Hosts, runs: list[Run]) -> Watch:
                 pids = _ip("netns", "pids", ns).stdout.split()
                 rows = _tcp_sockets(pids[0]) if pids else []
                 watch.addresses |= {a for row in rows for a in row[:2]}
-                if any({lo, re} == {ADDR_A, ADDR_B} and st == "01" for lo, re, st in rows):
+                if any({lo, rem} == {ADDR_A, ADDR_B} and st == "01" for lo, rem, st in rows):
                     watch.cross += 1
             time.sleep(0.5)
     except BaseException:
