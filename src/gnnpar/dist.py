@@ -169,8 +169,9 @@ def teardown() -> None:
 
 
 class StoreUnreachableError(RankFailedError):
-    """This rank could not reach the run's TCP store (or, hosting it, no other rank reached it):
-    almost always an address or interface setting on a machine with several networks."""
+    """This rank could not reach the run's TCP store (hosting it: not every rank reached it;
+    past it: the ranks could not connect to each other). Across hosts almost always an address
+    or interface setting (--local-addr, GLOO_SOCKET_IFNAME); CLI exit 1, as a failed rank."""
 
 
 def _probe(rank: int, world: int, addr: str, port: int, timeout: datetime.timedelta) -> None:
