@@ -135,6 +135,7 @@ def test_root_cause_ordering_prefers_real_errors_over_their_consequences():
     assert _collateral("UsageError: bad") == 0
     assert _collateral("ValueError: boom") == 1
     assert _collateral("DistBackendError: connection closed by peer") == 2
+    assert _collateral("StoreUnreachableError: rank 1 of 2 reached the store but ...") == 2
     assert _collateral("Signal 15 (SIGTERM) received by PID 12") == 3
 
 

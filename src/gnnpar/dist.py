@@ -10,18 +10,32 @@ elastic agent it is a client of the agent's own TCPStore (``TORCHELASTIC_USE_AGE
 ``init_process_group("env://")`` would make it; otherwise rank 0 hosts it. gnnpar's keys live
 under a prefix that includes the agent's restart count, so a restarted attempt never reads the
 keys of the attempt before it.
+
+Two machines (see README "Two hosts"): torchrun on each, ``--local-addr`` naming the address the
+other host reaches this one at, and ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``) the interface
+that carries it. A rank that cannot reach the store gets a message naming those settings
+(:class:`StoreUnreachableError`).
+
+SLURM: tasks started by ``srun`` (``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` set, more
+than one task, no ``RANK``/``WORLD_SIZE``) take their rank, world and local rank from SLURM, as
+PyG's multi-node example does; :func:`adopt_slurm` writes them as torchrun's variables, so the
+rest of gnnpar sees one kind of launch. ``MASTER_ADDR`` defaults to the first host of the step's
+node list, ``MASTER_PORT`` to ``20000 + SLURM_JOB_ID mod 10000`` (below Linux's ephemeral ports).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
+import socket
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from gnnpar import UsageError
+from gnnpar import RankFailedError, UsageError
 
 
 @dataclass
@@ -45,6 +59,8 @@ class DistContext:
 
 
 def launched_by_torchrun() -> bool:
+    """Started as one rank of many by torchrun (or srun: :func:`adopt_slurm` runs first)."""
+    adopt_slurm()
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
@@ -102,7 +118,13 @@ def _make_store(
         raise UsageError(f"MASTER_PORT={port} is not a TCP port (1-65535).")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     master = rank == 0 and not agent and not client
-    return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
+    if agent:  # the agent made the store before starting any rank: it answers now, or never
+        _probe(rank, world, addr, port, timeout)
+    try:
+        return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
+    except dist.DistError as e:  # DistNetworkError (no connection), DistStoreError (no clients)
+        message = _unreachable(rank, world, addr, port, master, timeout, e)
+        raise StoreUnreachableError(message) from None
 
 
 def setup(timeout_s: float = 120.0) -> DistContext:
@@ -121,13 +143,21 @@ def setup(timeout_s: float = 120.0) -> DistContext:
     base = _make_store(rank, world, timeout)
     attempt = restart_count()
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend,
-            store=dist.PrefixStore(f"pg/{attempt}", base),
-            rank=rank,
-            world_size=world,
-            timeout=timeout,
-        )
+        try:
+            dist.init_process_group(
+                backend=backend,
+                store=dist.PrefixStore(f"pg/{attempt}", base),
+                rank=rank,
+                world_size=world,
+                timeout=timeout,
+            )
+        except RuntimeError as e:  # store reached, ranks not all connected (gloo: RuntimeError)
+            what = (
+                f"rank {rank} of {world} reached the store but the {backend} process group did "
+                f"not form within {timeout_s:g} s ({_first_line(e)}): a rank did not join, or "
+                "the ranks advertise addresses the others cannot reach"
+            )
+            raise StoreUnreachableError(f"{what}. {_network_hint(rank, world)}") from None
     store = dist.PrefixStore(f"gnnpar/{attempt}", base)
     beats = dist.PrefixStore(f"gnnpar/{attempt}", _make_store(rank, world, timeout, client=True))
     return DistContext(rank, world, local_rank, local_world, backend, device, store, beats)
@@ -136,3 +166,192 @@ def setup(timeout_s: float = 120.0) -> DistContext:
 def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class StoreUnreachableError(RankFailedError):
+    """This rank could not reach the run's TCP store (hosting it: not every rank reached it;
+    past it: the ranks could not connect to each other). Across hosts almost always an address
+    or interface setting (--local-addr, GLOO_SOCKET_IFNAME); CLI exit 1, as a failed rank."""
+
+
+def _probe(rank: int, world: int, addr: str, port: int, timeout: datetime.timedelta) -> None:
+    """Connect to the agent's store within half of ``timeout``, or raise the message.
+
+    TCPStore's own client retries for up to about twice its timeout, while the ranks that did
+    reach the store give up on this one after ``timeout``; their agent then exits, taking the
+    rendezvous with it, and this rank's agent stops it before it can say why. Half the timeout
+    lets the rank that is lost report first."""
+    deadline = time.monotonic() + timeout.total_seconds() / 2
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(left, 0.1)):
+                return
+        except OSError as e:
+            if time.monotonic() + 0.2 >= deadline:
+                half = datetime.timedelta(seconds=timeout.total_seconds() / 2)
+                message = _unreachable(rank, world, addr, port, False, half, e)
+                raise StoreUnreachableError(message) from None
+            time.sleep(0.2)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(e).__name__
+
+
+def _unreachable(
+    rank: int, world: int, addr: str, port: int, master: bool, timeout: datetime.timedelta,
+    cause: Exception,
+) -> str:  # fmt: skip
+    """The one message for a store that nobody reached, naming the settings that decide it."""
+    secs = f"{timeout.total_seconds():g} s"
+    if master:
+        what = (
+            f"rank 0 hosted the store at {addr}:{port}, but within {secs} not all of the other "
+            f"{world - 1} ranks connected to it ({_first_line(cause)})"
+        )
+    else:
+        what = (
+            f"rank {rank} of {world} could not reach the store at MASTER_ADDR:MASTER_PORT = "
+            f"{addr}:{port} within {secs} ({_first_line(cause)})"
+        )
+    return f"{what}. {_network_hint(rank, world)}"
+
+
+def _network_hint(rank: int, world: int) -> str:
+    """The settings that decide whether ranks on several hosts find each other."""
+    fix = (
+        "On machines with several network interfaces (or hosts that share a hostname) pass "
+        "torchrun --local-addr <this host's address on the network the hosts share> on every "
+        "host, and set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME with GPUs) to that network's "
+        "interface; check that the address is reachable from every host (firewall, port), that "
+        "every host was started, and raise --timeout if hosts start far apart."
+    )
+    if _from_slurm:
+        fix += (
+            f" The ranks came from SLURM (task {rank} of SLURM_NTASKS={world}): start every "
+            "task with srun (one process per task); in a batch script without srun, unset "
+            "SLURM_NTASKS to train with --workers N on one node."
+        )
+    return fix
+
+
+_from_slurm = False  # set once adopt_slurm took the ranks from SLURM (the error messages say so)
+
+
+def adopt_slurm() -> bool:
+    """Under ``srun`` (and not torchrun), set torchrun's variables from SLURM's; True if it did.
+
+    Applies only when ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_LOCALID`` are all set,
+    ``RANK`` and ``WORLD_SIZE`` are not, and ``SLURM_NTASKS > 1``: a one-task allocation (or a
+    batch script's own shell, which sees its allocation's task count but is one process) keeps
+    ``--workers N``. Sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and,
+    unless given, ``MASTER_ADDR`` (first host of ``SLURM_STEP_NODELIST``,
+    ``SLURM_JOB_NODELIST`` or ``SLURM_NODELIST``) and ``MASTER_PORT`` (``20000 + SLURM_JOB_ID
+    mod 10000``: every task of a job computes the same port without talking to the others).
+    """
+    global _from_slurm
+    env = os.environ
+    names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+    if _from_slurm or not all(n in env for n in names) or "RANK" in env or "WORLD_SIZE" in env:
+        return False
+    procid, ntasks, localid = (_slurm_int(n) for n in names)
+    if ntasks < 1 or not 0 <= procid < ntasks:
+        raise UsageError(
+            f"SLURM_PROCID={procid} SLURM_NTASKS={ntasks} from the environment are inconsistent "
+            "(need 0 <= SLURM_PROCID < SLURM_NTASKS); start gnnpar with srun, or unset them."
+        )
+    if ntasks == 1:
+        return False
+    local_world = _slurm_local_world(ntasks)
+    if not 0 <= localid < local_world:
+        raise UsageError(
+            f"SLURM_LOCALID={localid} is not below the {local_world} tasks on this node "
+            "(SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE); start gnnpar with srun."
+        )
+    updates = {
+        "RANK": str(procid),
+        "WORLD_SIZE": str(ntasks),
+        "LOCAL_RANK": str(localid),
+        "LOCAL_WORLD_SIZE": str(local_world),
+    }
+    if not env.get("MASTER_ADDR"):
+        nodelist = next(
+            (env[n] for n in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+             if env.get(n)),
+            None,
+        )  # fmt: skip
+        if nodelist is None:
+            raise UsageError(
+                "SLURM gives this task its rank but no node list (SLURM_JOB_NODELIST): set "
+                "MASTER_ADDR to the host of task 0."
+            )
+        updates["MASTER_ADDR"] = first_host(nodelist)
+    if not env.get("MASTER_PORT"):
+        if "SLURM_JOB_ID" not in env:
+            raise UsageError(
+                "SLURM gives this task its rank but no SLURM_JOB_ID to derive a port from: set "
+                "MASTER_PORT (the same free port for every task)."
+            )
+        updates["MASTER_PORT"] = str(20000 + _slurm_int("SLURM_JOB_ID") % 10000)
+    env.update(updates)
+    _from_slurm = True
+    return True
+
+
+def _slurm_int(name: str) -> int:
+    raw = os.environ[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(
+            f"Environment variable {name}={raw!r} is not an integer; it is set by SLURM's srun "
+            "(unset the SLURM_* variables to run without SLURM)."
+        ) from None
+
+
+def _slurm_local_world(ntasks: int) -> int:
+    """Tasks on this node: SLURM_STEP_TASKS_PER_NODE ("2(x3),1") at SLURM_NODEID, else
+    SLURM_NTASKS_PER_NODE, else every task (only the thread count per rank depends on it)."""
+    env = os.environ
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    node = env.get("SLURM_NODEID", "")
+    if spec and node.isdigit():
+        counts: list[int] = []
+        for item in spec.split(","):
+            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+            if m is None:
+                counts = []
+                break
+            counts += [int(m[1])] * int(m[2] or 1)
+        if int(node) < len(counts):
+            return counts[int(node)]
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    return int(per_node) if per_node.isdigit() else ntasks
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``node[01-03,07],gpu5`` -> ``node01``.
+
+    The first host is the first entry with every bracket replaced by the first number of its
+    range (zero padding kept), which is what ``scontrol show hostnames`` prints first; no
+    expansion of the rest, and no ``scontrol`` needed on the compute node."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):  # the first comma outside brackets ends the first entry
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            end = i
+            break
+    entry = nodelist[:end].strip()
+
+    def first(m: re.Match) -> str:
+        return re.split(r"[-,]", m[1], maxsplit=1)[0].strip()
+
+    host = re.sub(r"\[([^\]]*)\]", first, entry)
+    if not host or depth < 0 or any(c in host for c in "[], "):
+        raise UsageError(
+            f"Cannot read the first host of the SLURM node list {nodelist!r}: set MASTER_ADDR "
+            "to the host of task 0."
+        )
+    return host

@@ -50,6 +50,8 @@ def _collateral(message: str) -> int:
         return 0
     if message.startswith(("DistBackendError", "DistNetworkError", "DistStoreError")):
         return 2  # a peer vanished or timed out: usually the consequence of another failure
+    if message.startswith("StoreUnreachableError"):
+        return 2  # dist.setup's message for the same, when the group is being formed
     if message.startswith("Signal ") or "To enable traceback" in message:
         return 3  # stopped by the agent (or killed): no exception of its own
     return 1
