@@ -288,7 +288,8 @@ def main() -> None:
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
             out = {
                 "wall_s": wall,
-                "cpu_s": cpu,
+                # with loader workers the work is in other processes: CPU time not comparable
+                "cpu_s": None if workers else cpu,
                 "seeds": sum(b.numel() for b in sides.batches),
                 "edges_per_batch": edges / len(sides.batches),
                 "nodes_per_batch": nodes / len(sides.batches),

@@ -253,7 +253,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         base_edges = statistics.median(r["edges_per_batch"] for r in by_side.get("gnnpar", mine))
         for side, rs in by_side.items():
             wall = [r["seeds"] / r["wall_s"] for r in rs]
-            cpu = [r["seeds"] / r["cpu_s"] for r in rs if r["cpu_s"] > 0]
+            cpu = [r["seeds"] / r["cpu_s"] for r in rs if r["cpu_s"]]
             ratio_wall = [ref[r["rep"]]["wall_s"] / r["wall_s"] for r in rs if r["rep"] in ref]
             ratio_cpu = [
                 ref[r["rep"]]["cpu_s"] / r["cpu_s"]
