@@ -234,26 +234,39 @@ def run(side, batches: list[torch.Tensor]) -> tuple[int, int]:
 
 
 class _Batches(torch.utils.data.Dataset):
-    def __init__(self, side, batches: list[torch.Tensor]) -> None:
-        self.side, self.batches = side, batches
+    """Batch i of the saved seeds, sampled by a side that each worker builds for itself on
+    first use (spawned workers: forking a process whose OpenMP pool is running crashes
+    libgomp, as DGL and pyg-lib use OpenMP)."""
+
+    def __init__(self, folder: str, side: str, fanouts: list[int], replace: bool) -> None:
+        self.args = (folder, side, fanouts, replace)
+        self.sides = self.side = None
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return np.load(os.path.join(self.args[0], "seeds.npy"), mmap_mode="r").shape[0]
 
     def __getitem__(self, i: int) -> tuple[int, int]:
-        return self.side(self.batches[i])
+        if self.side is None:
+            folder, side, fanouts, replace = self.args
+            self.sides = Sides(folder)
+            self.side = getattr(self.sides, SIDE_NAMES[side])(fanouts, replace)
+        return self.side(self.sides.batches[i])
 
 
-def in_workers(side, batches: list[torch.Tensor], workers: int):
-    """``side`` run by a DataLoader with ``workers`` forked one-thread worker processes (kept
-    alive across repetitions, as a training rank's persistent loader workers are)."""
+def _one_thread(_worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+def in_workers(folder: str, cmd: dict, workers: int):
+    """The side of ``cmd`` run by a DataLoader with ``workers`` one-thread worker processes
+    (kept alive across repetitions, as a training rank's persistent loader workers are)."""
     loader = torch.utils.data.DataLoader(
-        _Batches(side, batches),
+        _Batches(folder, cmd["side"], cmd["fanouts"], cmd["replace"]),
         batch_size=None,
         num_workers=workers,
         persistent_workers=True,
-        multiprocessing_context="fork",
-        worker_init_fn=lambda _: torch.set_num_threads(1),
+        multiprocessing_context="spawn",
+        worker_init_fn=_one_thread,
     )
 
     def run_all(_batches):
@@ -280,7 +293,7 @@ def main() -> None:
                 if workers and side.__name__ == "run_all":
                     raise ImportError("its datapipe is not run with loader workers here")
                 if workers:
-                    side = in_workers(side, sides.batches, workers)
+                    side = in_workers(sys.argv[1], cmd, workers)
                 built[key] = side
                 run(built[key], sides.batches[:1])  # warm-up (first-call allocations)
             w0, c0 = time.perf_counter(), time.process_time()
