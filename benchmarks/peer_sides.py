@@ -289,6 +289,8 @@ def main() -> None:
         key = (cmd["side"], tuple(cmd["fanouts"]), cmd["replace"])
         try:
             if key not in built:
+                if workers:  # one live loader at a time: each holds W processes with a graph
+                    built.clear()
                 side = getattr(sides, SIDE_NAMES[cmd["side"]])(cmd["fanouts"], cmd["replace"])
                 if workers and side.__name__ == "run_all":
                     raise ImportError("its datapipe is not run with loader workers here")
