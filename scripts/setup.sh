@@ -19,3 +19,14 @@ if ! "$PY" -c "import gnnpar, pytest, ruff" >/dev/null 2>&1 || [ -n "${GNNPAR_RE
   "$PY" -m pip install -q -e ".[dev]"
 fi
 
+# The neighbour sampler's compiled hop kernel (plain C, loaded with ctypes: no torch headers, so
+# it fits any torch build). Rebuilt whenever the source changed; without it the sampler falls
+# back to vectorised torch (slower, other random stream) with a warning.
+kernel=src/gnnpar/data/_sampler_kernel.so
+if [ ! -f "$kernel" ] || [ src/gnnpar/data/sampler_kernel.c -nt "$kernel" ]; then
+  if ${CC:-gcc} -O3 -shared -fPIC -o "$kernel.tmp" src/gnnpar/data/sampler_kernel.c; then
+    mv "$kernel.tmp" "$kernel"
+  else
+    echo "setup.sh: warning: could not build $kernel (needs gcc); the sampler will use torch" >&2
+  fi
+fi

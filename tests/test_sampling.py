@@ -15,10 +15,14 @@ from gnnpar.data.sampling import (
     SampledBatches,
     build_loader,
     epoch_seeds,
+    kernel_available,
     reference_sample,
     save_shared_graph,
     shard_plan,
 )
+
+# the compiled kernel is what users get (scripts/setup.sh builds it); torch is its fallback
+BACKENDS = ["kernel", "torch"]
 
 
 def random_graph(n: int = 300, e: int = 3000, seed: int = 0) -> torch.Tensor:
@@ -47,11 +51,12 @@ def test_csr_rows_hold_in_neighbours(graph6):
 
 
 @pytest.mark.parametrize("replace", [False, True])
-def test_sampled_edges_exist_fanouts_hold_seeds_first(replace):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_edges_exist_fanouts_hold_seeds_first(replace, backend):
     ei = random_graph()
     csr = CSRGraph.from_edge_index(ei, 300)
     fanouts = [4, 3]
-    sampler = NeighborSampler(csr, fanouts, replace=replace)
+    sampler = NeighborSampler(csr, fanouts, replace=replace, backend=backend)
     seeds = torch.tensor([5, 0, 17, 250, 3])
     b = sampler.sample(seeds, torch.Generator().manual_seed(1))
     assert b.n_id[:5].tolist() == seeds.tolist()
@@ -77,19 +82,21 @@ def test_sampled_edges_exist_fanouts_hold_seeds_first(replace):
         begin, e0 = end, e1
 
 
-def test_without_replacement_no_neighbour_twice():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_replacement_no_neighbour_twice(backend):
     ei = random_graph(200, 4000, seed=3)
-    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 200), [6, 6, 6])
+    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 200), [6, 6, 6], backend=backend)
     b = sampler.sample(torch.arange(0, 200, 7), torch.Generator().manual_seed(0))
     pairs = global_edges(b)
     assert len(pairs) == len(set(pairs))
 
 
 @pytest.mark.parametrize("hops", [1, 2, 3])
-def test_full_fanout_is_exact_l_hop_neighbourhood(hops):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_fanout_is_exact_l_hop_neighbourhood(hops, backend):
     ei = random_graph(400, 1600, seed=hops)
     seeds = torch.tensor([1, 30, 399])
-    b = NeighborSampler(CSRGraph.from_edge_index(ei, 400), [-1] * hops).sample(
+    b = NeighborSampler(CSRGraph.from_edge_index(ei, 400), [-1] * hops, backend=backend).sample(
         seeds, torch.Generator()
     )
     subset, _, _, _ = k_hop_subgraph(seeds, hops, ei, num_nodes=400)
@@ -101,24 +108,28 @@ def test_full_fanout_is_exact_l_hop_neighbourhood(hops):
     assert len(got) == len(set(got)) and set(got) == want
 
 
-def test_matches_reference_sampler_at_full_fanout():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_reference_sampler_at_full_fanout(backend):
     ei = random_graph(150, 900, seed=5)
     csr = CSRGraph.from_edge_index(ei, 150)
     seeds = torch.tensor([9, 2, 77])
-    fast = NeighborSampler(csr, [-1, -1]).sample(seeds, torch.Generator())
+    fast = NeighborSampler(csr, [-1, -1], backend=backend).sample(seeds, torch.Generator())
     ref = reference_sample(csr, seeds, [-1, -1], torch.Generator())
     assert fast.n_id.tolist() == ref.n_id.tolist()  # same order: first appearance
     assert sorted(global_edges(fast)) == sorted(global_edges(ref))
     assert fast.num_sampled_nodes == ref.num_sampled_nodes
 
 
-def test_same_seed_same_batch_other_seed_other_batch():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_same_seed_same_batch_other_seed_other_batch(backend):
     ei = random_graph()
     csr = CSRGraph.from_edge_index(ei, 300)
     seeds = torch.arange(0, 300, 11)
 
     def run(seed: int):
-        return NeighborSampler(csr, [5, 5]).sample(seeds, torch.Generator().manual_seed(seed))
+        return NeighborSampler(csr, [5, 5], backend=backend).sample(
+            seeds, torch.Generator().manual_seed(seed)
+        )
 
     a, b, c = run(0), run(0), run(1)
     assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
@@ -126,12 +137,13 @@ def test_same_seed_same_batch_other_seed_other_batch():
 
 
 @pytest.mark.parametrize("fanout", [2, 5])  # deg >= 4 fanout: rejection; else random keys
-def test_without_replacement_is_uniform(fanout):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_replacement_is_uniform(fanout, backend):
     """A node with 10 in-neighbours, 3000 batches: each neighbour is kept with probability
     fanout/10; counts stay within 5 standard deviations of that (seeded: not flaky), and pairs
     of neighbours come up together as often as a uniform subset says."""
     ei = torch.stack([torch.arange(1, 11), torch.zeros(10, dtype=torch.long)])
-    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 11), [fanout])
+    sampler = NeighborSampler(CSRGraph.from_edge_index(ei, 11), [fanout], backend=backend)
     gen = torch.Generator().manual_seed(0)
     reps, p = 3000, fanout / 10
     counts, pair = torch.zeros(11), 0
@@ -144,6 +156,133 @@ def test_without_replacement_is_uniform(fanout):
     assert counts[0] == 0 and ((counts[1:] - reps * p).abs() < 5 * sd).all()
     p2 = fanout * (fanout - 1) / 90  # P(two given neighbours both kept)
     assert abs(pair - reps * p2) < 5 * (reps * p2 * (1 - p2)) ** 0.5
+
+
+def stars(targets: int, deg: int) -> CSRGraph:
+    """``targets`` nodes 0..targets-1, node t with in-neighbours targets + t * deg + j, j < deg:
+    one batch of all targets gives ``targets`` independent draws of one node's neighbours."""
+    src = targets + torch.arange(targets * deg)
+    dst = torch.arange(targets).repeat_interleave(deg)
+    return CSRGraph.from_edge_index(torch.stack([src, dst]), targets * (deg + 1))
+
+
+def offsets(b, targets: int, deg: int) -> torch.Tensor:
+    """[targets, k] sampled neighbour offsets j of each target, in the order they were drawn."""
+    src, dst = b.n_id[b.edge_index[0]], b.n_id[b.edge_index[1]]
+    order = torch.sort(dst, stable=True).indices  # edges of a target in draw order
+    return ((src[order] - targets) % deg).view(targets, -1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("deg,fanout", [(6, 3), (5, 1), (7, 6)])
+def test_without_replacement_every_subset_equally_likely(backend, deg, fanout):
+    """Chi-square over all C(deg, fanout) subsets, 6000 draws (one batch of 6000 stars): the
+    subsets are uniform (p > 0.001; seeded, so the test is reproducible, not flaky)."""
+    from itertools import combinations
+
+    from scipy.stats import chisquare
+
+    targets = 6000
+    csr = stars(targets, deg)
+    b = NeighborSampler(csr, [fanout], backend=backend).sample(
+        torch.arange(targets), torch.Generator().manual_seed(3)
+    )
+    picked = offsets(b, targets, deg).sort(dim=1).values
+    index = {c: i for i, c in enumerate(combinations(range(deg), fanout))}
+    counts = torch.bincount(
+        torch.tensor([index[tuple(r)] for r in picked.tolist()]), minlength=len(index)
+    )
+    assert chisquare(counts.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_replacement_large_fanout_is_uniform(backend):
+    """fanout 40 of 50 neighbours (the kernel's hash-table path, fanout > 32): no repeats,
+    every neighbour kept with probability 0.8 (chi-square), on 3000 stars."""
+    from scipy.stats import chisquare
+
+    targets, deg, k = 3000, 50, 40
+    b = NeighborSampler(stars(targets, deg), [k], backend=backend).sample(
+        torch.arange(targets), torch.Generator().manual_seed(4)
+    )
+    picked = offsets(b, targets, deg)
+    assert picked.shape == (targets, k)
+    assert (picked.sort(dim=1).values.diff(dim=1) > 0).all()  # distinct in every row
+    kept = torch.bincount(picked.view(-1), minlength=deg)
+    # kept vs dropped per neighbour: kept counts have equal expectation targets * k / deg
+    assert chisquare(kept.numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_with_replacement_draws_are_uniform_and_independent(backend):
+    """fanout 4 of 7 neighbours with replacement: chi-square over the 49 (first, second) draw
+    pairs of 8000 stars (uniform and independent draws), and every draw's marginal."""
+    from scipy.stats import chisquare
+
+    targets, deg, k = 8000, 7, 4
+    b = NeighborSampler(stars(targets, deg), [k], replace=True, backend=backend).sample(
+        torch.arange(targets), torch.Generator().manual_seed(5)
+    )
+    # with replacement a neighbour drawn twice is one node: read the draws from the edges
+    picked = offsets(b, targets, deg)
+    assert picked.shape == (targets, k)
+    pairs = torch.bincount(picked[:, 0] * deg + picked[:, 1], minlength=deg * deg)
+    assert chisquare(pairs.numpy()).pvalue > 1e-3
+    assert chisquare(torch.bincount(picked.view(-1), minlength=deg).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_fanout_at_least_degree_keeps_all_neighbours_once(replace):
+    """Without replacement a fanout >= degree keeps every neighbour exactly once, and both
+    backends give the identical batch (no randomness is involved)."""
+    ei = random_graph(300, 1200, seed=8)  # in-degrees up to ~15
+    csr = CSRGraph.from_edge_index(ei, 300)
+    deg = csr.rowptr[1:] - csr.rowptr[:-1]
+    fan = int(deg.max())
+    seeds = torch.arange(0, 300, 3)
+    k = NeighborSampler(csr, [fan, fan], backend="kernel").sample(seeds, torch.Generator())
+    t = NeighborSampler(csr, [fan, fan], backend="torch").sample(seeds, torch.Generator())
+    full = NeighborSampler(csr, [-1, -1], backend="kernel").sample(seeds, torch.Generator())
+    assert torch.equal(k.n_id, t.n_id) and torch.equal(k.n_id, full.n_id)
+    assert sorted(global_edges(k)) == sorted(global_edges(t)) == sorted(global_edges(full))
+    assert len(set(global_edges(k))) == k.edge_index.size(1)
+
+
+def test_kernel_batches_reproducible_across_samplers_and_buffer_growth():
+    """The kernel's batch depends only on (graph, seeds, fanouts, generator seed): a fresh
+    sampler and one that has already sampled bigger and smaller batches (buffers grown, mark
+    array reused) give identical batches."""
+    ei = random_graph(300, 3000, seed=9)
+    csr = CSRGraph.from_edge_index(ei, 300)
+    seeds = torch.tensor([4, 99, 7, 250])
+    used = NeighborSampler(csr, [6, 4], backend="kernel")
+    for s in (torch.arange(0, 300, 2), torch.tensor([1])):
+        used.sample(s, torch.Generator().manual_seed(1))
+    a = used.sample(seeds, torch.Generator().manual_seed(2))
+    b = NeighborSampler(csr, [6, 4], backend="kernel").sample(
+        seeds, torch.Generator().manual_seed(2)
+    )
+    assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+    assert a.num_sampled_nodes == b.num_sampled_nodes
+    assert (used._local == -1).all()  # mark array left clean
+
+
+def test_missing_kernel_falls_back_to_torch_or_raises(monkeypatch):
+    from gnnpar import UsageError
+    from gnnpar.data import sampling
+
+    monkeypatch.setattr(sampling, "_kernel_lib", None)
+    monkeypatch.setattr(sampling, "_kernel_tried", True)
+    csr = CSRGraph.from_edge_index(random_graph(), 300)
+    with pytest.warns(UserWarning, match="scripts/setup.sh"):
+        assert NeighborSampler(csr, [3]).backend == "torch"
+    with pytest.raises(UsageError, match="scripts/setup.sh"):
+        NeighborSampler(csr, [3], backend="kernel")
+
+
+def test_kernel_is_built():
+    """scripts/setup.sh builds the kernel: a missing build would silently cost ~3x speed."""
+    assert kernel_available()
 
 
 @pytest.mark.parametrize("model", ["sage", "gat3"])
