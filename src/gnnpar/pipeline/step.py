@@ -3,6 +3,8 @@
 :class:`PipelineStep` builds this rank's stage twice, with the training micro-batch shapes
 (GPipe or 1F1B with the loss and backward) and with the evaluation shapes (forward-only GPipe),
 both sharing the parameters; static shapes throughout (see :mod:`gnnpar.pipeline.stages`).
+The loop runs each step and evaluation under ``--precision`` (:mod:`gnnpar.precision`); the
+stage boundaries carry the dtypes that precision produces there.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from gnnpar.config import Config
 from gnnpar.pipeline.batches import Batch, StagePlace
+from gnnpar.precision import autocast
 from gnnpar.pipeline.stages import (
     StageModule,
     boundary_shapes,
@@ -46,16 +49,16 @@ class PipelineStep:
 
     def _stage(self, model, job, mesh, balance, lo, hi, graphs, for_eval, device, loss, cfg):
         x0, ei0 = job.probe(for_eval)
-        shapes = boundary_shapes(model, x0, ei0, balance)
+        with autocast(cfg.run.precision, device):  # the dtypes the stages will send
+            shapes = boundary_shapes(model, x0, ei0, balance)
         idx = mesh.stage
-        module = StageModule(model, lo, hi, self.first, self.last, graphs)
+        module = StageModule(model, lo, hi, self.first, self.last, graphs, shapes[idx + 1][1])
         stage = build_stage(
             module,
             idx,
             mesh.stages,
             shapes[idx],
             shapes[idx + 1],
-            x0.dtype,
             device,
             mesh.pipe_group,
         )
