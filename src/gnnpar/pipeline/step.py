@@ -15,7 +15,6 @@ import torch
 
 from gnnpar.config import Config
 from gnnpar.pipeline.batches import Batch, StagePlace
-from gnnpar.precision import autocast
 from gnnpar.pipeline.stages import (
     StageModule,
     boundary_shapes,
@@ -25,6 +24,7 @@ from gnnpar.pipeline.stages import (
     run_schedule,
     summed_loss,
 )
+from gnnpar.precision import autocast
 
 
 class PipelineStep:
