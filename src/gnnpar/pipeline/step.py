@@ -40,6 +40,7 @@ class PipelineStep:
         self.first, self.last, self.M, self.model = idx == 0, idx == S - 1, M, model
         lo, hi = bounds(balance)[idx]
         loss = summed_loss(job.denominator, job.ds.multilabel)
+        self.boundary_dtypes: list[str] = []  # what crosses each cut in training (result.json)
         self.train_sched, self.train_mod = self._stage(
             model, job, mesh, balance, lo, hi, job.train_graphs, False, device, loss, cfg
         )
@@ -51,6 +52,8 @@ class PipelineStep:
         x0, ei0 = job.probe(for_eval)
         with autocast(cfg.run.precision, device):  # the dtypes the stages will send
             shapes = boundary_shapes(model, x0, ei0, balance)
+        if not for_eval:
+            self.boundary_dtypes = [str(dtype).removeprefix("torch.") for _, dtype in shapes[1:-1]]
         idx = mesh.stage
         module = StageModule(model, lo, hi, self.first, self.last, graphs, shapes[idx + 1][1])
         stage = build_stage(

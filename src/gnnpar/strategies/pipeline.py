@@ -149,6 +149,7 @@ class Pipeline:
                 else "profiled (fwd+bwd per block)",
                 "block_time_s": block_times,
                 "gpipe_bound": gpipe_bound(S, M),
+                "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
                 **job.extra(),
             },
         )
