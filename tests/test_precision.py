@@ -18,8 +18,9 @@ import torch
 
 import gnnpar
 from conftest import run_cli
+from gnnpar.checkpoint import config_differences
 from gnnpar.cli import main
-from gnnpar.config import ModelConfig
+from gnnpar.config import Config, ModelConfig
 from gnnpar.losses import LocalStep, graph_loss
 from gnnpar.model_io import read_model_file
 from gnnpar.models import build_model
@@ -139,6 +140,15 @@ def test_toml_sets_the_precision_and_a_resume_cannot_change_it(tmp_path, capsys)
     assert main([*run, "--epochs", "3", "--resume"]) == 2
     assert "(run.precision: 'bf16' there, 'fp32' here)" in capsys.readouterr().err
     assert main([*run, "--epochs", "3", "--resume", "--config", str(toml)]) == 0
+
+
+def test_a_checkpoint_older_than_the_flag_resumes_as_fp32_only():
+    saved = Config().to_dict()
+    del saved["run"]["precision"]  # written before --precision existed
+    current = Config().to_dict()
+    assert config_differences(saved, current) == []
+    current["run"]["precision"] = "bf16"
+    assert config_differences(saved, current) == ["run.precision: 'fp32' there, 'bf16' here"]
 
 
 @pytest.mark.slow
