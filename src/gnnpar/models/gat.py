@@ -99,20 +99,22 @@ class _CSRMatmul(torch.autograd.Function):
 
     Always fp32, also under ``--precision bf16``'s autocast (which would cast both operands
     of ``sparse.mm`` to bfloat16): CPU has no bfloat16 CSR product, and this one is ~1% of
-    the dense product's work anyway. The output is fp32; the next layer's autocast casts it."""
+    the dense product's work anyway. Inside a Function autocast casts no inputs, so the
+    operands keep their dtype (fp32 features and weights); the next layer's autocast casts the
+    output."""
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, w: torch.Tensor, plan: CSRPlan) -> torch.Tensor:
         ctx.plan = plan
         ctx.save_for_backward(values)
         with torch.autocast(values.device.type, enabled=False):
-            return torch.sparse.mm(plan.matrix(values.float()), w.float())
+            return torch.sparse.mm(plan.matrix(values), w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (values,) = ctx.saved_tensors
         with torch.autocast(values.device.type, enabled=False):
-            grad_w = torch.sparse.mm(ctx.plan.transposed(values.float()), grad.float())
+            grad_w = torch.sparse.mm(ctx.plan.transposed(values), grad)
         return None, grad_w, None
 
 
