@@ -19,14 +19,13 @@ backward of one batch, or one pipeline schedule), and a *sync policy* that acts 
     sync.finish()                                  # gossip: serve the last claims
     plan.finish()                                  # final scores (and final-model choice)
 
-``step``, ``evaluate`` and ``finish`` run under ``--precision`` (:func:`gnnpar.precision.
-autocast` for the plan's device; fp32: no context at all), so the scores are the run's own.
-
 and gathers what every rank did into one :class:`Outcome` (result.json). Timing: a step is
 from asking the source for a batch to the end of its sync; ``data_wait`` is the first part,
 ``sync`` what the policy spent blocked on other ranks, ``compute`` the rest (straggler delays
 included). ``train_time_s`` is the longest rank's summed epoch wall time (evaluation,
-partitioning and set-up excluded).
+partitioning and set-up excluded). ``step``, ``evaluate`` and ``finish`` run under
+``--precision`` (:func:`gnnpar.precision.autocast` for the plan's device; fp32: no context at
+all), so the scores in result.json are those of the run's arithmetic.
 """
 
 from __future__ import annotations
