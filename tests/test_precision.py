@@ -10,6 +10,7 @@ precisions (fp16 included) exit 2. The fp32 default is bit for bit the old arith
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -22,6 +23,7 @@ from gnnpar.checkpoint import config_differences
 from gnnpar.cli import main
 from gnnpar.config import Config, ModelConfig
 from gnnpar.losses import LocalStep, graph_loss
+from gnnpar.metrics import loss_fn
 from gnnpar.model_io import read_model_file
 from gnnpar.models import build_model
 from gnnpar.pipeline.stages import StageModule, boundary_shapes
@@ -57,6 +59,28 @@ def test_a_bf16_step_leaves_fp32_weights_and_fp32_gradients(name, graph6):
     for n, p in model.named_parameters():
         assert p.dtype == torch.float32 and p.grad is not None, n
         assert p.grad.dtype == torch.float32 and bool(torch.isfinite(p.grad).all()), n
+
+
+@pytest.mark.parametrize("name", ["gcn", "gat", "sage", "vig"])
+def test_backward_inside_autocast_equals_backward_after_it(name):
+    """The loop wraps forward and backward together (a pipeline step cannot be split); AMP's
+    recipe runs backward after leaving autocast. Both give the same gradients."""
+    torch.manual_seed(0)
+    vig = name == "vig"
+    model = build_model(ModelConfig(name, 16, 2, 2, 0.0), 3 if vig else 100, 4, False)
+    twin = copy.deepcopy(model)
+    if vig:
+        inputs, y = (torch.randn(4, 3, 8, 8),), torch.randint(0, 4, (4,))
+    else:
+        x = (torch.rand(200, 100) < 0.05).float()
+        inputs, y = (x, torch.randint(0, 200, (2, 1000))), torch.randint(0, 4, (200,))
+    with autocast("bf16", "cpu"):
+        loss_fn(model(*inputs), y, False).backward()
+    with autocast("bf16", "cpu"):
+        loss = loss_fn(twin(*inputs), y, False)
+    loss.backward()
+    for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(a.grad, b.grad), n
 
 
 def test_pipeline_boundaries_carry_the_dtype_autocast_produced_there():
