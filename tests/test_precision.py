@@ -22,6 +22,7 @@ from conftest import run_cli
 from gnnpar.checkpoint import config_differences
 from gnnpar.cli import main
 from gnnpar.config import Config, ModelConfig
+from gnnpar.evaluation import graph_logits
 from gnnpar.losses import LocalStep, graph_loss
 from gnnpar.metrics import loss_fn
 from gnnpar.model_io import read_model_file
@@ -105,6 +106,24 @@ def test_pipeline_boundaries_carry_the_dtype_autocast_produced_there():
     with autocast("bf16", "cpu"):
         shapes = boundary_shapes(gat, torch.randn(4, 6), ei, [1, 1])
     assert shapes[1][1] == torch.float32 and shapes[2] == (torch.Size([4, 3]), torch.float32)
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage", "gat"])
+def test_large_graph_evaluation_paths_run_under_bf16(name, graph6):
+    """Above the message limit, gcn and sage take the sparse-product path, which runs in fp32
+    (CPU has no bfloat16 CSR product): the same logits as without autocast. gat takes the
+    node-chunked path in bf16: close to the one-pass bf16 forward. Logits come back fp32."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name, 8, 2, 2, 0.0), 6, 2, False).eval()
+    x = torch.randn(graph6.num_nodes, 6)
+    with autocast("bf16", "cpu"):
+        large = graph_logits(model, x, graph6.edge_index, limit=1)
+        small = graph_logits(model, x, graph6.edge_index)
+    assert large.dtype == small.dtype == torch.float32
+    if name == "gat":
+        torch.testing.assert_close(large, small, atol=0.05, rtol=0.05)
+    else:
+        torch.testing.assert_close(large, graph_logits(model, x, graph6.edge_index, limit=1))
 
 
 @pytest.mark.parametrize("name", ["gcn", "gat"])
