@@ -48,6 +48,7 @@ def test_toml_accepts_flag_names_with_dashes_underscores_and_sections(tmp_path):
 
 # A value of the right type for every key, as TOML text.
 TOML_VALUES = {
+    "precision": '"bf16"',
     "dataset": '"cora"',
     "data-root": '"/tmp/gnnpar-test-data"',
     "scale": "0.5",
@@ -114,7 +115,7 @@ def test_the_flag_table_covers_every_key_and_names_known_choices():
         "dataset", "data-root", "model", "hidden", "layers", "dropout", "strategy", "workers",
         "optimizer", "lr", "weight-decay", "epochs", "seed", "out", "quiet", "eval-every",
         "max-steps", "threads", "timeout", "tensorboard", "checkpoint-every", "resume",
-        "max-restarts",
+        "max-restarts", "precision",
     }  # fmt: skip
     for uses in USED_BY.values():
         for use in uses:

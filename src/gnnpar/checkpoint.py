@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from gnnpar import UsageError
 from gnnpar.collectives import barrier
+from gnnpar.config import Config
 from gnnpar.dist import restart_count
 
 KEEP = 2
@@ -212,13 +213,15 @@ RESUMABLE = {
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-    """Settings (other than :data:`RESUMABLE` ones) in which two runs differ."""
+    """Settings (other than :data:`RESUMABLE` ones) in which two runs differ. A setting newer
+    than the checkpoint (absent from its config, e.g. ``precision``) counts as its default."""
     out = []
+    defaults = Config().to_dict()
     for section, values in current.items():
         for key, value in values.items():
             if key in RESUMABLE.get(section, set()):
                 continue
-            old = saved.get(section, {}).get(key)
+            old = saved.get(section, {}).get(key, defaults.get(section, {}).get(key))
             if json.dumps(old, default=str) != json.dumps(value, default=str):
                 out.append(f"{section}.{key}: {old!r} there, {value!r} here")
     return out

@@ -65,6 +65,8 @@ FLAG_HELP = {
     "max-steps": "at most this many training steps per epoch",
     "eval-every": "evaluate every N epochs (0: only at the end)",
     "threads": "torch threads per process",
+    "precision": "fp32 (default) or bf16: forward passes under torch.autocast in bfloat16, "
+    "weights, gradients and optimizer state in fp32",
     "tensorboard": "also write TensorBoard event files to <out>/tensorboard/",
     "checkpoint-every": "write a checkpoint every N epochs to <out>/checkpoints/ (last 2 kept)",
     "checkpoint-every-steps": "write a checkpoint every N training steps",

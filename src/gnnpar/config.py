@@ -47,6 +47,7 @@ MICROBATCH_MODES = ("exact", "index")
 SCHEDULES = ("gpipe", "1f1b")
 OPTIMIZERS = ("adam", "sgd")
 DATASET_KINDS = ("graph", "image")
+PRECISIONS = ("fp32", "bf16")  # --precision; gnnpar.precision applies it
 
 
 @dataclass
@@ -108,6 +109,7 @@ class RunConfig:
     checkpoint_every_steps: int = 0  # steps between checkpoints (0: none)
     resume: bool = False  # continue from the newest good checkpoint in --out
     max_restarts: int = 0  # the elastic agent restarts failed ranks this often (they resume)
+    precision: str = "fp32"  # bf16: forward passes under autocast, fp32 weights (precision.py)
 
 
 @dataclass
@@ -176,6 +178,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "checkpoint-every-steps": ("run", "checkpoint_every_steps"),
     "resume": ("run", "resume"),
     "max-restarts": ("run", "max_restarts"),
+    "precision": ("run", "precision"),
 }
 
 SECTIONS: dict[str, type] = {
@@ -594,6 +597,12 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     one_of(s.microbatch, MICROBATCH_MODES, "--microbatch")
     one_of(s.schedule, SCHEDULES, "--schedule")
     one_of(o.optimizer, OPTIMIZERS, "--optimizer")
+    if r.precision == "fp16":
+        bad(
+            "--precision fp16 is not supported: fp16 needs loss scaling, which gnnpar does not "
+            "do. Use --precision bf16 (same range as fp32, no scaling needed) or fp32."
+        )
+    one_of(r.precision, PRECISIONS, "--precision")
     if not 0 < d.scale <= 1:
         bad(f"--scale must be in (0, 1], got {d.scale}.")
     if d.partitions is not None and d.partitions < 1:

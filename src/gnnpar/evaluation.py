@@ -63,12 +63,16 @@ def graph_logits(
       about ``limit`` bytes of messages at a time. Exact because such a block's output at a node
       depends only on its own features and its incoming edges (attention is normalised over
       them).
+
+    Runs in the caller's precision (the loop's autocast under ``--precision bf16``; ``gnnpar
+    predict`` enters the same) and returns fp32 logits. The sparse product path runs in fp32
+    even then: CPU has no bfloat16 CSR product, and fp32 there is exact on every device.
     """
     convs = [m for m in model.modules() if isinstance(m, MessagePassing)]
     # Widest feature a message can carry (SAGEConv aggregates its input before projecting).
     width = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
     if edge_index.size(1) * width * 4 <= limit or not convs:
-        return model(x, edge_index)
+        return model(x, edge_index).float()
     n = x.size(0)
     fused = all(
         type(c).message_and_aggregate is not MessagePassing.message_and_aggregate for c in convs
@@ -78,7 +82,7 @@ def graph_logits(
         # the caller's graph (before any edit below) identifies the adjacency for the cache
         cache_key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version, n, gcn)
         if cache is not None and cache.key == cache_key:
-            return model(x, cache.adj_t)
+            return _fp32(model, x, cache.adj_t)
         if gcn:
             # GCNConv adds self-loops to a sparse adjacency unconditionally but only the missing
             # ones to an edge_index; dropping existing ones first makes the two agree.
@@ -94,9 +98,15 @@ def graph_logits(
             del key, counts
             if cache is not None:
                 cache.key, cache.adj_t = cache_key, adj_t
-            return model(x, adj_t)  # row = destination: PyG's transposed adjacency
+            return _fp32(model, x, adj_t)  # row = destination: PyG's transposed adjacency
         del key, counts
-    return _layerwise_chunked(model, x, edge_index, max(1, limit // (width * 4)))
+    return _layerwise_chunked(model, x, edge_index, max(1, limit // (width * 4))).float()
+
+
+def _fp32(model: nn.Module, x: torch.Tensor, adj_t: torch.Tensor) -> torch.Tensor:
+    """``model(x, adj_t)`` without autocast: a bfloat16 CSR product is not implemented on CPU."""
+    with torch.autocast(x.device.type, enabled=False):
+        return model(x, adj_t)
 
 
 def _layerwise_chunked(

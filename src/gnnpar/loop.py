@@ -23,7 +23,9 @@ and gathers what every rank did into one :class:`Outcome` (result.json). Timing:
 from asking the source for a batch to the end of its sync; ``data_wait`` is the first part,
 ``sync`` what the policy spent blocked on other ranks, ``compute`` the rest (straggler delays
 included). ``train_time_s`` is the longest rank's summed epoch wall time (evaluation,
-partitioning and set-up excluded).
+partitioning and set-up excluded). ``step``, ``evaluate`` and ``finish`` run under
+``--precision`` (:func:`gnnpar.precision.autocast` for the plan's device; fp32: no context at
+all), so the scores in result.json are those of the run's arithmetic.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gnnpar import collectives
 from gnnpar.checkpoint import Checkpointer, Resumed
 from gnnpar.config import Config
 from gnnpar.metrics import MetricsLog, Progress, epoch_line, peak_memory, summarize
+from gnnpar.precision import autocast
 from gnnpar.straggler import Straggler
 from gnnpar.sync import NoSync, Sync
 
@@ -147,6 +150,10 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
     the run resumes, first restores the newest good checkpoint and continues where it was."""
     r = cfg.run
     source, sync, opt = plan.source, plan.sync, plan.optimizer
+
+    def precision():  # --precision: autocast (bf16) or nothing (fp32)
+        return autocast(r.precision, plan.device)
+
     log = RankLog(plan.replica, r.epochs)
     eval_times: list[float] = []
     first_epoch = first_step = 0
@@ -190,7 +197,8 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                 t1, waited = time.perf_counter(), sync.wait_s
                 has_batch = batch is not None
                 opt.zero_grad(set_to_none=True)
-                loss = plan.step(batch) if has_batch else None
+                with precision():
+                    loss = plan.step(batch) if has_batch else None
                 if has_batch:
                     plan.straggler.after_step(time.perf_counter() - t1)
                 if sync.after_backward(has_batch):
@@ -211,7 +219,8 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
             scores = None
             last = epoch + 1 == r.epochs
             if plan.evaluate and r.eval_every and (epoch + 1) % r.eval_every == 0 and not last:
-                scores, times = plan.evaluate()
+                with precision():
+                    scores, times = plan.evaluate()
                 eval_times += times
                 if scores is not None:
                     bar.update(0, f"epoch {epoch + 1} val {scores['val']:.3f}")
@@ -221,7 +230,8 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
         t_end = time.perf_counter()
         sync.finish()
         log.train_s += time.perf_counter() - t_end
-        final = plan.finish()
+        with precision():
+            final = plan.finish()
         metrics.final(final.scores, log.train_s)
     outcome = _outcome(plan, log, eval_times + final.eval_times, final)
     if ckpt is not None:

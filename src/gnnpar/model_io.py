@@ -8,7 +8,8 @@ with ``weights_only=True``: loading a model file runs no pickled code)::
                   pipeline/hybrid: every stage joined back into one model)
     model         the resolved model settings (name, hidden, layers, heads, dropout)
     in_dim, num_classes, multilabel
-    config        every resolved setting of the run
+    config        every resolved setting of the run (``run.precision``: the arithmetic its
+                  scores were computed in; ``gnnpar predict`` uses it, weights are fp32 always)
     dataset       name and, for user graphs, their content fingerprint
     final_model, scores, versions
 

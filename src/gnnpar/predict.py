@@ -10,7 +10,8 @@ row per node: ``node,pred,p_0,...,p_{C-1}``; multi-label: one 0/1 column and one
 label). Default ``<out>``: ``RUN_DIR/predictions``. It prints the scores on every split mask the
 dataset has: on the run's own dataset the test score equals result.json's ``test_score``
 (pipeline runs with ``--microbatch index`` excepted: their result.json scores the edge-losing
-micro-batches, this the whole graph).
+micro-batches, this the whole graph). Inference runs in the run's ``--precision`` (model.pt's
+config), as its evaluation did; the written probabilities are fp32.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gnnpar.data.datasets import ImageDataset, load_dataset
 from gnnpar.evaluation import graph_logits
 from gnnpar.metrics import score
 from gnnpar.model_io import atomic_save, build_from, read_model_file
+from gnnpar.precision import autocast
 
 
 def predict(
@@ -47,10 +49,12 @@ def predict(
             f"{payload['path']} was trained on {payload['in_dim']}: it cannot read this graph."
         )
     t0 = time.perf_counter()
-    if isinstance(ds, ImageDataset):
-        ids, logits, scores = _images(model, ds, cfg.strategy.batch_size or 32)
-    else:
-        ids, logits, scores = _graph(model, ds)
+    with autocast(cfg.run.precision, "cpu"):  # the run's precision: its scores, reproduced
+        if isinstance(ds, ImageDataset):
+            ids, logits, scores = _images(model, ds, cfg.strategy.batch_size or 32)
+        else:
+            ids, logits, scores = _graph(model, ds)
+    logits = logits.float()
     multilabel = bool(payload["multilabel"])
     prob = torch.sigmoid(logits) if multilabel else torch.softmax(logits, -1)
     pred = (logits > 0).to(torch.uint8) if multilabel else logits.argmax(-1)

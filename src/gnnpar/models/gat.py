@@ -95,18 +95,26 @@ def _csr(crow, col, values, shape) -> torch.Tensor:
 
 
 class _CSRMatmul(torch.autograd.Function):
-    """X @ W for CSR X; the backward uses the cached X^T structure instead of re-sorting X."""
+    """X @ W for CSR X; the backward uses the cached X^T structure instead of re-sorting X.
+
+    Always fp32, also under ``--precision bf16``'s autocast (which would cast both operands
+    of ``sparse.mm`` to bfloat16): CPU has no bfloat16 CSR product, and this one is ~1% of
+    the dense product's work anyway. Inside a Function autocast casts no inputs, so the
+    operands keep their dtype (fp32 features and weights); the next layer's autocast casts the
+    output."""
 
     @staticmethod
     def forward(ctx, values: torch.Tensor, w: torch.Tensor, plan: CSRPlan) -> torch.Tensor:
         ctx.plan = plan
         ctx.save_for_backward(values)
-        return torch.sparse.mm(plan.matrix(values), w)
+        with torch.autocast(values.device.type, enabled=False):
+            return torch.sparse.mm(plan.matrix(values), w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (values,) = ctx.saved_tensors
-        grad_w = torch.sparse.mm(ctx.plan.transposed(values), grad)
+        with torch.autocast(values.device.type, enabled=False):
+            grad_w = torch.sparse.mm(ctx.plan.transposed(values), grad)
         return None, grad_w, None
 
 

@@ -11,8 +11,11 @@ GAT with torchgpipe's ``balance``. Here:
   (readout) on the last. Graph micro-batches carry no graph: each stage looks up micro-batch
   ``mb``'s ``edge_index`` in the plan every rank computed (data/microbatch.py), so only
   activations cross stage boundaries.
-* :func:`build_stage` gives ``PipelineStage`` static input/output shapes: its runtime shape
-  inference hangs on gloo in torch 2.13. ScheduleGPipe sends and receives with plain
+* :func:`build_stage` gives ``PipelineStage`` static input/output shapes and dtypes: its
+  runtime shape inference hangs on gloo in torch 2.13. Under ``--precision bf16`` the dtypes
+  are those a probe forward under the run's autocast produced at each cut (bfloat16 after a
+  linear layer: half the bytes on the wire; gloo sends bfloat16), and each stage casts its
+  output to the declared dtype, the last one to fp32 for the loss. ScheduleGPipe sends and receives with plain
   ``isend``/``irecv`` (homogeneous batches skip ``batch_isend_irecv``); Schedule1F1B mixes sends
   and receives in one ``batch_isend_irecv``, which on gloo (no coalescing) is a loop of plain
   ``isend``/``irecv`` since pytorch#152938 fixed the lost-work hang of pytorch#132644.
@@ -105,19 +108,21 @@ class StageModule(nn.Module):
         first: bool,
         last: bool,
         graphs: list[torch.Tensor] | None,
+        out_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
         self.stem = model.stem if first else nn.Identity()
         self.blocks = nn.ModuleList(model.blocks[lo:hi])
         self.head = model.head if last else nn.Identity()
         self.graphs = graphs
+        self.out_dtype = out_dtype  # what PipelineStage was told this stage sends
 
     def forward(self, x: torch.Tensor, mb: torch.Tensor) -> torch.Tensor:
         edge_index = None if self.graphs is None else self.graphs[int(mb[0])]
         x = self.stem(x)
         for block in self.blocks:
             x = block(x, edge_index)
-        return self.head(x)
+        return self.head(x).to(self.out_dtype)  # fp32 runs: the same tensor
 
 
 @torch.no_grad()
@@ -126,17 +131,19 @@ def boundary_shapes(
     x: torch.Tensor,
     edge_index: torch.Tensor | None,
     balance: Sequence[int],
-) -> list[torch.Size]:
-    """Shapes of the stage inputs and the final output for one micro-batch: len(balance)+1."""
+) -> list[tuple[torch.Size, torch.dtype]]:
+    """(shape, dtype) of the stage inputs and the final output for one micro-batch:
+    len(balance)+1. Dtypes as computed in the caller's precision (autocast), but the final
+    output is fp32 (the loss and the scores read it)."""
     was_training = model.training
     model.eval()
-    shapes = [x.shape]
+    shapes = [(x.shape, x.dtype)]
     h = model.stem(x)
     for lo, hi in bounds(balance):
         for block in model.blocks[lo:hi]:
             h = block(h, edge_index)
-        shapes.append(h.shape)
-    shapes[-1] = model.head(h).shape
+        shapes.append((h.shape, h.dtype))
+    shapes[-1] = (model.head(h).shape, torch.float32)
     model.train(was_training)
     return shapes
 
@@ -145,15 +152,15 @@ def build_stage(
     module: StageModule,
     index: int,
     num_stages: int,
-    in_shape: torch.Size,
-    out_shape: torch.Size,
-    dtype: torch.dtype,
+    inputs: tuple[torch.Size, torch.dtype],
+    outputs: tuple[torch.Size, torch.dtype],
     device: torch.device,
     group: dist.ProcessGroup | None,
 ) -> PipelineStage:
-    """A PipelineStage with static shapes (no runtime inference, which hangs on gloo)."""
-    x = torch.zeros(in_shape, dtype=dtype, device=device, requires_grad=index > 0)
-    y = torch.zeros(out_shape, dtype=torch.float, device=device, requires_grad=True)
+    """A PipelineStage with static shapes and dtypes (no runtime inference, which hangs on
+    gloo); ``module.out_dtype`` must be ``outputs``' dtype."""
+    x = torch.zeros(inputs[0], dtype=inputs[1], device=device, requires_grad=index > 0)
+    y = torch.zeros(outputs[0], dtype=outputs[1], device=device, requires_grad=True)
     return PipelineStage(
         module, index, num_stages, device, input_args=(x,), output_args=(y,), group=group
     )

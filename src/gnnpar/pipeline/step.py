@@ -3,6 +3,8 @@
 :class:`PipelineStep` builds this rank's stage twice, with the training micro-batch shapes
 (GPipe or 1F1B with the loss and backward) and with the evaluation shapes (forward-only GPipe),
 both sharing the parameters; static shapes throughout (see :mod:`gnnpar.pipeline.stages`).
+The loop runs each step and evaluation under ``--precision`` (:mod:`gnnpar.precision`); the
+stage boundaries carry the dtypes that precision produces there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gnnpar.pipeline.stages import (
     run_schedule,
     summed_loss,
 )
+from gnnpar.precision import autocast
 
 
 class PipelineStep:
@@ -37,6 +40,7 @@ class PipelineStep:
         self.first, self.last, self.M, self.model = idx == 0, idx == S - 1, M, model
         lo, hi = bounds(balance)[idx]
         loss = summed_loss(job.denominator, job.ds.multilabel)
+        self.boundary_dtypes: list[str] = []  # what crosses each cut in training (result.json)
         self.train_sched, self.train_mod = self._stage(
             model, job, mesh, balance, lo, hi, job.train_graphs, False, device, loss, cfg
         )
@@ -46,16 +50,18 @@ class PipelineStep:
 
     def _stage(self, model, job, mesh, balance, lo, hi, graphs, for_eval, device, loss, cfg):
         x0, ei0 = job.probe(for_eval)
-        shapes = boundary_shapes(model, x0, ei0, balance)
+        with autocast(cfg.run.precision, device):  # the dtypes the stages will send
+            shapes = boundary_shapes(model, x0, ei0, balance)
+        if not for_eval:
+            self.boundary_dtypes = [str(dtype).removeprefix("torch.") for _, dtype in shapes[1:-1]]
         idx = mesh.stage
-        module = StageModule(model, lo, hi, self.first, self.last, graphs)
+        module = StageModule(model, lo, hi, self.first, self.last, graphs, shapes[idx + 1][1])
         stage = build_stage(
             module,
             idx,
             mesh.stages,
             shapes[idx],
             shapes[idx + 1],
-            x0.dtype,
             device,
             mesh.pipe_group,
         )

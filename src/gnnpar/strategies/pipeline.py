@@ -36,6 +36,7 @@ from gnnpar.parallel_dims import ParallelDims
 from gnnpar.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
 from gnnpar.pipeline.stages import choose_balance, gpipe_bound, split_by_cost
 from gnnpar.pipeline.step import PipelineStep
+from gnnpar.precision import autocast
 from gnnpar.seeding import seed_everything
 from gnnpar.sync import NoSync, ReplicaGradSum
 
@@ -89,7 +90,8 @@ class Pipeline:
         torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
         Job = ImageMicroBatches if isinstance(ds, ImageDataset) else GraphMicroBatches
         job = Job(cfg, ds, place)
-        balance, block_times = choose_balance(cfg, model, job)
+        with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
+            balance, block_times = choose_balance(cfg, model, job)
         if dist.get_rank() == 0 and not r.quiet:
             how = "--balance" if block_times is None else "profiled fwd+bwd s per block: "
             how += " ".join(f"{t:.3g}" for t in block_times or [])
@@ -147,6 +149,7 @@ class Pipeline:
                 else "profiled (fwd+bwd per block)",
                 "block_time_s": block_times,
                 "gpipe_bound": gpipe_bound(S, M),
+                "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
                 **job.extra(),
             },
         )

@@ -67,6 +67,7 @@ from gnnpar.losses import LocalStep, seed_loss
 from gnnpar.models import build_model
 from gnnpar.optim import build_optimizer
 from gnnpar.parallel_dims import ParallelDims
+from gnnpar.precision import autocast
 from gnnpar.seeding import seed_everything
 from gnnpar.sources import SampledSource
 from gnnpar.straggler import Straggler
@@ -119,7 +120,8 @@ class Sampled:
             t0 = time.perf_counter()
             scores = {"val": 0.0, "test": 0.0, "train": 0.0}
             if ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
-                scores = evaluate_graph(model.cpu(), ds)[0]
+                with autocast(cfg.run.precision, "cpu"):  # the loop's is the training device's
+                    scores = evaluate_graph(model.cpu(), ds)[0]
             return Final(scores, [time.perf_counter() - t0])
 
         return Plan(
