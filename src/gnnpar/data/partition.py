@@ -31,7 +31,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse
@@ -50,6 +50,9 @@ from gnnpar.data.cache import (
     remove_stale_temporaries,
     save_tensors,
 )
+
+if TYPE_CHECKING:
+    from gnnpar.data.datasets import GraphDataset
 
 FORMAT_VERSION = 1
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
@@ -237,12 +240,23 @@ def induced_batch(data: Data, nodes: torch.Tensor) -> Data:
 
 
 # ------------------------------------------------------------------------------ disk cache
-def cache_path(
-    root: str | os.PathLike, dataset: str, scale: float, parts: int, method: str, seed: int
-) -> Path:
-    """``<data_root>/cache/partitions/<dataset>-scale<scale>-<method>-<parts>-seed<seed>.pt``."""
-    name = f"{dataset}-scale{scale:g}-{method}-{parts}-seed{seed}.pt"
+def cache_path(root: str | os.PathLike, dataset: str, parts: int, method: str, seed: int) -> Path:
+    """``<data_root>/cache/partitions/<dataset>-<method>-<parts>-seed<seed>.pt``; ``dataset`` is
+    :func:`dataset_key`'s name for the graph."""
+    name = f"{dataset}-{method}-{parts}-seed{seed}.pt"
     return Path(root) / "cache" / "partitions" / name
+
+
+def dataset_key(ds: GraphDataset, scale: float) -> str:
+    """What names a graph in the partition cache: ``<name>-scale<scale>`` for a registered
+    dataset, ``user-<sha256[:20]>`` for a user's graph, its content fingerprint (user.py; the
+    name of its dataset cache entry too). A user's graph is not keyed by its file name: two
+    different ``graph.pt`` files would evict each other's partitions, while a renamed copy
+    should hit them; ``--scale`` does not apply to it."""
+    fingerprint = ds.info.get("fingerprint")
+    if fingerprint:
+        return f"user-{fingerprint[:20]}"
+    return f"{ds.name}-scale{scale:g}"
 
 
 def _identity(data: Data) -> dict[str, int]:
@@ -388,7 +402,8 @@ def load_partitions(cfg, ds) -> tuple[PartitionedGraph, float, bool]:
     d = cfg.data
     path = None
     if d.data_root:
-        path = cache_path(d.data_root, ds.name, d.scale, d.partitions, d.partitioner, cfg.run.seed)
+        key = dataset_key(ds, d.scale)
+        path = cache_path(d.data_root, key, d.partitions, d.partitioner, cfg.run.seed)
     graph, hit = load_or_build(
         ds.data, d.partitioner, d.partitions, cfg.run.seed, path, cfg.strategy.timeout_s
     )
