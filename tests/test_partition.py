@@ -157,3 +157,25 @@ def test_user_graphs_share_partitions_by_content_not_by_file_name(tmp_path):
     assert key_a.startswith("user-") and len(key_a) == 25 and key_a != key_b
     names = sorted(p.name for p in (root / "cache" / "partitions").glob("*.pt"))
     assert names == sorted(f"{k}-metis-2-seed0.pt" for k in (key_a, key_b))
+
+
+def test_batches_keep_duplicates_and_self_loops_in_destination_then_source_order():
+    # A shuffled, directed, messy edge list: duplicates (one edge three times), self-loops,
+    # one-way edges, and isolated nodes; the build must keep every edge inside a part exactly
+    # as often as given, ordered by (destination, source) inside each batch.
+    g = torch.Generator().manual_seed(5)
+    n = 60
+    base = torch.randint(0, n - 4, (2, 400), generator=g)  # nodes 56..59 stay isolated
+    extra = torch.tensor([[3, 3, 3, 7, 7], [9, 9, 9, 7, 7]])  # 3->9 three times, 7->7 twice
+    edge_index = torch.cat([base, extra], 1)[:, torch.randperm(405, generator=g)]
+    data = Data(x=torch.randn(n, 3, generator=g), edge_index=edge_index, y=torch.arange(n) % 2)
+    for method in ("random", "metis"):
+        part = partition_nodes(method, edge_index, n, 5, seed=1)
+        graph = build_partitioned(data, part, 5)
+        total = 0
+        for p in range(5):
+            ref, got = induced_batch(data, (part == p).nonzero().view(-1)), graph.batch(p)
+            order = torch.argsort(ref.edge_index[1] * n + ref.edge_index[0], stable=True)
+            assert torch.equal(got.edge_index, ref.edge_index[:, order]), (method, p)
+            total += got.edge_index.size(1)
+        assert total == int((part[edge_index[0]] == part[edge_index[1]]).sum())

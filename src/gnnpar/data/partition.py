@@ -194,13 +194,13 @@ def build_partitioned(data: Data, part: torch.Tensor, num_parts: int) -> Partiti
     # wanted (edges grouped by part, as positions are; destination, then source, inside it).
     # Duplicate edges become one entry counting them, expanded again below.
     width = int(counts.max())
-    ones = np.ones(src.size, dtype=np.int64)
+    ones = np.ones(src.size, dtype=np.int32)
     by_dst = scipy.sparse.csr_array((ones, (dst, src)), shape=(n, width))
     by_dst.sum_duplicates()  # canonical (sorted, duplicates counted) already; states the need
     entry_dst = np.repeat(local[n_id.numpy()], np.diff(by_dst.indptr))
     entry_src, multiplicity = by_dst.indices.astype(np.int64), by_dst.data
     ends = np.zeros(by_dst.nnz + 1, dtype=np.int64)  # edges up to each entry, duplicates counted
-    np.cumsum(multiplicity, out=ends[1:])
+    np.cumsum(multiplicity, dtype=np.int64, out=ends[1:])
     if by_dst.nnz != src.size:
         entry_dst, entry_src = (
             np.repeat(entry_dst, multiplicity),
