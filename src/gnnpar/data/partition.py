@@ -75,8 +75,8 @@ def symmetric_csr(edge_index: torch.Tensor, num_nodes: int) -> tuple[np.ndarray,
     requires).
 
     Built as ``A + A^T`` of scipy's compiled CSR kernels (a counting sort by row, per-row sorts,
-    a linear merge) rather than one sort of all ``2E`` combined keys, which cost ~8x more at
-    synthetic-reddit scale 0.1 (BENCHMARKS.md, "Cluster-GCN partitioning").
+    a linear merge) rather than one sort of all ``2E`` combined keys: 6.5x less CPU time at
+    synthetic-reddit scale 0.1 (BENCHMARKS.md, "Cluster-GCN partitioning"), same output.
     """
     src, dst = edge_index.to(torch.long).numpy()
     keep = src != dst
