@@ -8,12 +8,15 @@ from torch_geometric.data import Data
 
 from conftest import tiny_graph
 from gnnpar import UsageError
+from gnnpar.config import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.partition import (
     build_partitioned,
     cache_path,
+    dataset_key,
     induced_batch,
     load_or_build,
+    load_partitions,
     metis_partition,
     partition_nodes,
     random_partition,
@@ -106,8 +109,8 @@ def test_more_partitions_than_nodes_is_a_usage_error():
 
 def test_partition_cache_hit_and_invalidation(tmp_path):
     data = load_dataset("cora", "/nonexistent").data
-    path = cache_path(tmp_path, "cora", 1.0, 4, "metis", 7)
-    assert path.parent == tmp_path / "cache" / "partitions"
+    path = cache_path(tmp_path, "cora-scale1", 4, "metis", 7)
+    assert path == tmp_path / "cache" / "partitions" / "cora-scale1-metis-4-seed7.pt"
     first, hit = load_or_build(data, "metis", 4, 7, path)
     assert not hit and path.exists()
     second, hit = load_or_build(data, "metis", 4, 7, path)
@@ -119,3 +122,60 @@ def test_partition_cache_hit_and_invalidation(tmp_path):
     third, hit = load_or_build(other, "metis", 4, 7, path)
     assert not hit and third.tensors["edge_index"].size(1) <= first.tensors["edge_index"].size(1)
     assert not list(path.parent.glob(".*"))  # no temporary files left behind
+
+
+def test_user_graphs_share_partitions_by_content_not_by_file_name(tmp_path):
+    # Two different graphs both saved as graph.pt, and a renamed copy of the first one.
+    first, second = tiny_graph(), tiny_graph()
+    second.x = second.x + 1
+    paths = {"a": tmp_path / "a" / "graph.pt", "b": tmp_path / "b" / "graph.pt"}
+    for path, g in zip(paths.values(), (first, second)):
+        path.parent.mkdir()
+        torch.save(g, path)
+    paths["copy"] = tmp_path / "copy.pt"
+    paths["copy"].write_bytes(paths["a"].read_bytes())
+    root = tmp_path / "data"
+
+    def partition(key: str):
+        flags = {"dataset": str(paths[key]), "model": "gcn", "partitions": "2"}
+        cfg = build_config(None, {**flags, "partitioner": "metis", "data_root": str(root)})
+        ds = load_dataset(str(paths[key]), root, seed=cfg.run.seed)
+        graph, _, hit = load_partitions(cfg, ds)
+        return dataset_key(ds, cfg.data.scale), graph, hit
+
+    key_a, graph_a, hit_a = partition("a")
+    key_b, _, hit_b = partition("b")
+    # Keyed by file name, b (same edges, other features) was served a's file, features and all.
+    assert not hit_a and not hit_b
+    _, graph_b, hit = partition("b")
+    assert hit and torch.equal(graph_b.tensors["x"], second.x[graph_b.tensors["n_id"]])
+    again_key, again, hit = partition("a")
+    assert hit and again_key == key_a
+    assert torch.equal(again.tensors["part"], graph_a.tensors["part"])
+    copy_key, _, hit = partition("copy")
+    assert hit and copy_key == key_a  # a renamed copy is the same graph
+    assert key_a.startswith("user-") and len(key_a) == 25 and key_a != key_b
+    names = sorted(p.name for p in (root / "cache" / "partitions").glob("*.pt"))
+    assert names == sorted(f"{k}-metis-2-seed0.pt" for k in (key_a, key_b))
+
+
+def test_batches_keep_duplicates_and_self_loops_in_destination_then_source_order():
+    # A shuffled, directed, messy edge list: duplicates (one edge three times), self-loops,
+    # one-way edges, and isolated nodes; the build must keep every edge inside a part exactly
+    # as often as given, ordered by (destination, source) inside each batch.
+    g = torch.Generator().manual_seed(5)
+    n = 60
+    base = torch.randint(0, n - 4, (2, 400), generator=g)  # nodes 56..59 stay isolated
+    extra = torch.tensor([[3, 3, 3, 7, 7], [9, 9, 9, 7, 7]])  # 3->9 three times, 7->7 twice
+    edge_index = torch.cat([base, extra], 1)[:, torch.randperm(405, generator=g)]
+    data = Data(x=torch.randn(n, 3, generator=g), edge_index=edge_index, y=torch.arange(n) % 2)
+    for method in ("random", "metis"):
+        part = partition_nodes(method, edge_index, n, 5, seed=1)
+        graph = build_partitioned(data, part, 5)
+        total = 0
+        for p in range(5):
+            ref, got = induced_batch(data, (part == p).nonzero().view(-1)), graph.batch(p)
+            order = torch.argsort(ref.edge_index[1] * n + ref.edge_index[0], stable=True)
+            assert torch.equal(got.edge_index, ref.edge_index[:, order]), (method, p)
+            total += got.edge_index.size(1)
+        assert total == int((part[edge_index[0]] == part[edge_index[1]]).sum())

@@ -1,4 +1,5 @@
-"""Compressed sparse rows: the one helper every CSR in gnnpar is built with."""
+"""Compressed sparse rows: the one helper torch CSRs in gnnpar are built with (partition.py
+builds its CSRs with scipy's compiled kernels instead: they sort less)."""
 
 from __future__ import annotations
 
