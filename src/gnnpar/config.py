@@ -486,10 +486,11 @@ def apply(
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
+    if not str(path).strip():
+        raise UsageError("--config was given an empty path. Pass the path to a TOML file.")
     if not p.is_file():
-        raise UsageError(
-            f"Config file {p} does not exist. Pass --config with a path to a TOML file."
-        )
+        what = "is a folder" if p.is_dir() else "is not a file" if p.exists() else "does not exist"
+        raise UsageError(f"Config file '{p}' {what}. Pass --config with a path to a TOML file.")
     try:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -513,7 +514,7 @@ def build_config(file: str | None, flags: dict[str, Any]) -> Config:
     """
     cfg = Config()
     given: dict[str, str] = {}
-    if file:
+    if file is not None:  # --config '' is a mistake, not "no file"
         apply(cfg, load_toml(file), f"config file {file}", given)
     apply(cfg, {k: v for k, v in flags.items() if v is not None}, "the command line", given)
     resolve(cfg)
@@ -527,6 +528,24 @@ def default_data_root() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(xdg) / "gnnpar"
+
+
+def check_data_root(root: str | os.PathLike, given: bool) -> None:
+    """A data root that is a file, or lies inside one, is a UsageError (it could never hold
+    datasets or the cache); one that does not exist yet is fine (the cache creates it).
+    ``given``: it came from --data-root, else from $GNNPAR_DATA or $XDG_CACHE_HOME."""
+    path = Path(root)
+    where = "--data-root" if given else "The data root ($GNNPAR_DATA or $XDG_CACHE_HOME/gnnpar)"
+    for p in (path, *path.parents):
+        try:
+            if not p.exists():
+                continue
+            if p.is_dir():
+                return
+        except OSError as e:  # a name too long, a permission denied on a parent
+            raise UsageError(f"{where} {path} cannot be used ({e.strerror or e}).") from None
+        what = "is a file" if p == path else f"lies inside {p}, which is a file"
+        raise UsageError(f"{where} {path} {what}; give a folder for datasets and the cache.")
 
 
 def default_average(strategy: str, sync_every: int) -> str | None:
@@ -601,6 +620,7 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     if not image and m.name == "vig":
         bad(f"--model vig needs an image dataset (cifar10, synthetic-cifar10), not '{d.dataset}'.")
     check_used(cfg, given or {})
+    check_data_root(d.data_root, "data-root" in (given or {}))
     for key, kind in FIELD_TYPES.items():  # also for a Config built in Python, not parsed
         sub, name = _field(cfg, key)
         value = getattr(sub, name)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gnnpar import UsageError
+from gnnpar import RankFailedError, UsageError
 
 
 @dataclass
@@ -102,7 +102,33 @@ def _make_store(
         raise UsageError(f"MASTER_PORT={port} is not a TCP port (1-65535).")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     master = rank == 0 and not agent and not client
-    return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
+    try:
+        return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
+    except (dist.DistNetworkError, dist.DistStoreError) as e:
+        raise _store_failure(e, rank, world, addr, port, master, timeout) from None
+
+
+def _store_failure(
+    e: Exception, rank: int, world: int, addr: str, port: int, master: bool, timeout
+) -> Exception:
+    """torch's store error as one line: a port in use is bad input (exit 2); peers that never
+    came, or a rank 0 that cannot be reached, fail the run (exit 1), naming who and where."""
+    secs = f"{timeout.total_seconds():g}"
+    if master and "EADDRINUSE" in str(e):
+        return UsageError(
+            f"MASTER_PORT={port} is already in use on this machine (another run or program "
+            "listens there); choose a free port."
+        )
+    if master:
+        return RankFailedError(
+            f"rank 0 waited --timeout {secs} s at {addr}:{port} for the other "
+            f"{world - 1} of {world} ranks; they never came (not started, or started with "
+            "another MASTER_ADDR/MASTER_PORT)."
+        )
+    return RankFailedError(
+        f"rank {rank} could not reach rank 0's store at {addr}:{port} within --timeout {secs} "
+        f"s ({type(e).__name__}); is rank 0 running, and are MASTER_ADDR/MASTER_PORT its address?"
+    )
 
 
 def setup(timeout_s: float = 120.0) -> DistContext:

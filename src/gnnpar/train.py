@@ -60,9 +60,9 @@ def default_out(cfg: Config) -> str:
 def check_out(out: str) -> None:
     """The output folder can be created and written, before any training starts."""
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
     try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
