@@ -663,13 +663,15 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     for rank, factor in s.slowdown.items():
         if rank < 0 or not 1 <= factor <= MAX_SLOWDOWN:
             bad(
-                f"--slowdown {rank}={factor:g}: ranks are >= 0 and factors between 1 and "
+                f"--slowdown {rank}={factor:g}: ranks are >= 0 and factors >= 1 and at most "
                 f"{MAX_SLOWDOWN:g} (3 = three times slower)."
             )
-    if not 0 <= s.jitter <= MAX_SLOWDOWN:
+    if s.jitter < 0:
+        bad(f"--jitter must be >= 0, got {s.jitter}.")
+    if s.jitter > MAX_SLOWDOWN:
         bad(
-            f"--jitter must be between 0 and {MAX_SLOWDOWN:g} (pauses of up to that many "
-            f"steps), got {s.jitter:g}."
+            f"--jitter must be at most {MAX_SLOWDOWN:g} (pauses of up to that many steps), "
+            f"got {s.jitter:g}."
         )
     if s.stages < 1 or s.chunks < 1 or s.replicas < 1:
         bad("--stages, --chunks and --replicas must each be at least 1.")
