@@ -15,7 +15,15 @@ The estimate is a *lower bound* of what the ranks on this machine (or GPU) hold 
   for the backward pass) for the rows of one training step, i.e. every node of a full-batch graph,
   ``nodes / --partitions`` for a Cluster-GCN step, ``--batch-size`` seed nodes for a sampled step
   (their sampled neighbours not counted), and ``--batch-size`` x pixels for ViG (plus one block's
-  k-NN similarity matrix, batch x pixels^2).
+  k-NN similarity matrix, batch x pixels^2); and each hidden block's messages, one vector of the
+  same width per edge (PyG's message passing gathers them, and keeps them for the backward
+  pass): every edge of a full-batch graph, one per seed and first-hop fan-out for a sampled step,
+  none counted for a Cluster-GCN step (its edges are known only after partitioning).
+
+Measured (2026-11-22, CI box, load ~5): ``--model gcn --hidden 20000`` on Cora, estimate 1.4 GiB,
+peak RSS 3.2 GiB (0.35 GiB of it the bare process): the real need is about twice the bound.
+``--hidden 200000`` is estimated at 14.2 GiB (6.3 GiB before messages were counted, when such a
+run passed the check and was killed by the kernel's OOM killer).
 - copies: one per model replica on this machine (``LOCAL_WORLD_SIZE / --stages``).
 
 Before ``--workers N`` local ranks are started, :func:`check_ranks` refuses N whose bare
@@ -68,13 +76,17 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
         activations = rows * m.hidden * m.layers + images * pixels * pixels  # + one k-NN matrix
     else:
         nodes = ds.num_nodes
+        edges = 0  # messages: PyG's message passing gathers one feature vector per edge
         if s.name == "sampled":
             rows = min(s.batch_size, nodes)
+            edges = rows * max(1, (s.fanouts or [1])[0])  # the seeds' first hop
         elif cfg.data.partitions:
-            rows = -(-nodes // cfg.data.partitions)
+            rows = -(-nodes // cfg.data.partitions)  # (its edges: unknown before partitioning)
         else:
             rows = nodes
-        activations = rows * m.hidden * m.heads * (m.layers - 1)  # the last block outputs classes
+            edges = int(ds.data.edge_index.size(1))
+        # per hidden block (the last one outputs classes): its output and its messages
+        activations = (rows + edges) * m.hidden * m.heads * (m.layers - 1)
     return {"state": replicas * state, "activations": replicas * activations * FLOAT_BYTES}
 
 
