@@ -1,5 +1,10 @@
 import sys
 
-from gnnpar.cli import main
+try:
+    from gnnpar.cli import main
 
-sys.exit(main())
+    code = main()
+except KeyboardInterrupt:  # Ctrl-C before main() could catch it (while importing)
+    print("gnnpar: interrupted", file=sys.stderr)
+    code = 130
+sys.exit(code)

@@ -338,6 +338,12 @@ def _unused_message(key: str, source: str, missed: list[tuple[str, str]]) -> str
 
 # ---------------------------------------------------------------- parsing and type coercion
 INT64 = (-(2**63), 2**63 - 1)
+# Bounds of validate() beyond "positive" (absurd values that would overflow or never end)
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 7 * 24 * 3600.0
+MAX_SLOWDOWN = 1000.0  # --slowdown factors and --jitter: a 1000x slower step is a stall already
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_WIDTH = 2**24  # --hidden x --heads: features per node
+MAX_LAYERS = 10_000
 
 
 def _show(value: Any) -> str:
@@ -385,12 +391,21 @@ def _float(value: Any, what: str, message: str | None = None) -> float:
     return x
 
 
+def _items(text: str, what: str, example: str) -> list[str]:
+    """'a,b' -> ['a', 'b']; an empty entry ('10,,10', a trailing comma) is an error, not
+    skipped: the user meant a value there, and dropping it would shift every one after it."""
+    items = str(text).replace(" ", "").split(",")
+    if str(text).strip() and any(not t for t in items):
+        raise UsageError(
+            f"--{what} {_show(text)} has an empty entry between commas; give a value for "
+            f"each, e.g. {example}."
+        )
+    return [t for t in items if t]
+
+
 def parse_int_list(text: str | list, what: str) -> list[int]:
     """'25,10,10' -> [25, 10, 10]; a TOML list passes through. -1 is allowed (full fan-out)."""
-    if isinstance(text, list):
-        items = text
-    else:
-        items = [t for t in str(text).replace(" ", "").split(",") if t]
+    items = text if isinstance(text, list) else _items(text, what, "4,4")
     message = f"--{what} expects comma-separated integers such as 4,4, got {_show(text)}."
     return [_int(t, what, message) for t in items]
 
@@ -400,7 +415,7 @@ def parse_slowdown(text: str | dict, what: str = "slowdown") -> dict[int, float]
     if isinstance(text, dict):
         items = [f"{k}={v}" for k, v in text.items()]
     else:
-        items = [t for t in str(text).replace(" ", "").split(",") if t]
+        items = _items(text, what, "1=3,2=1.5")
     out: dict[int, float] = {}
     for item in items:
         rank, sep, factor = item.partition("=")
@@ -410,7 +425,10 @@ def parse_slowdown(text: str | dict, what: str = "slowdown") -> dict[int, float]
         )
         if not sep:
             raise UsageError(message)
-        out[_int(rank, what, message)] = _float(factor, what, message)
+        r = _int(rank, what, message)
+        if r in out:
+            raise UsageError(f"--{what} names rank {r} twice; give each rank one factor.")
+        out[r] = _float(factor, what, message)
     return out
 
 
@@ -471,10 +489,11 @@ def apply(
 
 def load_toml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
+    if not str(path).strip():
+        raise UsageError("--config was given an empty path. Pass the path to a TOML file.")
     if not p.is_file():
-        raise UsageError(
-            f"Config file {p} does not exist. Pass --config with a path to a TOML file."
-        )
+        what = "is a folder" if p.is_dir() else "is not a file" if p.exists() else "does not exist"
+        raise UsageError(f"Config file '{p}' {what}. Pass --config with a path to a TOML file.")
     try:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -498,7 +517,7 @@ def build_config(file: str | None, flags: dict[str, Any]) -> Config:
     """
     cfg = Config()
     given: dict[str, str] = {}
-    if file:
+    if file is not None:  # --config '' is a mistake, not "no file"
         apply(cfg, load_toml(file), f"config file {file}", given)
     apply(cfg, {k: v for k, v in flags.items() if v is not None}, "the command line", given)
     resolve(cfg)
@@ -512,6 +531,24 @@ def default_data_root() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(xdg) / "gnnpar"
+
+
+def check_data_root(root: str | os.PathLike, given: bool) -> None:
+    """A data root that is a file, or lies inside one, is a UsageError (it could never hold
+    datasets or the cache); one that does not exist yet is fine (the cache creates it).
+    ``given``: it came from --data-root, else from $GNNPAR_DATA or $XDG_CACHE_HOME."""
+    path = Path(root)
+    where = "--data-root" if given else "The data root ($GNNPAR_DATA or $XDG_CACHE_HOME/gnnpar)"
+    for p in (path, *path.parents):
+        try:
+            if not p.exists():
+                continue
+            if p.is_dir():
+                return
+        except OSError as e:  # a name too long, a permission denied on a parent
+            raise UsageError(f"{where} {path} cannot be used ({e.strerror or e}).") from None
+        what = "is a file" if p == path else f"lies inside {p}, which is a file"
+        raise UsageError(f"{where} {path} {what}; give a folder for datasets and the cache.")
 
 
 def default_average(strategy: str, sync_every: int) -> str | None:
@@ -586,6 +623,7 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     if not image and m.name == "vig":
         bad(f"--model vig needs an image dataset (cifar10, synthetic-cifar10), not '{d.dataset}'.")
     check_used(cfg, given or {})
+    check_data_root(d.data_root, "data-root" in (given or {}))
     for key, kind in FIELD_TYPES.items():  # also for a Config built in Python, not parsed
         sub, name = _field(cfg, key)
         value = getattr(sub, name)
@@ -610,6 +648,21 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     for name, v in (("--hidden", m.hidden), ("--layers", m.layers), ("--heads", m.heads)):
         if v < 1:
             bad(f"{name} must be at least 1, got {v}.")
+    if m.hidden * m.heads > MAX_WIDTH:
+        # beyond this the run needs terabytes anyway (footprint.check_memory says how much for
+        # widths below it); the bound keeps that estimate's tensor sizes within 64 bits
+        width = (
+            f"--hidden {m.hidden} x --heads {m.heads}" if m.heads > 1 else f"--hidden {m.hidden}"
+        )
+        bad(
+            f"{width} is {m.hidden * m.heads:,} features per node, more than {MAX_WIDTH:,} "
+            f"(64 MiB per node): no machine holds such a model. Use a smaller width."
+        )
+    if m.layers > MAX_LAYERS:
+        bad(
+            f"--layers {m.layers} is more than {MAX_LAYERS:,} (the deepest GNNs published have "
+            "about 1,000). Use fewer layers."
+        )
     if not 0 <= m.dropout < 1:
         bad(f"--dropout must be in [0, 1), got {m.dropout}.")
     if s.workers < 1:
@@ -617,12 +670,18 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     if s.sync_every < 1:
         bad(f"--sync-every must be at least 1 (average every K steps), got {s.sync_every}.")
     for rank, factor in s.slowdown.items():
-        if rank < 0 or not 1 <= factor < math.inf:
+        if rank < 0 or not 1 <= factor <= MAX_SLOWDOWN:
             bad(
-                f"--slowdown {rank}={factor}: ranks are >= 0 and factors >= 1 (3 = three times slower)."
+                f"--slowdown {rank}={factor:g}: ranks are >= 0 and factors >= 1 and at most "
+                f"{MAX_SLOWDOWN:g} (3 = three times slower)."
             )
     if s.jitter < 0:
         bad(f"--jitter must be >= 0, got {s.jitter}.")
+    if s.jitter > MAX_SLOWDOWN:
+        bad(
+            f"--jitter must be at most {MAX_SLOWDOWN:g} (pauses of up to that many steps), "
+            f"got {s.jitter:g}."
+        )
     if s.stages < 1 or s.chunks < 1 or s.replicas < 1:
         bad("--stages, --chunks and --replicas must each be at least 1.")
     if s.balance is not None and any(b < 1 for b in s.balance):
@@ -635,10 +694,23 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
         bad(f"--loader-workers must be >= 0, got {s.loader_workers}.")
     if s.timeout_s <= 0:
         bad(f"--timeout must be positive seconds, got {s.timeout_s}.")
+    if not MIN_TIMEOUT_S <= s.timeout_s <= MAX_TIMEOUT_S:
+        # shorter: a heartbeat (every timeout/20 s) could not arrive in time, and the launcher's
+        # rendezvous counts whole seconds; longer than a week is no timeout but a hang
+        bad(
+            f"--timeout must be between {MIN_TIMEOUT_S:g} and {MAX_TIMEOUT_S:g} seconds "
+            f"(one week), got {s.timeout_s:g}."
+        )
     if o.lr <= 0:
         bad(f"--lr must be positive, got {o.lr}.")
     if o.weight_decay < 0:
         bad(f"--weight-decay must be >= 0, got {o.weight_decay}.")
+    for flag, v, usual in (("--lr", o.lr, "0.01"), ("--weight-decay", o.weight_decay, "5e-4")):
+        if v > FLOAT32_MAX:  # the optimizer multiplies float32 tensors by it
+            bad(
+                f"{flag} {v:g} does not fit in float32 (the parameters' type, at most "
+                f"{FLOAT32_MAX:.4g}); usual values are near {usual}."
+            )
     if r.epochs < 1:
         bad(f"--epochs must be at least 1, got {r.epochs}.")
     if not 0 <= r.seed < 2**32:
@@ -651,6 +723,18 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
         bad(f"--max-steps must be at least 1, got {r.max_steps}.")
     if r.threads is not None and r.threads < 1:
         bad(f"--threads must be at least 1, got {r.threads}.")
+    cores = os.cpu_count() or 1
+    # more threads or loader processes than cores only slow a run down, and torch cannot even
+    # start a million threads (it crashes); each machine checks against its own cores
+    if r.threads is not None and r.threads > cores:
+        bad(
+            f"--threads {r.threads} is more than the {cores} cores of this machine; use at most {cores}."
+        )
+    if s.loader_workers > cores:
+        bad(
+            f"--loader-workers {s.loader_workers} is more than the {cores} cores of this "
+            f"machine; use at most {cores} (0 loads in the training process)."
+        )
     for flag, v in (
         ("--checkpoint-every", r.checkpoint_every),
         ("--checkpoint-every-steps", r.checkpoint_every_steps),

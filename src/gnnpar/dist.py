@@ -123,6 +123,11 @@ def _make_store(
     try:
         return dist.TCPStore(addr, port, world, is_master=master, timeout=timeout)
     except dist.DistError as e:  # DistNetworkError (no connection), DistStoreError (no clients)
+        if master and "EADDRINUSE" in str(e):  # bad input, not a failed rank: exit 2
+            raise UsageError(
+                f"MASTER_PORT={port} is already in use on this machine (another run or program "
+                "listens there); choose a free port."
+            ) from None
         message = _unreachable(rank, world, addr, port, master, timeout, e)
         raise StoreUnreachableError(message) from None
 

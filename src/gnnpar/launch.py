@@ -21,14 +21,17 @@ success, Ctrl-C or a failure whose message does not point there, it is removed).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,7 @@ def launch(
         monitor_interval=0.1,
         start_method=start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # not SIGINT: _ranks_ignore_ctrl_c
     )
     # OMP reads its thread count at start-up, so it is set before spawning (children inherit
     # it): the cores shared out between local ranks. run_rank sets torch's count again per rank.
@@ -149,7 +153,8 @@ def launch(
         gc.collect()
         gc.freeze()
     try:
-        outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
+        with _ranks_ignore_ctrl_c(nprocs):
+            outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
     except ChildFailedError as e:
         error = _describe(e, log_dir)
         keep_logs = log_dir in str(error)  # "Traceback: <log_dir>/rank1.traceback.txt"
@@ -165,6 +170,71 @@ def launch(
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     return outputs
+
+
+@contextlib.contextmanager
+def _ranks_ignore_ctrl_c(nprocs: int) -> Iterator[None]:
+    """Ranks are born ignoring SIGINT, so that a Ctrl-C (which the terminal sends to every
+    process of the group) prints no KeyboardInterrupt traceback from each rank, even while it
+    is still importing torch; this process notices it and has the agent stop them (SIGTERM,
+    which ends them silently), then exits 130.
+
+    An ignored signal stays ignored through fork and exec (a handler does not), so SIGINT is
+    ignored here until the ``nprocs`` ranks exist (torch's agent is told not to install its own
+    SIGINT handler: ``LaunchConfig.signals_to_handle``). A helper thread watches for them and
+    then signals this process (SIGUSR1), whose handler, run by Python in the main thread,
+    installs the SIGINT handler that stops the run. A Ctrl-C in the short time before the
+    ranks exist is lost; ranks restarted by ``--max-restarts`` are born with that handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    def stop_run(signum: int, frame: Any) -> None:
+        raise SignalException("Ctrl-C", signal.SIGTERM)  # the agent stops the ranks so
+
+    def listen(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, stop_run)
+
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_usr1 = signal.signal(signal.SIGUSR1, listen)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if len(_spawned_children()) >= nprocs:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+
+    helper = threading.Thread(target=watch, name="gnnpar-ctrl-c", daemon=True)
+    helper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        helper.join()
+        signal.signal(signal.SIGUSR1, old_usr1)
+        signal.signal(signal.SIGINT, old_int)
+
+
+def _spawned_children() -> list[int]:
+    """Pids of this process's children that are ranks (forked or spawned; not multiprocessing's
+    resource tracker or fork server), from /proc."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if b"resource_tracker" not in cmdline and b"forkserver" not in cmdline:
+                    pids.append(int(pid))
+            except OSError:
+                continue
+    return pids
 
 
 def _describe(e: Any, log_dir: str) -> Exception:

@@ -29,6 +29,7 @@ from gnnpar.checkpoint import Checkpointer, complete_checkpoints
 from gnnpar.checkpoint import clear as clear_checkpoints
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
+from gnnpar.footprint import check_memory, check_ranks
 from gnnpar.heartbeat import Heartbeat
 from gnnpar.loop import Outcome, train
 from gnnpar.metrics import machine, score_name, summarize, versions, write_result
@@ -59,9 +60,9 @@ def default_out(cfg: Config) -> str:
 def check_out(out: str) -> None:
     """The output folder can be created and written, before any training starts."""
     path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
     try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
@@ -89,6 +90,7 @@ def run(cfg: Config) -> dict[str, Any] | None:
     if fresh and cfg.run.out and clear_checkpoints(cfg.run.out):
         print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
     if dims.world > 1 and not dist.launched_by_torchrun():
+        check_ranks(dims.world)
         outputs = launch.launch(
             _rank_main,
             (cfg.to_dict(),),
@@ -145,6 +147,7 @@ def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None
 def train_rank(cfg: Config, ds, ctx: dist.DistContext) -> Outcome:
     """The strategy's plan for this rank, trained by the one loop."""
     dims = prepare(cfg)
+    check_memory(cfg, ds, ctx.local_world_size, ctx.device)  # before the model is allocated
     plan = STRATEGIES[cfg.strategy.name].build(cfg, ds, ctx, dims)
     plan.device = plan.device or ctx.device
     return train(cfg, plan, checkpointer(cfg, ctx))

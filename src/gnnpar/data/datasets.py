@@ -203,16 +203,45 @@ def _read_raw(spec: DatasetSpec, folder: Path, read: Callable[[Path], tuple[dict
     """A reader's failure on the user's own files is bad input (exit 2) naming them, never a
     traceback from zipfile, numpy, gzip or pickle."""
     try:
-        return read(folder)
+        out = read(folder)
+        problem = _inconsistency(out)
     except UsageError:
         raise
     except Exception as e:  # BadZipFile, EOFError, UnpicklingError, ValueError, OSError, ...
         cause = str(e).splitlines()[0][:200] if str(e) else ""
+        problem = f"could not be read: {type(e).__name__}{': ' + cause if cause else ''}"
+    if problem:
         raise UsageError(
-            f"Dataset '{spec.name}': the files in {folder} ({', '.join(spec.files)}) could not "
-            f"be read: {type(e).__name__}{': ' + cause if cause else ''}. They are damaged or "
-            f"not in the expected format: obtain them again from {spec.obtain}."
-        ) from None
+            f"Dataset '{spec.name}': the files in {folder} ({', '.join(spec.files)}) {problem}. "
+            f"They are damaged or not in the expected format: obtain them again from "
+            f"{spec.obtain}."
+        )
+    return out
+
+
+def _inconsistency(out) -> str | None:
+    """What makes a reader's result unusable although every file parsed (an edge to a node
+    that does not exist, a non-finite feature, a label beyond the classes), else None: caught
+    here, it is bad input naming the files instead of an index error deep in training."""
+    t, meta = (out.to_dict(), {}) if isinstance(out, Data) else out
+    if "x" in t:  # a graph
+        n = int(t["x"].size(0))
+        ei = t["edge_index"]
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+            bad = int(ei.max()) if int(ei.max()) >= n else int(ei.min())
+            return f"hold an edge to node {bad}, but the graph has {n} nodes (0..{n - 1})"
+        features = [t["x"]]
+    else:
+        features = [t[f"{s}_x"] for s in ("train", "val", "test")]
+        classes = int(meta.get("num_classes", 0))
+        for split in ("train", "val", "test"):
+            y = t[f"{split}_y"]
+            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= classes):
+                return f"hold a {split} label {int(y.max())} outside the {classes} classes"
+    for x in features:
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            return "hold features that are not finite numbers (nan or inf)"
+    return None
 
 
 def _user_graph(name: str, read: Callable[[Path], tuple[dict, dict]]):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnnpar.config import default_data_root
+from gnnpar.config import check_data_root, default_data_root
 from gnnpar.data.datasets import REGISTRY, DatasetSpec
 
 
@@ -64,6 +64,7 @@ def print_datasets(root: Path | str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    check_data_root(root or default_data_root(), given=root is not None)
     root = Path(root) if root else default_data_root()
     table = Table(title=f"gnnpar datasets (data root: {root})")
     for col in ("name", "kind", "source", "size", "location", "available"):

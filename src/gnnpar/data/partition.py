@@ -166,11 +166,13 @@ def build_partitioned(data: Data, part: torch.Tensor, num_parts: int) -> Partiti
     n = int(data.num_nodes)
     if part.numel() != n or (n and (int(part.min()) < 0 or int(part.max()) >= num_parts)):
         raise ValueError("part must hold one id in [0, num_parts) per node")
-    counts = torch.bincount(part, minlength=num_parts)
-    if num_parts > n or bool((counts == 0).any()):
+    # more parts than nodes is refused before bincount allocates num_parts counters
+    counts = torch.bincount(part, minlength=num_parts) if num_parts <= n else None
+    if counts is None or bool((counts == 0).any()):
+        empty = num_parts - n if counts is None else int((counts == 0).sum())
         raise UsageError(
             f"Cannot split a graph of {n} nodes into {num_parts} non-empty partitions "
-            f"({int((counts == 0).sum())} would be empty). Use fewer --partitions."
+            f"({empty} would be empty). Use fewer --partitions."
         )
     n_id = torch.argsort(part, stable=True)  # node ids grouped by part, ascending inside a part
     node_ptr = torch.zeros(num_parts + 1, dtype=torch.long)

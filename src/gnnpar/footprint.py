@@ -1,0 +1,143 @@
+"""Refuse a run whose model cannot fit in memory, before anything is allocated.
+
+``--hidden 2000000`` would otherwise end in the kernel's OOM killer (or a swap storm) minutes
+into a run, with no message. :func:`check_memory` runs in every rank once the dataset is loaded,
+before the strategy builds its model, and raises :class:`gnnpar.UsageError` (exit 2) naming the
+estimate and what is available, both in GiB.
+
+The estimate is a *lower bound* of what the ranks on this machine (or GPU) hold at once:
+
+- model state, exact: parameters x 4 bytes x (weights + gradients + the optimizer's slots: Adam
+  keeps 2 per parameter, SGD without momentum none). The parameter count comes from building the
+  model on PyTorch's ``meta`` device, which records shapes and allocates nothing, so it follows
+  the model code instead of a formula that could drift from it.
+- activations, partly: each hidden block's output (``--hidden`` x ``--heads`` floats per row, kept
+  for the backward pass) for the rows of one training step, i.e. every node of a full-batch graph,
+  ``nodes / --partitions`` for a Cluster-GCN step, ``--batch-size`` seed nodes for a sampled step
+  (their sampled neighbours not counted), and ``--batch-size`` x pixels for ViG (plus one block's
+  k-NN similarity matrix, batch x pixels^2); and each hidden block's messages, one vector of the
+  same width per edge (PyG's message passing gathers them, and keeps them for the backward
+  pass): every edge of a full-batch graph, one per seed and first-hop fan-out for a sampled step,
+  none counted for a Cluster-GCN step (its edges are known only after partitioning).
+
+Measured (2026-11-22, CI box, load ~5): ``--model gcn --hidden 20000`` on Cora, estimate 1.4 GiB,
+peak RSS 3.2 GiB (0.35 GiB of it the bare process): the real need is about twice the bound.
+``--hidden 200000`` is estimated at 14.2 GiB (6.3 GiB before messages were counted, when such a
+run passed the check and was killed by the kernel's OOM killer).
+- copies: one per model replica on this machine (``LOCAL_WORLD_SIZE / --stages``).
+
+Before ``--workers N`` local ranks are started, :func:`check_ranks` refuses N whose bare
+processes alone (:data:`RANK_BASELINE_BYTES` each) exceed the available memory.
+
+Left out, so the real need is higher: layer inputs and messages, attention coefficients,
+sampled neighbourhoods, the dataset itself, and the ~0.3 GiB that Python, torch and PyG take
+per process. A refused run cannot fit; a run that passes may still run out of memory. The
+figure compared against is the kernel's ``MemAvailable`` (/proc/meminfo) or, on a GPU, the free
+device memory; where neither can be read the check is skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gnnpar import UsageError
+from gnnpar.config import Config
+
+FLOAT_BYTES = 4
+# What one rank holds before it loads any data: Python, torch, PyG. Measured 2026-11-22 on the CI
+# box (torch 2.13 CPU): ~235 MiB anonymous memory (smaps_rollup) per spawned rank; 200 MiB
+# keeps the figure a lower bound.
+RANK_BASELINE_BYTES = 200 * 2**20
+GIB = 2**30
+OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}  # per-parameter state tensors (SGD: no momentum here)
+
+
+def parameter_count(cfg: Config, in_dim: int, num_classes: int, multilabel: bool) -> int:
+    """The exact number of parameters of the run's model, built on the meta device."""
+    from gnnpar.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg.model, in_dim, num_classes, multilabel)
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
+    """Lower bounds in bytes: ``state`` (weights, gradients, optimizer) and ``activations``
+    for ``replicas`` copies of the model; see the module docstring for what is counted."""
+    m, s = cfg.model, cfg.strategy
+    params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
+    state = params * FLOAT_BYTES * (2 + OPTIMIZER_SLOTS[cfg.optim.optimizer])
+    if hasattr(ds, "train_x"):  # images: ViG, every pixel a node, every block C wide
+        images = min(s.batch_size, int(ds.train_x.size(0)))
+        pixels = int(ds.train_x[0, 0].numel())
+        rows = images * pixels
+        activations = rows * m.hidden * m.layers + images * pixels * pixels  # + one k-NN matrix
+    else:
+        nodes = ds.num_nodes
+        edges = 0  # messages: PyG's message passing gathers one feature vector per edge
+        if s.name == "sampled":
+            rows = min(s.batch_size, nodes)
+            edges = rows * max(1, (s.fanouts or [1])[0])  # the seeds' first hop
+        elif cfg.data.partitions:
+            rows = -(-nodes // cfg.data.partitions)  # (its edges: unknown before partitioning)
+        else:
+            rows = nodes
+            edges = int(ds.data.edge_index.size(1))
+        # per hidden block (the last one outputs classes): its output and its messages
+        activations = (rows + edges) * m.hidden * m.heads * (m.layers - 1)
+    return {"state": replicas * state, "activations": replicas * activations * FLOAT_BYTES}
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory the run can use: free GPU memory, or the kernel's MemAvailable; None if
+    unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(cfg: Config, ds, local_world: int, device: torch.device) -> None:
+    """UsageError when the lower bound of :func:`estimate_bytes` exceeds the free memory."""
+    free = available_bytes(device)
+    if free is None:
+        return
+    stages = cfg.strategy.stages if cfg.strategy.name in ("pipeline", "hybrid") else 1
+    replicas = 1 if device.type == "cuda" else max(1, local_world // stages)
+    need = estimate_bytes(cfg, ds, replicas)
+    total = sum(need.values())
+    if total <= free:
+        return
+    m = cfg.model
+    where = "this GPU" if device.type == "cuda" else "this machine"
+    copies = f" for {replicas} local ranks" if replicas > 1 else ""
+    raise UsageError(
+        f"--model {m.name} --hidden {m.hidden} --layers {m.layers}"
+        + (f" --heads {m.heads}" if m.name.startswith("gat") else "")
+        + f" on '{ds.name}' needs at least {total / GIB:.1f} GiB{copies} (model state "
+        f"{need['state'] / GIB:.1f} GiB, activations {need['activations'] / GIB:.1f} GiB), but "
+        f"{where} has {free / GIB:.1f} GiB available. Use a smaller --hidden or --layers"
+        + (", more --partitions" if cfg.data.partitions else "")
+        + (", a smaller --batch-size" if cfg.strategy.name == "sampled" else "")
+        + (" or fewer --workers." if replicas > 1 else ".")
+    )
+
+
+def check_ranks(nprocs: int) -> None:
+    """UsageError when ``nprocs`` local ranks could not even start in the available memory."""
+    free = available_bytes(torch.device("cpu"))
+    need = nprocs * RANK_BASELINE_BYTES
+    if free is not None and need > free:
+        raise UsageError(
+            f"--workers {nprocs} starts {nprocs} processes of at least "
+            f"{RANK_BASELINE_BYTES / 2**20:.0f} MiB each ({need / GIB:.1f} GiB before any data), "
+            f"but this machine has {free / GIB:.1f} GiB available. Use fewer --workers, or "
+            "torchrun across several machines."
+        )
