@@ -52,7 +52,9 @@ def _collateral(message: str) -> int:
     if message.startswith(_USAGE_PREFIX):
         return 0
     if message.startswith(("DistBackendError", "DistNetworkError", "DistStoreError")):
-        return 2  # a peer vanished or timed out: usually the consequence of another failure
+        return 2
+    if "Connection closed by peer" in message or "Connection reset by peer" in message:
+        return 2  # gloo's RuntimeError when the peer it talked to died (the peer is the cause)  # a peer vanished or timed out: usually the consequence of another failure
     if message.startswith("StoreUnreachableError"):
         return 2  # dist.setup's message for the same, when the group is being formed
     if message.startswith("Signal ") or "To enable traceback" in message:
@@ -75,6 +77,19 @@ def allow_fork() -> None:
     a matmul on 4 threads in the parent, then in a forked child, never returns)."""
     global _threads_when_clean
     _threads_when_clean = _native_threads()
+
+
+def _default_signals_in_forked_rank() -> None:
+    """A forked rank inherits this process's Python signal handlers, among them torch's agent's
+    SIGTERM handler (which raises, with a traceback, where a fresh interpreter just ends):
+    back to the defaults a spawned rank starts with. SIGINT stays as the launch set it."""
+    if _launching:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+
+
+_launching = False  # True while launch() starts ranks: forks then are ranks
+os.register_at_fork(after_in_child=_default_signals_in_forked_rank)
 
 
 def start_method() -> str:
@@ -147,6 +162,8 @@ def launch(
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
+    global _launching
+    _launching = True
     if launch_cfg.start_method == "fork":
         # objects that exist now move to a generation the collector never visits, so the ranks'
         # collections do not write to (and so copy) the pages they share with this process
@@ -162,6 +179,7 @@ def launch(
     except SignalException:  # Ctrl-C or SIGTERM reached the agent; it has stopped the ranks
         raise KeyboardInterrupt from None
     finally:
+        _launching = False
         gc.unfreeze()
         for lg, level in zip(loggers, old_levels):
             lg.setLevel(level)
