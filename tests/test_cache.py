@@ -291,7 +291,7 @@ def test_partition_cache_damage_is_rebuilt_and_killed_temporaries_removed(tmp_pa
     from gnnpar.data.partition import cache_path, integrity_path, load_or_build
 
     data = load_dataset("karate", tmp_path).data
-    path = cache_path(tmp_path, "karate", 1.0, 2, "random", 0)
+    path = cache_path(tmp_path, "karate-scale1.0", 2, "random", 0)
     first, hit = load_or_build(data, "random", 2, 0, path)
     assert not hit and json.loads(integrity_path(path).read_text())["size"] == path.stat().st_size
     os.truncate(path, path.stat().st_size - 10)
