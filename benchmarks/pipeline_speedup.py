@@ -9,8 +9,8 @@ over repetitions of sequential / pipeline.
 
 Study 000's size (issue 13): ``--batch-size 1000 --recompute`` (both sides re-materialise each
 block's activations in the backward pass; without it the sequential process would need ~53 GB).
-``--scale`` sets the synthetic-cifar10 size (0.02: 1000 training and 200 val/test images, padded
-to one batch each for the evaluation at the end).
+``--scale`` sets the synthetic-cifar10 size (0.02: 900 training images, too few for a batch of
+1000, where the pipeline stops with a usage error: use ``--scale 0.025``, 1125 training images).
 
 Run: ``python benchmarks/pipeline_speedup.py [--reps 3] [--batch-size 20] [--steps 4]
 [--hidden 107] [--chunks 5] [--recompute] [--scale 0.02] [--out bench-out/pipeline_speedup]``
