@@ -7,8 +7,13 @@ machine's load hit both alike; each run's step time is its median mini-batch (th
 warm-up step included in the count but not dominating it); the reported speed-up is the median
 over repetitions of sequential / pipeline.
 
+Study 000's size (issue 13): ``--batch-size 1000 --recompute`` (both sides re-materialise each
+block's activations in the backward pass; without it the sequential process would need ~53 GB).
+``--scale`` sets the synthetic-cifar10 size (0.02: 900 training images, too few for a batch of
+1000, where the pipeline stops with a usage error: use ``--scale 0.025``, 1125 training images).
+
 Run: ``python benchmarks/pipeline_speedup.py [--reps 3] [--batch-size 20] [--steps 4]
-[--hidden 107] [--chunks 5] [--out bench-out/pipeline_speedup]``
+[--hidden 107] [--chunks 5] [--recompute] [--scale 0.02] [--out bench-out/pipeline_speedup]``
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=107)
     ap.add_argument("--chunks", type=int, default=5)
     ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--recompute", action="store_true")
+    ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--out", default="bench-out/pipeline_speedup")
     a = ap.parse_args()
     out = Path(a.out)
     base = {
         "dataset": "synthetic-cifar10",
-        "scale": 0.02,  # 1000 training images: only a few steps are run anyway
+        "scale": a.scale,  # 0.02: 1000 training images; only a few steps are run anyway
         "model": "vig",
         "hidden": a.hidden,
         "batch-size": a.batch_size,
@@ -43,6 +50,7 @@ def main() -> None:
         "epochs": 1,
         "threads": 1,
         "seed": 0,
+        **({"recompute": True} if a.recompute else {}),
     }
     pipe = {**base, "strategy": "pipeline", "stages": a.stages, "chunks": a.chunks}
     pipe["workers"] = a.stages
@@ -52,7 +60,11 @@ def main() -> None:
         par = run_config(pipe, out, f"pipe{i}")
         s, p = seq["step_time_s"]["median"], par["step_time_s"]["median"]
         reps.append({"sequential_s": s, "pipeline_s": p, "speedup": s / p})
-        print(f"rep {i}: sequential {s:.3f} s, pipeline {p:.3f} s, speed-up {s / p:.3f}")
+        load = Path("/proc/loadavg").read_text().split()[0]
+        reps[-1]["load_1min_after"] = float(load)
+        print(
+            f"rep {i}: sequential {s:.3f} s, pipeline {p:.3f} s, speed-up {s / p:.3f}, load {load}"
+        )
     bound = gpipe_bound(a.stages, a.chunks)
     speedup = statistics.median(r["speedup"] for r in reps)
     summary = {

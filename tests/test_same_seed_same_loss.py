@@ -70,3 +70,20 @@ def test_same_seed_same_loss(case: dict, data_root: Path, tmp_path: Path) -> Non
         f"{case['name']}: the loss curve differs from the golden one\n"
         f"got:    {curve}\nwanted: {case['loss_curve']}"
     )
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=c["name"], marks=[pytest.mark.slow] if _workers(c["args"]) > 1 else [])
+        for c in CASES
+        if "vig" in c["args"]
+    ],
+)
+def test_recompute_gives_the_same_loss(case: dict, data_root: Path, tmp_path: Path) -> None:
+    """--recompute (ViG block re-materialisation) changes memory, not maths: the same curve."""
+    out = tmp_path / "out"
+    args = [*case["args"], "--recompute", "--out", str(out)]
+    proc = run_cli("train", *args, timeout=600, env={"GNNPAR_DATA": str(data_root)})
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert json.loads((out / "result.json").read_text())["loss_curve"] == case["loss_curve"]

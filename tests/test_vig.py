@@ -152,3 +152,103 @@ def test_vig_model_on_tiny_images():
 def test_knn_graph_with_fewer_nodes_than_k(k):
     h = torch.randn(2, 4, 3)
     assert knn_graph(h, k).shape == (2, 4, min(k, 4))
+
+
+# ----------------------------------------------------------- memory-lean kNN and recomputation
+@torch.no_grad()
+def knn_graph_unchunked(h: torch.Tensor, k: int) -> torch.Tensor:
+    """The implementation before issue 13, kept as the reference: one [B, N, N] score tensor."""
+    hn = torch.nn.functional.normalize(h, dim=-1)
+    return torch.bmm(hn, hn.transpose(1, 2)).topk(min(k, h.size(1)), dim=-1).indices
+
+
+def block_forward_unchunked(block: ViGBlock, x: torch.Tensor) -> torch.Tensor:
+    """ViGBlock.forward as it was before issue 13 (unchunked kNN, no recomputation)."""
+    h = block.fc_in(x)
+    h = torch.nn.functional.gelu(block.graph_conv(h, knn_graph_unchunked(h, block.k)))
+    y = block.fc_out(h) + x
+    return block.ffn2(torch.nn.functional.gelu(block.ffn1(y))) + y
+
+
+def images_with_ties(b: int, n: int, c: int) -> torch.Tensor:
+    """Random features where every node has exact duplicates and some are scaled copies, so
+    many scores tie exactly (scaled copies normalise to nearly the same unit vector)."""
+    torch.manual_seed(4)
+    base = torch.randn(b, n // 4, c)
+    return torch.cat([base, base, 2 * base, base.flip(1)], dim=1)
+
+
+@pytest.mark.parametrize("chunk_images", [1, 3, 100])
+def test_chunked_knn_picks_exactly_the_unchunked_neighbours_ties_included(chunk_images):
+    for h in (torch.randn(7, 36, 10), images_with_ties(7, 36, 10)):
+        n = h.size(1)
+        idx = knn_graph(h, 9, chunk_bytes=chunk_images * n * n * 4)
+        assert torch.equal(idx, knn_graph_unchunked(h, 9))
+    h = images_with_ties(5, 64, 6)
+    sim = torch.nn.functional.normalize(h, dim=-1)
+    sim = torch.bmm(sim, sim.transpose(1, 2))
+    assert (sim.topk(10, -1).values[..., 8] == sim.topk(10, -1).values[..., 9]).any()  # real ties
+    assert torch.equal(knn_graph(h, 9, chunk_bytes=1), knn_graph_unchunked(h, 9))
+
+
+def test_block_outputs_and_gradients_equal_the_unchunked_implementation(monkeypatch):
+    """Chunked kNN (2 images per chunk) and recomputation against the pre-issue-13 forward,
+    bit for bit: the neighbours are the same, so the same kernels run on the same numbers."""
+    import gnnpar.models.vig as vig
+
+    monkeypatch.setattr(vig, "KNN_CHUNK_BYTES", 2 * 64 * 64 * 4)
+    for x0 in (torch.randn(5, 64, 12), images_with_ties(5, 64, 12)):
+        torch.manual_seed(0)
+        block = ViGBlock(12)
+        grads = []
+        for run in ("reference", "chunked", "recompute"):
+            x = x0.clone().requires_grad_(True)
+            block.recompute = run == "recompute"
+            out = block_forward_unchunked(block, x) if run == "reference" else block(x)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            grads.append((out.detach(), x.grad, [p.grad.clone() for p in block.parameters()]))
+            block.zero_grad(set_to_none=True)
+        ref = grads[0]
+        for out, gx, gp in grads[1:]:
+            assert torch.equal(out, ref[0]) and torch.equal(gx, ref[1])
+            assert all(torch.equal(a, b) for a, b in zip(gp, ref[2]))
+
+
+def test_recompute_keeps_only_block_inputs_for_backward():
+    """With --recompute a block saves its input only (besides weights), not its activations."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 8, requires_grad=True)
+    saved = {}
+    for recompute in (False, True):
+        block = ViGBlock(8, recompute=recompute)
+        weights = {p.data_ptr() for p in block.parameters()}
+        elems = []
+
+        def pack(t, elems=elems, weights=weights):
+            if t.data_ptr() not in weights:
+                elems.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x)
+        saved[recompute] = sum(elems)
+    x_bytes = x.numel() * x.element_size()
+    assert saved[True] == x_bytes  # checkpoint saves the input only
+    assert saved[False] > 12 * x_bytes  # ~13 activations of 1-4x the input's size
+
+
+def test_vig_model_with_recompute_trains_identically():
+    cfg = vig_config(hidden=8, layers=2)
+    torch.manual_seed(0)
+    plain = build_model(cfg, in_dim=3, num_classes=10)
+    cfg.recompute = True
+    lean = build_model(cfg, in_dim=3, num_classes=10)
+    lean.load_state_dict(plain.state_dict())
+    assert all(b.recompute for b in lean.blocks) and not any(b.recompute for b in plain.blocks)
+    images, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 3, 3, 9])
+    for m in (plain, lean):
+        torch.nn.functional.nll_loss(m(images), y).backward()
+    for a, b in zip(plain.parameters(), lean.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    with torch.no_grad():  # evaluation does not checkpoint (nothing to save)
+        assert torch.equal(lean(images), plain(images))

@@ -37,6 +37,8 @@ FLAG_HELP = {
     "layers": "layers (vig: blocks); default: the model's study preset",
     "heads": "attention heads; default: the model's study preset",
     "dropout": "dropout probability; default: the model's study preset",
+    "recompute": "keep only each block's input for the backward pass and recompute the rest "
+    "(GPipe's re-materialisation; same gradients, ~1/3 more compute, far less memory)",
     "strategy": "sequential, allreduce, gossip, gossip-bipartite, pipeline, hybrid, sampled",
     "workers": "number of local ranks to start (ignored under torchrun)",
     "partitions": "Cluster-GCN: number of subgraph mini-batches",
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--config", help=FLAG_HELP["config"])
     for key in KEYS:
-        if key in ("quiet", "tensorboard", "resume"):
+        if key in ("quiet", "tensorboard", "resume", "recompute"):
             what = {"quiet": "no progress display"}.get(key, FLAG_HELP.get(key))
             t.add_argument(f"--{key}", action="store_true", default=None, help=what)
             continue

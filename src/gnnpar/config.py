@@ -66,6 +66,7 @@ class ModelConfig:
     layers: int | None = None
     heads: int | None = None
     dropout: float | None = None
+    recompute: bool = False  # vig: keep only block inputs, recompute the rest in backward
 
 
 @dataclass
@@ -147,6 +148,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "layers": ("model", "layers"),
     "heads": ("model", "heads"),
     "dropout": ("model", "dropout"),
+    "recompute": ("model", "recompute"),
     "strategy": ("strategy", "name"),
     "workers": ("strategy", "workers"),
     "sync-every": ("strategy", "sync_every"),
@@ -228,6 +230,7 @@ USED_BY: dict[str, tuple[Use, ...]] = {
     "partitions": (Use(CLUSTER_GCN, kinds=("graph",)),),
     "partitioner": (Use(CLUSTER_GCN, kinds=("graph",), needs="partitions"),),
     "heads": (Use(models=("gat", "gat3")),),
+    "recompute": (Use(models=("vig",)),),
     "sync-every": (Use(AVERAGING),),
     "average": (Use(AVERAGING),),
     "slowdown": (Use(STRAGGLERS),),

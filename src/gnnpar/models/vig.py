@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gnnpar.models.base import BlockModel, output_head
 
@@ -47,18 +48,35 @@ def as_nodes(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+KNN_CHUNK_BYTES = 64 << 20  # similarity scores held at once by knn_graph (16 CIFAR images)
+
+
 @torch.no_grad()
-def knn_graph(h: torch.Tensor, k: int) -> torch.Tensor:
+def knn_graph(h: torch.Tensor, k: int, chunk_bytes: int | None = None) -> torch.Tensor:
     """Indices ``[B, N, k]`` of the k nearest neighbours of every node, within its own image.
 
     As in ViG, distances are between L2-normalised features; for unit vectors
     ``|a - b|^2 = 2 - 2 a.b``, so the nearest neighbours are the k largest inner products, one
     ``bmm`` instead of ``cdist`` (same ranking, ~15% cheaper here). A node is its own nearest
     neighbour, which ViG keeps: its relative feature is 0, so the max is never negative.
+
+    Memory: the ``[B, N, N]`` scores of a whole batch are 4.3 GB at study 000's 1000 CIFAR
+    images, so they are built a few images at a time (``chunk_bytes`` of scores, at least one
+    image; default :data:`KNN_CHUNK_BYTES`). Nothing here needs a gradient: the indices only
+    choose which features MRConv gathers, and the gather is what autograd differentiates. The
+    chunks are whole images, so every row of scores is the same ``[N, C] x [C, N]`` product as
+    in one batched ``bmm`` (bit for bit: the tests compare with the unchunked version, ties
+    included) and ``topk`` sees the same rows.
     """
-    hn = F.normalize(h, dim=-1)
-    sim = torch.bmm(hn, hn.transpose(1, 2))
-    return sim.topk(min(k, h.size(1)), dim=-1).indices
+    b, n, _ = h.shape
+    k = min(k, n)
+    chunk_bytes = KNN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    per_chunk = max(1, chunk_bytes // max(1, n * n * h.element_size()))
+    out = torch.empty(b, n, k, dtype=torch.long, device=h.device)
+    for lo in range(0, b, per_chunk):
+        hn = F.normalize(h[lo : lo + per_chunk], dim=-1)
+        out[lo : lo + per_chunk] = torch.bmm(hn, hn.transpose(1, 2)).topk(k, dim=-1).indices
+    return out
 
 
 class _NeighbourMax(torch.autograd.Function):
@@ -122,11 +140,22 @@ class MRConv(nn.Module):
 
 
 class ViGBlock(nn.Module):
-    """Grapher (FC -> MRConv over a dynamic kNN graph -> FC, residual) then FFN (residual)."""
+    """Grapher (FC -> MRConv over a dynamic kNN graph -> FC, residual) then FFN (residual).
 
-    def __init__(self, channels: int, k: int = K_NEIGHBOURS, ffn_ratio: int = 4) -> None:
+    ``recompute``: autograd keeps ~6 MB per 32 x 32 image in a block for the backward pass (the
+    FFN's 4C-wide hidden layer alone 3.5 MB), 50 GB for 8 blocks at study 000's 1000 images.
+    With it, only the block's input is kept (0.44 MB per image) and the block's forward runs
+    again during the backward pass (``torch.utils.checkpoint``, GPipe's re-materialisation).
+    The recomputed forward repeats the same deterministic kernels on the same input, so the
+    gradients are bit for bit those without it (tested); it costs one more forward per block.
+    """
+
+    def __init__(
+        self, channels: int, k: int = K_NEIGHBOURS, ffn_ratio: int = 4, recompute: bool = False
+    ) -> None:
         super().__init__()
         self.k = k
+        self.recompute = recompute
         self.fc_in = nn.Linear(channels, channels)
         self.graph_conv = MRConv(channels)
         self.fc_out = nn.Linear(channels, channels)
@@ -135,6 +164,11 @@ class ViGBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor | None = None) -> torch.Tensor:
         x = as_nodes(x)
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc_in(x)
         h = F.gelu(self.graph_conv(h, knn_graph(h, self.k)))
         y = self.fc_out(h) + x
@@ -169,10 +203,11 @@ class Readout(nn.Module):
 
 
 def build_vig(mcfg, in_dim: int, num_classes: int, multilabel: bool) -> BlockModel:
-    """``mcfg.hidden`` = C (107 by default), ``mcfg.layers`` = number of ViG blocks (8)."""
+    """``mcfg.hidden`` = C (107 by default), ``mcfg.layers`` = number of ViG blocks (8);
+    ``mcfg.recompute``: re-materialise each block's activations in the backward pass."""
     c = mcfg.hidden
     return BlockModel(
-        [ViGBlock(c) for _ in range(mcfg.layers)],
+        [ViGBlock(c, recompute=mcfg.recompute) for _ in range(mcfg.layers)],
         head=Readout(c, num_classes, mcfg.dropout, multilabel),
         stem=PixelStem(in_dim, c),
     )
