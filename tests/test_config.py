@@ -71,6 +71,7 @@ TOML_VALUES = {
     "quiet": "true",
     "tensorboard": "true",
     "resume": "false",
+    "recompute": "true",
 }
 
 
