@@ -230,7 +230,7 @@ USED_BY: dict[str, tuple[Use, ...]] = {
     "partitions": (Use(CLUSTER_GCN, kinds=("graph",)),),
     "partitioner": (Use(CLUSTER_GCN, kinds=("graph",), needs="partitions"),),
     "heads": (Use(models=("gat", "gat3")),),
-    "recompute": (Use(models=("vig",)),),
+    "recompute": (Use(models=("vig",), kinds=("image",)),),
     "sync-every": (Use(AVERAGING),),
     "average": (Use(AVERAGING),),
     "slowdown": (Use(STRAGGLERS),),
