@@ -229,6 +229,8 @@ def main() -> None:
         finally:
             for proc in procs.values():
                 proc.close()
+    if args.out:  # the raw runs first: a summary that fails must not lose them
+        Path(args.out).write_text(json.dumps(results, indent=1))
     results["summary"] = summarise(results["runs"])
     print_table(results["summary"])
     if args.out:
@@ -258,7 +260,7 @@ def summarise(runs: list[dict]) -> list[dict]:
             ratio_cpu = [
                 ref[r["rep"]]["cpu_s"] / r["cpu_s"]
                 for r in rs
-                if r["rep"] in ref and r["cpu_s"] > 0
+                if r["rep"] in ref and r["cpu_s"] and ref[r["rep"]]["cpu_s"]  # None: loader workers
             ]
             edges = statistics.median(r["edges_per_batch"] for r in rs)
             rows.append(
