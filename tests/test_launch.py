@@ -153,22 +153,24 @@ def test_cli_usage_error_found_inside_a_rank_exits_2_with_the_message(cli, tmp_p
     assert "Traceback" not in proc.stderr
 
 
-def test_ranks_are_forked_only_from_a_clean_command_line_process(log_root, monkeypatch):
+def test_ranks_are_forked_only_when_asked_from_a_clean_command_line_process(log_root, monkeypatch):
     """Forked ranks share the launcher's imported torch/PyG pages (BENCHMARKS.md: 4 ranks of a
-    1M-edge graph 1.72x -> 1.26-1.29x one rank's PSS), but a child forked from a process whose
-    OpenMP pool runs can hang: fork only after allow_fork() and while no thread was started."""
+    1M-edge graph 1.72x -> 1.26-1.29x one rank's PSS), but only on GNNPAR_START_METHOD=fork, and
+    only from a process that started no thread since allow_fork(): a child forked from a
+    process whose OpenMP pool runs can hang."""
     import threading
 
     from gnnpar import launch as launch_module
 
+    monkeypatch.setattr(launch_module, "_threads_when_clean", None)
     monkeypatch.delenv("GNNPAR_START_METHOD", raising=False)
+    launch_module.allow_fork()
+    assert launch_module.start_method() == "spawn"  # the default
+    monkeypatch.setenv("GNNPAR_START_METHOD", "fork")
+    assert launch_module.start_method() == "fork"
     monkeypatch.setattr(launch_module, "_threads_when_clean", None)
     assert launch_module.start_method() == "spawn"  # a library caller (gnnpar.fit): unknown state
     launch_module.allow_fork()
-    assert launch_module.start_method() == "fork"
-    monkeypatch.setenv("GNNPAR_START_METHOD", "spawn")
-    assert launch_module.start_method() == "spawn"
-    monkeypatch.delenv("GNNPAR_START_METHOD")
     stop = threading.Event()
     extra = threading.Thread(target=stop.wait)
     extra.start()

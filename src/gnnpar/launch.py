@@ -93,21 +93,21 @@ os.register_at_fork(after_in_child=_default_signals_in_forked_rank)
 
 
 def start_method() -> str:
-    """``fork`` where it is safe, else ``spawn``.
+    """``spawn``, unless ``GNNPAR_START_METHOD=fork`` asks for ``fork`` and it is safe here.
 
     Forked ranks share this process's pages copy-on-write: the interpreter with torch, PyG and
-    gnnpar imported (~0.2 GiB of private memory per process, mostly libtorch's relocated data
-    and Python objects) sits in RAM once, not once per rank, which is most of what a rank of a
-    small graph costs (BENCHMARKS.md, memory of a user graph: 1.72x -> 1.26-1.29x one rank).
-    Safe means: the command line's process (:func:`allow_fork`) with no thread started since,
-    and CUDA not initialised (a forked child cannot use it). A notebook calling ``gnnpar.fit``
-    after its own torch work gets ``spawn``, and so does ``GNNPAR_START_METHOD=spawn``."""
+    gnnpar imported (~0.2 GiB of private memory per process) sits in RAM once, not once per rank
+    (BENCHMARKS.md, memory of a user graph: 1.72x -> 1.26-1.29x one rank). It is not the
+    default: the ranks are forked while torch's elastic agent runs threads (its rendezvous
+    store), and a child can inherit a lock one of them held; in one CI run a forked 2-rank
+    pipeline never formed its gloo group. Safe means: the command line's own process
+    (:func:`allow_fork`) with no thread started since, and CUDA not initialised."""
     import torch
 
     asked = os.environ.get("GNNPAR_START_METHOD", "")
     if asked not in ("", "fork", "spawn"):
         raise UsageError(f"GNNPAR_START_METHOD={asked!r}: use fork or spawn (or leave it unset).")
-    if asked == "spawn" or torch.cuda.is_initialized():
+    if asked != "fork" or torch.cuda.is_initialized():
         return "spawn"
     clean = _threads_when_clean is not None and _native_threads() <= _threads_when_clean
     return "fork" if clean else "spawn"
