@@ -45,12 +45,13 @@ def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 def rank_pids(launcher_pid: int, ranks: int, deadline_s: float = 30) -> list[int]:
     """The pids of the local ranks that ``gnnpar train --workers N`` (process ``launcher_pid``)
-    started, in rank order: its children (forked or spawned; not multiprocessing's resource
-    tracker), which torch's agent starts one after the other in local-rank order (their
-    environment is set after start, so it cannot tell)."""
+    started, in rank order: the children of its fork server (gnnpar's default), or its own
+    children when spawned (not multiprocessing's resource tracker), which torch's agent starts
+    one after the other in local-rank order (their environment is set after start, so it
+    cannot tell)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
-        children = []
+        procs = {}  # pid: (parent, start time, cmdline)
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -59,8 +60,15 @@ def rank_pids(launcher_pid: int, ranks: int, deadline_s: float = 30) -> list[int
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat[1]) == launcher_pid and b"resource_tracker" not in cmdline:
-                children.append((int(stat[19]), int(entry.name)))  # (start time, pid)
+            procs[int(entry.name)] = (int(stat[1]), int(stat[19]), cmdline)
+        mine = [p for p, (parent, _, _) in procs.items() if parent == launcher_pid]
+        servers = {p for p in mine if b"forkserver" in procs[p][2]}
+        children = [
+            (start, p)
+            for p, (parent, start, cmdline) in procs.items()
+            if parent in servers
+            or (parent == launcher_pid and p not in servers and b"resource_tracker" not in cmdline)
+        ]
         if len(children) >= ranks:
             return [pid for _, pid in sorted(children)[:ranks]]
         time.sleep(0.05)

@@ -153,32 +153,97 @@ def test_cli_usage_error_found_inside_a_rank_exits_2_with_the_message(cli, tmp_p
     assert "Traceback" not in proc.stderr
 
 
-def test_ranks_are_forked_only_when_asked_from_a_clean_command_line_process(log_root, monkeypatch):
-    """Forked ranks share the launcher's imported torch/PyG pages (BENCHMARKS.md: 4 ranks of a
-    1M-edge graph 1.72x -> 1.26-1.29x one rank's PSS), but only on GNNPAR_START_METHOD=fork, and
-    only from a process that started no thread since allow_fork(): a child forked from a
-    process whose OpenMP pool runs can hang."""
-    import threading
+def _env_fn(log_dir: str) -> dict:
+    """What a rank sees of its start: environment, parent, SIGINT disposition."""
+    from pathlib import Path
 
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    return {
+        "rank": int(os.environ["RANK"]),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "probe": os.environ.get("GNNPAR_TEST_PROBE"),
+        "gone": os.environ.get("GNNPAR_TEST_GONE"),
+        "ppid": os.getppid(),
+        "parent_is_fork_server": b"forkserver" in parent,
+        "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_ranks_are_forked_from_a_fork_server_with_this_launchs_environment(log_root, monkeypatch):
+    """Ranks are forks of one fork server that imported torch/PyG/gnnpar once (BENCHMARKS.md:
+    4 ranks of a 1M-edge graph share those pages). A later launch from the same process (a
+    notebook calling gnnpar.fit twice) reuses the server, which still holds the environment it
+    started with: each rank must see its own launch's environment, as a spawned rank does."""
     from gnnpar import launch as launch_module
 
-    monkeypatch.setattr(launch_module, "_threads_when_clean", None)
     monkeypatch.delenv("GNNPAR_START_METHOD", raising=False)
-    launch_module.allow_fork()
-    assert launch_module.start_method() == "spawn"  # the default
-    monkeypatch.setenv("GNNPAR_START_METHOD", "fork")
-    assert launch_module.start_method() == "fork"
-    monkeypatch.setattr(launch_module, "_threads_when_clean", None)
-    assert launch_module.start_method() == "spawn"  # a library caller (gnnpar.fit): unknown state
-    launch_module.allow_fork()
-    stop = threading.Event()
-    extra = threading.Thread(target=stop.wait)
-    extra.start()
+    assert launch_module.start_method() == "forkserver"
+    monkeypatch.setenv("GNNPAR_TEST_PROBE", "first")
+    monkeypatch.setenv("GNNPAR_TEST_GONE", "here")
+    first = launch(_env_fn, (), 2, timeout_s=30)
+    monkeypatch.setenv("GNNPAR_TEST_PROBE", "second")
+    monkeypatch.delenv("GNNPAR_TEST_GONE")
+    second = launch(_env_fn, (), 2, timeout_s=30)
+    for rank in (0, 1):
+        assert first[rank]["rank"] == first[rank]["local_rank"] == rank
+        assert (first[rank]["probe"], first[rank]["gone"]) == ("first", "here")
+        assert (second[rank]["probe"], second[rank]["gone"]) == ("second", None)
+        assert second[rank]["rank"] == rank
+        for seen in (first[rank], second[rank]):
+            assert seen["parent_is_fork_server"] and seen["ppid"] != os.getpid()
+            assert seen["sigint_ignored"]  # a Ctrl-C is the launcher's to act on
+    assert {r["ppid"] for r in (*first.values(), *second.values())} == {first[0]["ppid"]}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_ranks_are_spawned_when_asked(log_root, monkeypatch):
+    monkeypatch.setenv("GNNPAR_START_METHOD", "spawn")
+    out = launch(_env_fn, (), 2, timeout_s=30)
+    assert {r["ppid"] for r in out.values()} == {os.getpid()}
+    assert not any(r["parent_is_fork_server"] for r in out.values())
+
+
+def test_a_bad_start_method_is_a_usage_error(monkeypatch):
+    from gnnpar import launch as launch_module
+
+    for bad in ("fork", "threads", " spawn"):
+        monkeypatch.setenv("GNNPAR_START_METHOD", bad)
+        with pytest.raises(UsageError, match="GNNPAR_START_METHOD"):
+            launch_module.start_method()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever reaps it here)."""
     try:
-        assert launch_module.start_method() == "spawn"  # a thread appeared since allow_fork()
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_ranks_end_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL of `gnnpar train --workers 2` (no handler runs): its fork server sees the
+    launcher go and ends, and the ranks forked from it get SIGTERM (PR_SET_PDEATHSIG)."""
+    from conftest import rank_pids, start_cli, wait_for_steps
+
+    proc = start_cli(
+        "train", "--dataset", "karate", "--model", "gcn", "--strategy", "allreduce",
+        "--workers", "2", "--partitions", "4", "--epochs", "100000", "--out", str(tmp_path),
+    )  # fmt: skip
+    try:
+        wait_for_steps(tmp_path / "metrics.jsonl", 2, proc, deadline_s=120)
+        ranks = rank_pids(proc.pid, 2)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(_running(p) for p in ranks):
+            time.sleep(0.1)
+        alive = [p for p in ranks if _running(p)]
+        for p in alive:
+            os.kill(p, signal.SIGKILL)
+        assert not alive, f"ranks {alive} kept running after their launcher was killed"
     finally:
-        stop.set()
-        extra.join()
-    monkeypatch.setenv("GNNPAR_START_METHOD", "threads")
-    with pytest.raises(UsageError, match="GNNPAR_START_METHOD"):
-        launch_module.start_method()
+        proc.kill()

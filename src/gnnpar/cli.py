@@ -131,14 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
-            fresh = "torch" not in sys.modules  # so nothing can have computed with it here
-
-            from gnnpar import launch
             from gnnpar.config import build_config
             from gnnpar.train import run
 
-            if fresh:  # not a caller that ran torch before (an OpenMP pool may be running)
-                launch.allow_fork()
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
             cfg = build_config(args.config, flags)
             result = run(cfg)

@@ -9,8 +9,12 @@ one elastic agent in this process (``torch.distributed.launcher.api.elastic_laun
 rendezvous on a free localhost port, restarts only with --max-restarts) starts the ranks, which run exactly what a
 torchrun rank runs, so ranks coordinate only through torch.distributed (process group and its
 TCP store): nothing here is shared between ranks but the environment torch's launcher sets.
+The ranks are forks of a fork server that imported torch, PyG and gnnpar once
+(:func:`start_method`), so those pages sit in memory once per machine, not once per rank.
 
-Failures: the first rank to fail ends the run; the agent stops the others. A
+Failures: the first rank to fail ends the run; the agent stops the others. Of the ranks that
+failed, the one that explains the run is reported (torch's agent reports the first it saw exit,
+often one that died of another's failure), from every rank's error file. A
 :class:`gnnpar.UsageError` raised in a rank (bad input found only once data is loaded) is raised
 again here, so the CLI exits 2 with its message; any other failure becomes
 :class:`gnnpar.RankFailedError` ("rank R failed: <cause>", CLI exit 1), with the full traceback left
@@ -22,7 +26,6 @@ success, Ctrl-C or a failure whose message does not point there, it is removed).
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import shutil
@@ -62,55 +65,88 @@ def _collateral(message: str) -> int:
     return 1
 
 
-_threads_when_clean: int | None = None  # set by allow_fork(): the command line's own process
-
-
-def _native_threads() -> int:
-    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
-
-
-def allow_fork() -> None:
-    """Let :func:`launch` fork: called by the command line once torch is imported and before
-    anything computes. It records the process's thread count; a later launch forks only while
-    the count is unchanged, i.e. no OpenMP pool (or other thread) was started since: a forked
-    child that uses an OpenMP pool its parent had running hangs (seen with torch 2.13's libgomp:
-    a matmul on 4 threads in the parent, then in a forked child, never returns)."""
-    global _threads_when_clean
-    _threads_when_clean = _native_threads()
-
-
-def _default_signals_in_forked_rank() -> None:
-    """A forked rank inherits this process's Python signal handlers, among them torch's agent's
-    SIGTERM handler (which raises, with a traceback, where a fresh interpreter just ends):
-    back to the defaults a spawned rank starts with. SIGINT stays as the launch set it."""
-    if _launching:
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-
-
-_launching = False  # True while launch() starts ranks: forks then are ranks
-os.register_at_fork(after_in_child=_default_signals_in_forked_rank)
+_ELASTIC_ENV = (  # what torch's agent sets for each rank (local_elastic_agent, _wrap)
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+)  # fmt: skip
 
 
 def start_method() -> str:
-    """``spawn``, unless ``GNNPAR_START_METHOD=fork`` asks for ``fork`` and it is safe here.
+    """``forkserver`` (the default), or ``spawn`` when ``GNNPAR_START_METHOD=spawn`` asks for it.
 
-    Forked ranks share this process's pages copy-on-write: the interpreter with torch, PyG and
-    gnnpar imported (~0.2 GiB of private memory per process) sits in RAM once, not once per rank
-    (BENCHMARKS.md, memory of a user graph: 1.72x -> 1.26-1.29x one rank). It is not the
-    default: the ranks are forked while torch's elastic agent runs threads (its rendezvous
-    store), and a child can inherit a lock one of them held; in one CI run a forked 2-rank
-    pipeline never formed its gloo group. Safe means: the command line's own process
-    (:func:`allow_fork`) with no thread started since, and CUDA not initialised."""
-    import torch
-
+    With ``forkserver`` a fresh, single-threaded interpreter imports torch, PyG and gnnpar once
+    (:mod:`gnnpar.rank_preload`) and every local rank is a fork of it: the ranks share those
+    pages (~0.2 GiB of private memory per spawned process) copy-on-write, so 4 ranks of a
+    1M-edge user graph use 1.2x one rank's memory instead of 1.7x (BENCHMARKS.md), and a rank
+    starts without importing torch. The server is a child of no thread-running process, so a
+    rank cannot inherit a lock held by one of this process's threads (torch's elastic agent runs
+    several), which is why ranks are not forked from this process itself. ``spawn`` starts each
+    rank as a fresh interpreter."""
     asked = os.environ.get("GNNPAR_START_METHOD", "")
-    if asked not in ("", "fork", "spawn"):
-        raise UsageError(f"GNNPAR_START_METHOD={asked!r}: use fork or spawn (or leave it unset).")
-    if asked != "fork" or torch.cuda.is_initialized():
-        return "spawn"
-    clean = _threads_when_clean is not None and _native_threads() <= _threads_when_clean
-    return "fork" if clean else "spawn"
+    if asked not in ("", "forkserver", "spawn"):
+        raise UsageError(
+            f"GNNPAR_START_METHOD={asked!r}: use forkserver (the default) or spawn, or leave it unset."
+        )
+    return asked or "forkserver"
+
+
+def _start_fork_server() -> None:
+    """Start multiprocessing's fork server (once per process) with gnnpar's rank imports. Called
+    while SIGINT is ignored (:func:`_ranks_ignore_ctrl_c`): the server inherits that, and so
+    do the ranks forked from it."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["gnnpar.rank_preload"])
+    multiprocessing.forkserver.ensure_running()
+
+
+def _end_with_launcher(pid: int) -> None:
+    """SIGTERM this rank when the launcher ``pid`` ends, however it ended: a launcher killed
+    with SIGKILL (by a user, the OOM killer, a scheduler) must not leave ranks training on
+    their own. A spawned rank could ask the kernel for that (PR_SET_PDEATHSIG), but a forked
+    rank's parent is the fork server, which outlives the launcher while its children run; so a
+    daemon thread waits on a pidfd of the launcher (Linux 5.3+; elsewhere the ranks end at
+    their next collective's timeout instead)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # it is gone already
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    except (AttributeError, OSError):
+        return
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="gnnpar-launcher-watch", daemon=True).start()
+
+
+def _rank_entry(fn: Callable[..., Any], launcher: int, env: dict[str, str], *args: Any) -> Any:
+    """A rank forked from the fork server: give it the environment a spawned rank would have,
+    and end it with its launcher (:func:`_end_with_launcher`).
+
+    The server was started by an earlier launch, maybe with another environment (a notebook
+    that calls :func:`gnnpar.fit` twice, a test that changed ``GNNPAR_DATA``): the rank takes
+    ``env``, this launch's environment, plus what torch's agent set for this rank (the variables
+    that differ from the server's own, and the agent's names in :data:`_ELASTIC_ENV`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the run on Ctrl-C
+    _end_with_launcher(launcher)
+    from gnnpar import rank_preload
+
+    set_here = {
+        k: v
+        for k, v in os.environ.items()
+        if rank_preload.SERVER_ENV.get(k) != v or k in _ELASTIC_ENV or k.startswith("TORCHELASTIC_")
+    }
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.update(set_here)
+    return fn(*args)
 
 
 def launch(
@@ -130,6 +166,7 @@ def launch(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     timeout = max(1, int(timeout_s))
+    method = start_method()
     log_dir = tempfile.mkdtemp(prefix="gnnpar-ranks-")
     launch_cfg = LaunchConfig(
         min_nodes=1,
@@ -146,7 +183,7 @@ def launch(
         # (SIGSTOPped, hung) rank never acts on SIGTERM, and must not hold the run for long
         shutdown_timeout=2,
         monitor_interval=0.1,
-        start_method=start_method(),
+        start_method=method,
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # not SIGINT: _ranks_ignore_ctrl_c
     )
@@ -162,16 +199,14 @@ def launch(
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
-    global _launching
-    _launching = True
-    if launch_cfg.start_method == "fork":
-        # objects that exist now move to a generation the collector never visits, so the ranks'
-        # collections do not write to (and so copy) the pages they share with this process
-        gc.collect()
-        gc.freeze()
+    entry, entry_args = fn, (*args, log_dir)
+    if method == "forkserver":
+        entry, entry_args = _rank_entry, (fn, os.getpid(), dict(os.environ), *args, log_dir)
     try:
         with _ranks_ignore_ctrl_c(nprocs):
-            outputs = elastic_launch(launch_cfg, fn)(*args, log_dir)
+            if method == "forkserver":
+                _start_fork_server()
+            outputs = elastic_launch(launch_cfg, entry)(*entry_args)
     except ChildFailedError as e:
         error = _describe(e, log_dir)
         keep_logs = log_dir in str(error)  # "Traceback: <log_dir>/rank1.traceback.txt"
@@ -179,8 +214,6 @@ def launch(
     except SignalException:  # Ctrl-C or SIGTERM reached the agent; it has stopped the ranks
         raise KeyboardInterrupt from None
     finally:
-        _launching = False
-        gc.unfreeze()
         for lg, level in zip(loggers, old_levels):
             lg.setLevel(level)
         if old_omp is None:
@@ -236,35 +269,67 @@ def _ranks_ignore_ctrl_c(nprocs: int) -> Iterator[None]:
         signal.signal(signal.SIGINT, old_int)
 
 
-def _spawned_children() -> list[int]:
-    """Pids of this process's children that are ranks (forked or spawned; not multiprocessing's
-    resource tracker or fork server), from /proc."""
-    pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            children = (task / "children").read_text().split()
+            out += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
             continue
-        for pid in children:
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"resource_tracker" not in cmdline and b"forkserver" not in cmdline:
-                    pids.append(int(pid))
-            except OSError:
-                continue
+    return out
+
+
+def _spawned_children() -> list[int]:
+    """Pids of the ranks, from /proc: this process's children (spawned ranks) but not
+    multiprocessing's resource tracker and fork server, and the fork server's children (ranks
+    forked from it, whose command line is the server's)."""
+    pids = []
+    for pid in _children(os.getpid()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"forkserver" in cmdline:
+            pids += _children(pid)
+        elif b"resource_tracker" not in cmdline:
+            pids.append(pid)
     return pids
+
+
+def _error_files(log_dir: str) -> dict[int, tuple[int, Any]]:
+    """{local rank: (timestamp, message)} from the error files of the newest attempt that torch's
+    @record wrote under ``log_dir`` (``<run>/attempt_<n>/<local rank>/error.json``)."""
+    import json
+
+    newest: dict[int, tuple[int, int, Any]] = {}
+    for path in Path(log_dir).glob("*/attempt_*/*/error.json"):
+        try:
+            attempt = int(path.parent.parent.name.removeprefix("attempt_"))
+            rank = int(path.parent.name)
+            message = json.loads(path.read_text())["message"]
+            timestamp = int(message.get("extraInfo", {}).get("timestamp", 0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # a rank killed while writing it: the others explain the run
+        if rank not in newest or attempt > newest[rank][0]:
+            newest[rank] = (attempt, timestamp, message)
+    return {rank: (t, m) for rank, (_, t, m) in newest.items()}
 
 
 def _describe(e: Any, log_dir: str) -> Exception:
     """The exception that explains a failed launch: the root-cause rank and its message."""
+    reports = {rank: (f.timestamp, f.message) for rank, f in e.failures.items()}
+    # torch's agent reports the first rank it saw exit, which may be one that died of another
+    # rank's failure: every rank that raised left an error file, so all of them are read
+    for rank, report in _error_files(log_dir).items():
+        reports.setdefault(rank, report)
     failures = []
-    for rank, f in e.failures.items():
-        data = f.message if isinstance(f.message, dict) else {"message": str(f.message)}
+    for rank, (timestamp, raw) in reports.items():
+        data = raw if isinstance(raw, dict) else {"message": str(raw)}
         message = str(data.get("message", "")).strip()
         stack = data.get("extraInfo", {}).get("py_callstack")
         if stack:
             Path(log_dir, f"rank{rank}.traceback.txt").write_text(stack)
-        failures.append((f.timestamp, _collateral(message), rank, message))
+        failures.append((timestamp, _collateral(message), rank, message))
     if not failures:
         return RankFailedError(f"the ranks failed without a report (logs in {log_dir}).")
     # A UsageError anywhere wins (it explains the run); then the earliest, least collateral one.
