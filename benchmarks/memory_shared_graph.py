@@ -15,6 +15,13 @@ What is measured, per rank process (Linux ``/proc``):
   on PSS for that reason; RSS is reported beside it to show the double counting. The peaks of
   its two parts are recorded too, each on its own: ``Pss_Anon`` (private heap, where a rank's
   own copy of the graph would be) and ``Pss_File`` (its share of the memory-mapped caches).
+* peak of the summed PSS: the maximum over samples of the sum over processes, i.e. the most
+  physical memory the run held at one moment. With forked ranks (gnnpar's default) it is the
+  sound figure: the fork server holds the imported pages alone before the ranks exist, so its
+  own peak PSS counts them whole, and a sum of per-process peaks taken at different moments
+  counts them again in the ranks' shares. It is given for the ranks with their fork server and
+  with the launcher too; the issue-10 target (4 ranks of a user graph <= 1.3x one rank) is
+  judged on the ranks with their fork server, the sum of per-process peaks printed beside it.
 
 The graph is shared because the dataset and the partitioned graph are cached files opened with
 ``torch.load(mmap=True)`` (``gnnpar.data.cache``, ``gnnpar.data.partition``): ranks map the same
@@ -147,7 +154,8 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
     hwm: dict[int, int] = {}
     anon: dict[int, int] = {}  # Pss_Anon: private heap (a private copy of the graph lands here)
     mapped: dict[int, int] = {}  # Pss_File: this rank's share of memory-mapped files (caches)
-    peak_sum_pss = 0
+    peak_sum_pss = 0  # max over samples of everything summed, the launcher included
+    peak_sum_ranks = 0  # the same without the launcher: the ranks and their fork server
     while proc.poll() is None:
         pids, servers = ([proc.pid], []) if workers == 1 else launcher_children(proc.pid)
         total = 0
@@ -166,6 +174,7 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
             anon[pid] = max(anon.get(pid, 0), roll.get("Pss_Anon", 0))
             mapped[pid] = max(mapped.get(pid, 0), roll.get("Pss_File", 0))
             total += p
+        peak_sum_ranks = max(peak_sum_ranks, total)
         if workers > 1:
             roll = read_fields(f"/proc/{proc.pid}/smaps_rollup", ("Pss",))
             launcher_pss = max(launcher_pss, roll.get("Pss", 0))
@@ -191,6 +200,7 @@ def measure(workers: int, args: argparse.Namespace, out: Path) -> dict:
         "launcher_peak_pss_gib": launcher_pss * gib,
         "sum_peak_pss_with_launcher_gib": (sum(pss.values()) + server_pss + launcher_pss) * gib,
         "peak_of_sum_pss_gib": peak_sum_pss * gib,
+        "peak_of_sum_pss_ranks_server_gib": peak_sum_ranks * gib,
     }
 
 
@@ -270,6 +280,8 @@ def main() -> None:
         "median": {str(k): v for k, v in med.items()},
         "ratio_sum_peak_pss": many["sum_peak_pss_gib"] / one["sum_peak_pss_gib"],
         "ratio_with_server": many["sum_peak_pss_with_server_gib"] / one["sum_peak_pss_gib"],
+        "ratio_peak_of_sum_ranks_server": many["peak_of_sum_pss_ranks_server_gib"]
+        / one["peak_of_sum_pss_gib"],
         "ratio_sum_peak_rss": many["sum_peak_rss_gib"] / one["sum_peak_rss_gib"],
         "ratio_with_launcher": many["sum_peak_pss_with_launcher_gib"] / one["sum_peak_pss_gib"],
         "ratio_peak_of_sum_pss": many["peak_of_sum_pss_gib"] / one["peak_of_sum_pss_gib"],
@@ -284,14 +296,19 @@ def main() -> None:
         f"{many['peak_of_sum_pss_gib']:.2f} |\n"
         f"| ratio | {summary['ratio_sum_peak_pss']:.2f}x | {summary['ratio_sum_peak_rss']:.2f}x | "
         f"{summary['ratio_peak_of_sum_pss']:.2f}x |\n"
-        f"\n{args.workers} ranks + the fork server they are forked from (0 without one): "
-        f"{many['sum_peak_pss_with_server_gib']:.2f} GiB, "
+        f"\n{args.workers} ranks + the fork server they are forked from (0 without one), "
+        f"sum of peaks: {many['sum_peak_pss_with_server_gib']:.2f} GiB, "
         f"{summary['ratio_with_server']:.2f}x one rank\n"
-        f"with the launching process counted too: "
-        f"{many['sum_peak_pss_with_launcher_gib']:.2f} GiB, "
-        f"{summary['ratio_with_launcher']:.2f}x one rank\n"
-        f"\ntarget: summed peak PSS of {args.workers} ranks and their fork server <= {target}x "
-        f"one rank: {'met' if summary['ratio_with_server'] <= target else 'NOT met'}"
+        f"{args.workers} ranks + the fork server, peak of the sum: "
+        f"{many['peak_of_sum_pss_ranks_server_gib']:.2f} GiB, "
+        f"{summary['ratio_peak_of_sum_ranks_server']:.2f}x one rank\n"
+        f"with the launching process counted too: sum of peaks "
+        f"{many['sum_peak_pss_with_launcher_gib']:.2f} GiB "
+        f"({summary['ratio_with_launcher']:.2f}x), peak of the sum "
+        f"{many['peak_of_sum_pss_gib']:.2f} GiB ({summary['ratio_peak_of_sum_pss']:.2f}x)\n"
+        f"\ntarget: {args.workers} ranks and their fork server at their peak use together <= "
+        f"{target}x one rank's peak: "
+        f"{'met' if summary['ratio_peak_of_sum_ranks_server'] <= target else 'NOT met'}"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=1))

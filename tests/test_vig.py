@@ -252,3 +252,41 @@ def test_vig_model_with_recompute_trains_identically():
         assert torch.equal(a.grad, b.grad)
     with torch.no_grad():  # evaluation does not checkpoint (nothing to save)
         assert torch.equal(lean(images), plain(images))
+
+
+def test_recompute_in_chunks_of_images_matches_the_whole_batch(monkeypatch):
+    """--recompute on a batch larger than recompute_chunk() checkpoints the block image
+    chunk by image chunk: the same outputs and gradients as the whole batch at once, to float
+    rounding (weight gradients become sums over chunks); nothing but each chunk's input is kept."""
+    import gnnpar.models.vig as vig
+
+    torch.manual_seed(0)
+    x0 = torch.randn(7, 64, 12)
+    block = ViGBlock(12, recompute=True)
+    runs = []
+    per_image = 64 * 12 * 4
+    assert vig.recompute_chunk(x0) == -(-vig.RECOMPUTE_CHUNK_BYTES // per_image)
+    for chunk in (100, 3):  # one piece (the code path of every batch <= the chunk), 3 + 3 + 1
+        monkeypatch.setattr(vig, "RECOMPUTE_CHUNK_BYTES", chunk * per_image)
+        x = x0.clone().requires_grad_(True)
+        saved: list[torch.Tensor] = []
+
+        def pack(t: torch.Tensor, saved: list = saved) -> torch.Tensor:
+            saved.append(t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = block(x)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        runs.append((out.detach(), x.grad, [p.grad.clone() for p in block.parameters()], saved))
+        block.zero_grad(set_to_none=True)
+    (out1, gx1, gp1, _), (out3, gx3, gp3, saved3) = runs
+    assert torch.allclose(out3, out1, rtol=0, atol=1e-6)
+    assert torch.allclose(gx3, gx1, rtol=1e-5, atol=1e-6)
+    for a, b in zip(gp3, gp1):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    # what autograd keeps: the three input chunks (views of x), nothing of the activations
+    weights = {p.data_ptr() for p in block.parameters()}
+    kept = [t for t in saved3 if t.data_ptr() not in weights]
+    assert sorted(t.size(0) for t in kept) == [1, 3, 3]
+    assert all(t.shape[1:] == x0.shape[1:] for t in kept)

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from gnnpar import collectives
+from gnnpar.allocator import release_free_memory
 from gnnpar.checkpoint import Checkpointer, Resumed
 from gnnpar.config import Config
 from gnnpar.metrics import MetricsLog, Progress, epoch_line, peak_memory, summarize
@@ -219,6 +220,7 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
             scores = None
             last = epoch + 1 == r.epochs
             if plan.evaluate and r.eval_every and (epoch + 1) % r.eval_every == 0 and not last:
+                release_free_memory()  # the steps' freed heap, before the full-graph forward
                 with precision():
                     scores, times = plan.evaluate()
                 eval_times += times
@@ -230,6 +232,7 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
         t_end = time.perf_counter()
         sync.finish()
         log.train_s += time.perf_counter() - t_end
+        release_free_memory()  # rank 0 evaluates now, and the others wait for it
         with precision():
             final = plan.finish()
         metrics.final(final.scores, log.train_s)

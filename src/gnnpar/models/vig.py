@@ -79,6 +79,19 @@ def knn_graph(h: torch.Tensor, k: int, chunk_bytes: int | None = None) -> torch.
     return out
 
 
+# With --recompute, a ViG block runs on pieces of at least this many bytes of its input (whole
+# images). Above glibc's largest mmap threshold (32 MiB), so that every activation of the size of
+# the input or larger gets its own mapping, given back when freed: served from the heap, pieces of
+# many sizes fragment it, and a 1000-image step's resident memory grew past 13 GiB (BENCHMARKS.md).
+RECOMPUTE_CHUNK_BYTES = 40 << 20
+
+
+def recompute_chunk(x: torch.Tensor) -> int:
+    """Images per checkpointed piece of a block's input ``x`` [B, N, C]."""
+    per_image = max(1, x[0].numel() * x.element_size())
+    return max(1, -(-RECOMPUTE_CHUNK_BYTES // per_image))
+
+
 class _NeighbourMax(torch.autograd.Function):
     """``out[i, c] = max_j h[nodes[i, j], c]``, saving only which j won (one byte per value).
 
@@ -148,6 +161,16 @@ class ViGBlock(nn.Module):
     again during the backward pass (``torch.utils.checkpoint``, GPipe's re-materialisation).
     The recomputed forward repeats the same deterministic kernels on the same input, so the
     gradients are bit for bit those without it (tested); it costs one more forward per block.
+
+    A block treats every image on its own (the kNN graph is per image, the rest per node), so
+    with ``recompute`` a large batch runs through the block in chunks of whole images
+    (:func:`recompute_chunk`: 96 CIFAR images at C = 107), each checkpointed on its own: the
+    forward's transients (the 4C-wide FFN layer, the MRConv concat) and the backward's
+    recomputed activations exist for one chunk at a time, not for the whole batch, which is what
+    keeps a step at study 000's 1000 images under 8 GiB (BENCHMARKS.md). Batches up to the chunk
+    size run as one piece, bit for bit as before; a chunked batch's gradients equal the whole
+    batch's to float rounding (the weight gradients are sums over chunks instead of one product;
+    tested), as those of GPipe's micro-batches do.
     """
 
     def __init__(
@@ -165,7 +188,11 @@ class ViGBlock(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor | None = None) -> torch.Tensor:
         x = as_nodes(x)
         if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, use_reentrant=False)
+            chunk = recompute_chunk(x)
+            if x.size(0) <= chunk:
+                return checkpoint(self._forward, x, use_reentrant=False)
+            parts = [checkpoint(self._forward, p, use_reentrant=False) for p in x.split(chunk)]
+            return torch.cat(parts)
         return self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
