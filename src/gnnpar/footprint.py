@@ -27,7 +27,8 @@ run passed the check and was killed by the kernel's OOM killer).
 - copies: one per model replica on this machine (``LOCAL_WORLD_SIZE / --stages``).
 
 Before ``--workers N`` local ranks are started, :func:`check_ranks` refuses N whose bare
-processes alone (:data:`RANK_BASELINE_BYTES` each) exceed the available memory.
+processes alone exceed the available memory (:data:`RANK_BASELINE_BYTES` each when spawned; once,
+for the fork server, plus :data:`FORKED_RANK_BYTES` per rank when forked from it).
 
 Left out, so the real need is higher: layer inputs and messages, attention coefficients,
 sampled neighbourhoods, the dataset itself, and the ~0.3 GiB that Python, torch and PyG take
@@ -50,6 +51,9 @@ FLOAT_BYTES = 4
 # box (torch 2.13 CPU): ~235 MiB anonymous memory (smaps_rollup) per spawned rank; 200 MiB
 # keeps the figure a lower bound.
 RANK_BASELINE_BYTES = 200 * 2**20
+# A rank forked from the fork server (gnnpar.launch's default) shares those pages with the server
+# and holds ~7 MiB of its own before it does anything (measured likewise); 4 MiB, a lower bound.
+FORKED_RANK_BYTES = 4 * 2**20
 GIB = 2**30
 OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}  # per-parameter state tensors (SGD: no momentum here)
 
@@ -131,13 +135,26 @@ def check_memory(cfg: Config, ds, local_world: int, device: torch.device) -> Non
 
 
 def check_ranks(nprocs: int) -> None:
-    """UsageError when ``nprocs`` local ranks could not even start in the available memory."""
+    """UsageError when ``nprocs`` local ranks could not even start in the available memory:
+    spawned, each is a whole interpreter with torch and PyG; forked from the fork server, they
+    share one (the server's) and add little each."""
+    from gnnpar.launch import start_method
+
     free = available_bytes(torch.device("cpu"))
-    need = nprocs * RANK_BASELINE_BYTES
+    if start_method() == "forkserver":
+        need = RANK_BASELINE_BYTES + nprocs * FORKED_RANK_BYTES
+        what = (
+            f"a fork server of at least {RANK_BASELINE_BYTES / 2**20:.0f} MiB and {nprocs} "
+            f"ranks forked from it ({need / GIB:.1f} GiB before any data)"
+        )
+    else:
+        need = nprocs * RANK_BASELINE_BYTES
+        what = (
+            f"{nprocs} processes of at least {RANK_BASELINE_BYTES / 2**20:.0f} MiB each "
+            f"({need / GIB:.1f} GiB before any data)"
+        )
     if free is not None and need > free:
         raise UsageError(
-            f"--workers {nprocs} starts {nprocs} processes of at least "
-            f"{RANK_BASELINE_BYTES / 2**20:.0f} MiB each ({need / GIB:.1f} GiB before any data), "
-            f"but this machine has {free / GIB:.1f} GiB available. Use fewer --workers, or "
-            "torchrun across several machines."
+            f"--workers {nprocs} starts {what}, but this machine has {free / GIB:.1f} GiB "
+            "available. Use fewer --workers, or torchrun across several machines."
         )
