@@ -81,8 +81,9 @@ def start_method() -> str:
     1M-edge user graph use 1.2x one rank's memory instead of 1.7x (BENCHMARKS.md), and a rank
     starts without importing torch. The server is a child of no thread-running process, so a
     rank cannot inherit a lock held by one of this process's threads (torch's elastic agent runs
-    several), which is why ranks are not forked from this process itself. ``spawn`` starts each
-    rank as a fresh interpreter."""
+    several), which is why ranks are not forked from this process itself. The server is started
+    by the first launch and serves every later one from this process (a notebook's), until this
+    process ends. ``spawn`` starts each rank as a fresh interpreter."""
     asked = os.environ.get("GNNPAR_START_METHOD", "")
     if asked not in ("", "forkserver", "spawn"):
         raise UsageError(
