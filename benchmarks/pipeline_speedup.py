@@ -50,6 +50,7 @@ def main() -> None:
         "epochs": 1,
         "threads": 1,
         "seed": 0,
+        "timeout": 1800,  # a wait on the other stage's 200-image micro-batch can take minutes
         **({"recompute": True} if a.recompute else {}),
     }
     pipe = {**base, "strategy": "pipeline", "stages": a.stages, "chunks": a.chunks}

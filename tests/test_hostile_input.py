@@ -191,6 +191,13 @@ ROWS = [
     Row("data-root in file", train(*DATA[:1], "{tmp}/f/d"), 2, "lies inside", files={"f": ""}),
     Row("GNNPAR_DATA a file", train(), 2, "$GNNPAR_DATA", {"GNNPAR_DATA": "{tmp}/f"}, {"f": ""}),
     Row(
+        "GNNPAR_START_METHOD garbage",
+        train(*AR, "--workers", "2"),
+        2,
+        "GNNPAR_START_METHOD='fork': use forkserver",
+        {"GNNPAR_START_METHOD": "fork"},
+    ),
+    Row(
         "datasets root a file", ["datasets", *DATA[:1], "{tmp}/f"], 2, "is a file", files={"f": ""}
     ),
     # ------------------------------------------------ config files

@@ -48,7 +48,8 @@ from gnnpar.models import build_model
 from gnnpar.models.base import BlockModel
 from gnnpar.sources import image_batches
 
-FULL = {"batch-size": 1000, "max-steps": 100, "recompute": True}  # study 000's size
+# study 000's size; a wait on another rank's 1000-image step can take minutes at 1 thread
+FULL = {"batch-size": 1000, "max-steps": 100, "recompute": True, "timeout": 1800}
 QUICK = {"batch-size": 20, "max-steps": 3}
 FULL_TEST_BATCHES, QUICK_TEST_BATCHES = 20, 3  # tables 2 and 3: the study's 20 test batches
 PHASE_COLS = ["phase", "mean_s", "std_s", "min_s", "max_s", "count"]
