@@ -248,3 +248,17 @@ def test_profile_blocks_times_every_block():
     times = profile_blocks(model, ds.data.x, ds.data.edge_index, repeats=2)
     assert len(times) == 3 and all(t > 0 for t in times)
     assert all(p.grad is None for p in model.parameters())  # profiling leaves no gradients
+
+
+def test_image_blocks_are_timed_on_at_most_probe_images():
+    """Rank 0 times the blocks while the other ranks wait (within --timeout): at study 000's
+    200-image micro-batches, timing whole micro-batches took longer than the default timeout."""
+    from gnnpar.pipeline.batches import PROBE_IMAGES
+
+    ds = image_dataset(n=96)
+    mesh = StagePlace(replicas=1, stages=2, replica=0, stage=0)
+    for batch, chunks, want in ((12, 3, 4), (96, 2, PROBE_IMAGES)):
+        cfg = config("image", 2, 1, chunks, "gpipe")
+        cfg.strategy.batch_size = batch
+        x, edge_index = ImageMicroBatches(cfg, ds, mesh).probe()
+        assert edge_index is None and torch.equal(x, ds.train_x[:want])
