@@ -158,10 +158,13 @@ def run_ranks(tmp_path, world: int, scenarios: list[tuple[str, Config]]) -> list
 @pytest.mark.slow
 def test_two_stages_equal_sequential_loss_and_grads(tmp_path):
     """gat with exact micro-batches (GPipe and 1F1B) and ViG (8x8 images) with an uneven split."""
+    big_images = config("image", 2, 1, 2, "gpipe")
+    big_images.strategy.batch_size = 40
     scenarios = [
         ("graph", config("graph", 2, 1, 3, "gpipe")),
         ("graph", config("graph", 2, 1, 3, "1f1b")),
         ("image", config("image", 2, 1, 4, "gpipe")),
+        ("image", big_images),  # micro-batches of 20 images: more than blocks are timed on
     ]
     for results in run_ranks(tmp_path, 2, scenarios):
         last = results[-1]
@@ -250,15 +253,27 @@ def test_profile_blocks_times_every_block():
     assert all(p.grad is None for p in model.parameters())  # profiling leaves no gradients
 
 
-def test_image_blocks_are_timed_on_at_most_probe_images():
+def test_image_blocks_are_timed_on_at_most_profile_images(tmp_path, monkeypatch):
     """Rank 0 times the blocks while the other ranks wait (within --timeout): at study 000's
-    200-image micro-batches, timing whole micro-batches took longer than the default timeout."""
-    from gnnpar.pipeline.batches import PROBE_IMAGES
+    200-image micro-batches, timing whole micro-batches took longer than the default timeout.
+    The stages still send whole micro-batches (the probe's shape)."""
+    import gnnpar.pipeline.stages as stages
 
-    ds = image_dataset(n=96)
-    mesh = StagePlace(replicas=1, stages=2, replica=0, stage=0)
-    for batch, chunks, want in ((12, 3, 4), (96, 2, PROBE_IMAGES)):
-        cfg = config("image", 2, 1, chunks, "gpipe")
-        cfg.strategy.batch_size = batch
-        x, edge_index = ImageMicroBatches(cfg, ds, mesh).probe()
-        assert edge_index is None and torch.equal(x, ds.train_x[:want])
+    seen = []
+
+    def profile(model, x, edge_index):  # noqa: ANN001, ANN202
+        seen.append(x.size(0))
+        return [1.0] * len(model.blocks)
+
+    monkeypatch.setattr(stages, "profile_blocks", profile)
+    cfg = config("image", 2, 1, 2, "gpipe")
+    cfg.strategy.batch_size = 40
+    job = ImageMicroBatches(cfg, image_dataset(), StagePlace(1, 2, 0, 0))
+    model = build_model(cfg.model, 3, 10)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        balance, times = stages.choose_balance(cfg, model, job)
+    finally:
+        dist.destroy_process_group()
+    assert seen == [stages.PROFILE_IMAGES] and job.probe()[0].size(0) == 20
+    assert balance == [2, 2] and times == [1.0] * 4

@@ -27,8 +27,6 @@ from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
 from gnnpar.metrics import score
 from gnnpar.sources import Resumable, image_batches
 
-PROBE_IMAGES = 16  # at most this many images per block timing (balance of image pipelines)
-
 
 @dataclass(frozen=True)
 class StagePlace:
@@ -189,11 +187,7 @@ class ImageMicroBatches(Resumable):
         self.first, self.last = mesh.stage == 0, mesh.stage == mesh.stages - 1
 
     def probe(self, eval_plan: bool = False) -> tuple[torch.Tensor, None]:
-        """Images to time each block on (:func:`gnnpar.pipeline.stages.choose_balance`): a
-        micro-batch, or :data:`PROBE_IMAGES` of it. A block's time grows with its images alike
-        for every block, and the other ranks wait (within --timeout) while rank 0 times them:
-        3 forward and backward passes of a 200-image micro-batch take minutes at 1 thread."""
-        return self.ds.train_x[: min(self.B // self.M, PROBE_IMAGES)], None
+        return self.ds.train_x[: self.B // self.M], None
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
         r, B, seed = self.mesh.replica, self.B, self.cfg.run.seed + epoch

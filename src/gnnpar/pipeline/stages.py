@@ -208,13 +208,21 @@ def run_schedule(
     return schedule.step(*args, **kwargs)
 
 
+# Rank 0 times the blocks on at most this many images of a micro-batch while the other ranks
+# wait (within --timeout): 3 timed passes of a 200-image ViG micro-batch take minutes at 1 thread.
+PROFILE_IMAGES = 16
+
+
 def choose_balance(cfg, model: BlockModel, job) -> tuple[list[int], list[float] | None]:
-    """--balance, or rank 0 profiles each block on a real micro-batch and tells the rest."""
+    """--balance, or rank 0 profiles each block on a real micro-batch (of images: at most
+    :data:`PROFILE_IMAGES` of it) and tells the rest."""
     if cfg.strategy.balance is not None:
         return list(cfg.strategy.balance), None
     box: list = [None, None]
     if dist.get_rank() == 0:
-        x0, ei0 = job.probe()
+        x0, ei0 = job.probe()  # one micro-batch (the shape a stage sends)
+        if ei0 is None:  # images: a block's time grows alike with the images for every block
+            x0 = x0[:PROFILE_IMAGES]
         times = profile_blocks(model, x0, ei0)
         box = [split_by_cost(times, cfg.strategy.stages), times]
     dist.broadcast_object_list(box, src=0)
