@@ -139,6 +139,51 @@ def test_root_cause_ordering_prefers_real_errors_over_their_consequences():
     assert _collateral("Signal 15 (SIGTERM) received by PID 12") == 3
 
 
+def _error_file(log_dir, rank: int, message: str, timestamp: int, attempt: int = 0) -> None:
+    """What torch's @record leaves for a rank that raised."""
+    import json
+
+    path = log_dir / "run_x" / f"attempt_{attempt}" / str(rank) / "error.json"
+    path.parent.mkdir(parents=True)
+    extra = {"py_callstack": f"Traceback: {message}", "timestamp": str(timestamp)}
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+
+
+def _first_exit(rank: int, message: str, timestamp: int):
+    """A ChildFailedError as torch's agent raises it: the first rank it saw exit, only."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    error = ChildFailedError.__new__(ChildFailedError)
+    error.failures = {rank: SimpleNamespace(message={"message": message}, timestamp=timestamp)}
+    return error
+
+
+@pytest.mark.parametrize("later", [0, 1, 2])
+def test_the_cause_is_reported_not_the_rank_the_agent_saw_exit_first(tmp_path, later):
+    """The agent reports one rank; the others' error files are read too. Error files count
+    whole seconds, so the cause must win by its kind, whatever second each was written in."""
+    from gnnpar.launch import _describe
+
+    reset = "RuntimeError: [pair.cc:537] Read error: Connection reset by peer"
+    # rank 1 raised; rank 0 died of it and was seen first
+    _error_file(tmp_path / "a", 1, "ValueError: boom on rank 1", 100 + later)
+    _error_file(tmp_path / "a", 0, reset, 100)
+    message = str(_describe(_first_exit(0, reset, 100), str(tmp_path / "a")))
+    assert message.startswith("rank 1 failed: ValueError: boom on rank 1 (then also rank 0)")
+    # rank 0 was killed from outside (no error file); rank 1 died of it, in the same second or
+    # later, or an earlier one (the agent's time is taken when it notices)
+    _error_file(tmp_path / "b", 1, reset, 100 + later - 1)
+    message = str(
+        _describe(_first_exit(0, "Signal 9 (SIGKILL) received by PID 7", 100), str(tmp_path / "b"))
+    )
+    assert message.startswith("rank 0 failed: Signal 9 (SIGKILL)")
+    # a restarted run: the newest attempt's file counts
+    _error_file(tmp_path / "c", 1, "ValueError: old", 50, attempt=0)
+    _error_file(tmp_path / "c", 1, "KeyError: new", 60, attempt=1)
+    message = str(_describe(_first_exit(0, reset, 60), str(tmp_path / "c")))
+    assert message.startswith("rank 1 failed: KeyError: new")
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_cli_usage_error_found_inside_a_rank_exits_2_with_the_message(cli, tmp_path):

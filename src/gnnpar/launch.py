@@ -318,26 +318,31 @@ def _error_files(log_dir: str) -> dict[int, tuple[int, Any]]:
 
 def _describe(e: Any, log_dir: str) -> Exception:
     """The exception that explains a failed launch: the root-cause rank and its message."""
-    reports = {rank: (f.timestamp, f.message) for rank, f in e.failures.items()}
+    reports = {rank: (f.timestamp, f.message, True) for rank, f in e.failures.items()}
     # torch's agent reports the first rank it saw exit, which may be one that died of another
     # rank's failure: every rank that raised left an error file, so all of them are read
-    for rank, report in _error_files(log_dir).items():
-        reports.setdefault(rank, report)
+    for rank, (timestamp, message) in _error_files(log_dir).items():
+        reports.setdefault(rank, (timestamp, message, False))
     failures = []
-    for rank, (timestamp, raw) in reports.items():
+    for rank, (timestamp, raw, first_exit) in reports.items():
         data = raw if isinstance(raw, dict) else {"message": str(raw)}
         message = str(data.get("message", "")).strip()
         stack = data.get("extraInfo", {}).get("py_callstack")
         if stack:
             Path(log_dir, f"rank{rank}.traceback.txt").write_text(stack)
-        failures.append((timestamp, _collateral(message), rank, message))
+        kind = _collateral(message)
+        if first_exit and kind == 3:
+            # killed (or ended without an error file) before any other rank exited: a cause,
+            # not one of the survivors the agent stopped after a failure (they are not reported)
+            kind = 1
+        failures.append((timestamp, kind, rank, message))
     if not failures:
         return RankFailedError(f"the ranks failed without a report (logs in {log_dir}).")
-    # A UsageError anywhere wins (it explains the run); then the earliest, least collateral one.
-    # a rank's report that a peer stalled explains the run (the stalled rank itself is killed,
-    # which the agent sees first): it comes right after a usage error
+    # A UsageError anywhere wins (it explains the run). A rank's report that a peer stalled
+    # comes next (the stalled rank itself is killed, which the agent sees first). Then the least
+    # collateral kind, then the earliest (error files count whole seconds).
     stalled = "PeerStalledError"
-    failures.sort(key=lambda t: (t[1] != 0, not t[3].startswith(stalled), t[0], t[1], t[2]))
+    failures.sort(key=lambda t: (t[1] != 0, not t[3].startswith(stalled), t[1], t[0], t[2]))
     _, _, rank, message = failures[0]
     if message.startswith(_USAGE_PREFIX):
         return UsageError(message[len(_USAGE_PREFIX) :])
