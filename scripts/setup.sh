@@ -15,18 +15,33 @@ fi
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==${GNNPAR_TORCH_VERSION:-2.13.0}"
 fi
-if ! "$PY" -c "import gnnpar, pytest, ruff" >/dev/null 2>&1 || [ -n "${GNNPAR_REINSTALL:-}" ]; then
+if ! "$PY" -c "import gnnpar, pytest, ruff, setuptools" >/dev/null 2>&1 || [ -n "${GNNPAR_REINSTALL:-}" ]; then
   "$PY" -m pip install -q -e ".[dev]"
 fi
 
 # The neighbour sampler's compiled hop kernel (plain C, loaded with ctypes: no torch headers, so
-# it fits any torch build). Rebuilt whenever the source changed; without it the sampler falls
-# back to vectorised torch (slower, other random stream) with a warning.
-kernel=src/gnnpar/data/_sampler_kernel.so
-if [ ! -f "$kernel" ] || [ src/gnnpar/data/sampler_kernel.c -nt "$kernel" ]; then
-  if ${CC:-gcc} -O3 -shared -fPIC -o "$kernel.tmp" src/gnnpar/data/sampler_kernel.c; then
+# it fits any torch build). pip builds it from sampler_kernel.c with setup.py on every install
+# (`pip install -e .` puts it next to the source as _sampler_kernel<EXT_SUFFIX>, e.g.
+# _sampler_kernel.cpython-311-x86_64-linux-gnu.so); an editable install does not notice a later
+# edit of the source, so here it is rebuilt whenever the source is newer, by the same setup.py
+# build (same compiler flags as a wheel's), then moved into place in one rename. Without it the
+# sampler falls back to vectorised torch (slower, other random stream) with a warning.
+data=src/gnnpar/data
+suffix=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+kernel=$data/_sampler_kernel$suffix
+if [ ! -f "$kernel" ] || [ "$data/sampler_kernel.c" -nt "$kernel" ]; then
+  tmp=$(mktemp -d)
+  # setup.py warns rather than fails when there is no compiler; -W ignore: setuptools' notices
+  "$PY" -W ignore setup.py -q build_ext --force --build-lib "$tmp/lib" --build-temp "$tmp/obj" || true
+  if [ -f "$tmp/lib/gnnpar/data/_sampler_kernel$suffix" ]; then
+    cp "$tmp/lib/gnnpar/data/_sampler_kernel$suffix" "$kernel.tmp"
     mv "$kernel.tmp" "$kernel"
   else
-    echo "setup.sh: warning: could not build $kernel (needs gcc); the sampler will use torch" >&2
+    echo "setup.sh: warning: could not build $kernel (needs a C compiler, e.g. gcc); the sampler will use torch" >&2
   fi
+  rm -rf "$tmp"
+fi
+# the plain name older versions of this script built: stale once the new one exists
+if [ -f "$kernel" ] && [ "$kernel" != "$data/_sampler_kernel.so" ]; then
+  rm -f "$data/_sampler_kernel.so"
 fi

@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tomllib
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from gnnpar import UsageError
 from gnnpar.models.presets import STUDY_DEFAULTS, study_defaults

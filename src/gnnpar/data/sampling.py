@@ -1,8 +1,8 @@
 """Neighbour sampling over a CSR graph (GraphSAGE mini-batches, study 002).
 
-Two implementations of one sampler. The default is a compiled hop kernel
-(``sampler_kernel.c``, plain C built by scripts/setup.sh and called through ctypes): per hop, for
-each frontier node, Floyd's algorithm draws ``fanout`` distinct neighbours (direct draws with
+Two implementations of one sampler. The default is a compiled hop kernel (``sampler_kernel.c``,
+plain C that pip compiles when it installs gnnpar, called through ctypes): per hop, for each
+frontier node, Floyd's algorithm draws ``fanout`` distinct neighbours (direct draws with
 replacement) from a splitmix64 stream, and a second pass reads the neighbours with prefetching
 and relabels them with the node-mark array. Profiling the torch version (torch.profiler,
 synthetic-reddit 0.1, fan-outs 25-10-10, one thread) found half the time in gathers
@@ -47,6 +47,7 @@ scatter plus a gather is O(sampled) and keeps nodes in order of first appearance
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
 import multiprocessing as mp
 import os
 import threading
@@ -184,25 +185,51 @@ def _subset_by_rejection(
 
 
 _KERNEL_VERSION = 1  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
-_KERNEL_PATH = Path(__file__).with_name("_sampler_kernel.so")
+_KERNEL_DIR = Path(__file__).parent
+_KERNEL_STEM = "_sampler_kernel"
+_KERNEL_HINT = (
+    "install a C compiler (gcc) and reinstall gnnpar (from its source: pip install "
+    "--force-reinstall --no-deps .), or in a checkout run scripts/setup.sh (make setup)"
+)
 _kernel_lib: ctypes.CDLL | None = None
+_kernel_file: Path | None = None
 _kernel_tried = False
 
 
+def _kernel_candidates() -> list[Path]:
+    """Where the compiled kernel may lie, in order of preference: the names setuptools gives the
+    library it builds from ``sampler_kernel.c`` (``_sampler_kernel`` plus an extension-module
+    suffix such as ``.cpython-311-x86_64-linux-gnu.so``), then the plain ``_sampler_kernel.so``
+    that older versions of scripts/setup.sh built."""
+    suffixes = list(importlib.machinery.EXTENSION_SUFFIXES)
+    if ".so" not in suffixes:
+        suffixes.append(".so")
+    return [_KERNEL_DIR / f"{_KERNEL_STEM}{s}" for s in suffixes]
+
+
 def kernel_available() -> bool:
-    """Whether the compiled hop kernel (``_sampler_kernel.so``, built by scripts/setup.sh from
-    ``sampler_kernel.c``) is present and of the version this module expects."""
+    """Whether the compiled hop kernel (built from ``sampler_kernel.c`` by ``pip install``, a
+    wheel build or scripts/setup.sh) is present and of the version this module expects."""
     return _kernel() is not None
 
 
+def kernel_path() -> Path | None:
+    """The file the compiled hop kernel was loaded from (None: not available)."""
+    return _kernel_file if _kernel() is not None else None
+
+
 def _kernel() -> ctypes.CDLL | None:
-    global _kernel_lib, _kernel_tried
+    global _kernel_lib, _kernel_file, _kernel_tried
     if not _kernel_tried:  # once per process (a loader worker loads it for itself)
         _kernel_tried = True
-        try:
-            lib = ctypes.CDLL(str(_KERNEL_PATH))
-            lib.gnnpar_kernel_version.restype = ctypes.c_int64
-            if lib.gnnpar_kernel_version() == _KERNEL_VERSION:
+        for path in _kernel_candidates():
+            if not path.is_file():
+                continue
+            try:
+                lib = ctypes.CDLL(str(path))
+                lib.gnnpar_kernel_version.restype = ctypes.c_int64
+                if lib.gnnpar_kernel_version() != _KERNEL_VERSION:
+                    continue  # a stale build: perhaps a later candidate is current
                 i64, ptr = ctypes.c_int64, ctypes.c_void_p
                 lib.gnnpar_sample_hop.restype = i64
                 lib.gnnpar_sample_hop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
@@ -210,9 +237,10 @@ def _kernel() -> ctypes.CDLL | None:
                 lib.gnnpar_sample_hop.argtypes += [ptr, ptr]
                 lib.gnnpar_table_size.restype = i64
                 lib.gnnpar_table_size.argtypes = [i64]
-                _kernel_lib = lib
-        except OSError:
-            pass
+            except (OSError, AttributeError):  # not loadable here, or not the kernel
+                continue
+            _kernel_lib, _kernel_file = lib, path
+            break
     return _kernel_lib
 
 
@@ -237,13 +265,13 @@ class NeighborSampler:
         if backend != "torch" and _kernel() is None:
             if backend == "kernel":
                 raise UsageError(
-                    f"the compiled sampler kernel {_KERNEL_PATH} is missing or out of date: "
-                    "run scripts/setup.sh (it builds it with gcc)"
+                    f"the compiled sampler kernel ({_KERNEL_STEM}*.so in {_KERNEL_DIR}) is "
+                    f"missing or out of date: {_KERNEL_HINT}"
                 )
             warnings.warn(
-                f"the compiled sampler kernel {_KERNEL_PATH.name} is not built (run "
-                "scripts/setup.sh): sampling with vectorised torch, ~3x slower and with a "
-                "different random stream",
+                f"the compiled sampler kernel ({_KERNEL_STEM}*.so in {_KERNEL_DIR}) is not "
+                "built: sampling with vectorised torch, ~3-4x slower and with a different "
+                f"random stream. For the fast kernel, {_KERNEL_HINT}",
                 stacklevel=2,
             )
             backend = "torch"

@@ -1,0 +1,66 @@
+"""Build the neighbour sampler's hop kernel with setuptools (everything else is in pyproject.toml).
+
+``src/gnnpar/data/sampler_kernel.c`` is plain C (no Python or torch headers) that
+``gnnpar.data.sampling`` loads with ctypes. Building it as an extension module is only the
+ordinary way to get it compiled by ``pip install .``, ``pip install -e .`` and wheel builds, with
+the interpreter's compiler and flags; it is never imported. ``-O3`` matches scripts/setup.sh's
+old ``gcc -O3``: the kernel is integer-only, so flags change its speed, never its output.
+
+Without a working C compiler the build only warns and the install goes on: sampling then falls
+back to vectorised torch (slower, other random stream) with a warning that says how to get the
+kernel.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import BaseError, CCompilerError
+
+# what a missing or failing compiler raises (BaseError is DistutilsError; CCompilerError covers
+# compile and link errors; OSError a compiler that cannot be started at all)
+BUILD_ERRORS = (BaseError, CCompilerError, OSError)
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing when the kernel cannot be compiled."""
+
+    def get_export_symbols(self, ext):
+        # not a Python module: no PyInit_ function to export (MSVC would insist on one)
+        return []
+
+    def run(self):
+        try:
+            super().run()
+        except BUILD_ERRORS as e:  # e.g. no compiler for this platform at all
+            self._warn(e)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except BUILD_ERRORS as e:  # compile or link error, compiler not found
+            self._warn(e)
+
+    @staticmethod
+    def _warn(e: Exception) -> None:
+        print(
+            f"gnnpar: warning: could not compile the sampler kernel ({e}); gnnpar installs "
+            "without it and samples with vectorised torch (~3-4x slower). Install a C compiler "
+            "(gcc) and reinstall to get it: pip install --force-reinstall --no-deps .",
+            file=sys.stderr,
+        )
+
+
+setup(
+    ext_modules=[
+        Extension(
+            "gnnpar.data._sampler_kernel",
+            ["src/gnnpar/data/sampler_kernel.c"],
+            extra_compile_args=["-O3"] if sys.platform != "win32" else ["/O2"],
+            optional=True,  # a missing library is tolerated where setuptools copies outputs
+        )
+    ],
+    cmdclass={"build_ext": OptionalBuildExt},
+)
