@@ -14,11 +14,15 @@ The estimate is a *lower bound* of what the ranks on this machine (or GPU) hold 
 - activations, partly: each hidden block's output (``--hidden`` x ``--heads`` floats per row, kept
   for the backward pass) for the rows of one training step, i.e. every node of a full-batch graph,
   ``nodes / --partitions`` for a Cluster-GCN step, ``--batch-size`` seed nodes for a sampled step
-  (their sampled neighbours not counted), and ``--batch-size`` x pixels for ViG (plus one block's
-  k-NN similarity matrix, batch x pixels^2); and each hidden block's messages, one vector of the
+  (their sampled neighbours not counted); and each hidden block's messages, one vector of the
   same width per edge (PyG's message passing gathers them, and keeps them for the backward
   pass): every edge of a full-batch graph, one per seed and first-hop fan-out for a sampled step,
   none counted for a Cluster-GCN step (its edges are known only after partitioning).
+- ViG is an estimate rather than a bound (:func:`vig_activation_bytes`: what each block saves
+  for its backward pass, counted from the code, plus a measured allowance for the backward's
+  gradients and glibc's heap; within 30% of the measured peak). A ViG batch that does not fit
+  but would with ``--recompute`` gets it, with one line saying so (study 000's 1000 images: ~52
+  GiB without, ~7 GiB with); one that fits in neither is refused with both figures.
 
 Measured (2026-11-22, CI box, load ~5): ``--model gcn --hidden 20000`` on Cora, estimate 1.4 GiB,
 peak RSS 3.2 GiB (0.35 GiB of it the bare process): the real need is about twice the bound.
@@ -39,6 +43,7 @@ device memory; where neither can be read the check is skipped.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -76,8 +81,10 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
     if hasattr(ds, "train_x"):  # images: ViG, every pixel a node, every block C wide
         images = min(s.batch_size, int(ds.train_x.size(0)))
         pixels = int(ds.train_x[0, 0].numel())
-        rows = images * pixels
-        activations = rows * m.hidden * m.layers + images * pixels * pixels  # + one k-NN matrix
+        return {
+            "state": replicas * state,
+            "activations": replicas * vig_activation_bytes(images, pixels, m, m.recompute),
+        }
     else:
         nodes = ds.num_nodes
         edges = 0  # messages: PyG's message passing gathers one feature vector per edge
@@ -94,6 +101,41 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
     return {"state": replicas * state, "activations": replicas * activations * FLOAT_BYTES}
 
 
+# ViG, bytes per pixel of one training step, in units of the width C (4-byte floats). Saved for
+# the backward pass per block (vig.ViGBlock._forward): the input of fc_in (C), the MRConv concat
+# (2C), the GELU's input and output (2C), fc_out's sum y (C), the FFN's 4C-wide layer before and
+# after its GELU (8C): 14 C, plus the winning neighbour per channel (C bytes) and the k
+# neighbour indices (k int64). Measured on top of that (benchmarks/vig_memory.py, 1 thread,
+# glibc malloc, batches 8-32, C = 107): the backward's gradients of the widest layers and the
+# heap glibc keeps after the forward's transients, ~30 C per pixel without recomputation; with
+# --recompute, where the forward's transients of every piece pass through the heap first, ~64 C.
+VIG_SAVED_FLOATS = 14
+VIG_BACKWARD_FLOATS = 30
+VIG_RECOMPUTE_FLOATS = 64
+
+
+def vig_activation_bytes(images: int, pixels: int, m, recompute: bool) -> int:
+    """Estimated peak of one ViG training step's activations, in bytes, for ``images`` images
+    of ``pixels`` pixels, ``m.layers`` blocks of width ``m.hidden`` (within 30% of the peak
+    resident memory measured above the process's own, tests/test_footprint.py).
+
+    Without ``recompute`` every block keeps its saved activations for the backward pass (~50 MB
+    per CIFAR image at the study's C = 107, 8 blocks). With it, each block keeps only its input
+    (C floats per pixel) and one piece of images (``vig.recompute_chunk``) at a time holds a
+    block's whole activations again during the backward pass."""
+    from gnnpar.models.vig import K_NEIGHBOURS, RECOMPUTE_CHUNK_BYTES
+
+    c, layers = m.hidden, m.layers
+    k = min(K_NEIGHBOURS, pixels)
+    saved = VIG_SAVED_FLOATS * c * FLOAT_BYTES + c + 8 * k  # one block, per pixel
+    if not recompute:
+        return images * pixels * (layers * saved + VIG_BACKWARD_FLOATS * c * FLOAT_BYTES)
+    per_image_input = pixels * c * FLOAT_BYTES
+    piece = min(images, max(1, -(-RECOMPUTE_CHUNK_BYTES // per_image_input)))
+    inputs = images * per_image_input * layers
+    return inputs + piece * pixels * (saved + VIG_RECOMPUTE_FLOATS * c * FLOAT_BYTES)
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Free memory the run can use: free GPU memory, or the kernel's MemAvailable; None if
     unknown."""
@@ -108,8 +150,12 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_memory(cfg: Config, ds, local_world: int, device: torch.device) -> None:
-    """UsageError when the lower bound of :func:`estimate_bytes` exceeds the free memory."""
+def check_memory(
+    cfg: Config, ds, local_world: int, device: torch.device, announce: bool = True
+) -> None:
+    """UsageError when the estimate of :func:`estimate_bytes` exceeds the free memory. A ViG run
+    that would fit only with ``--recompute`` gets it (``cfg.model.recompute`` set; one line on
+    stderr where ``announce``)."""
     free = available_bytes(device)
     if free is None:
         return
@@ -120,6 +166,25 @@ def check_memory(cfg: Config, ds, local_world: int, device: torch.device) -> Non
     if total <= free:
         return
     m = cfg.model
+    if m.name == "vig" and not m.recompute:
+        # a run that fits is better than one refused: re-materialise the blocks' activations
+        m.recompute = True
+        lean = estimate_bytes(cfg, ds, replicas)
+        if sum(lean.values()) <= free:
+            if announce:
+                print(
+                    f"gnnpar: --batch-size {cfg.strategy.batch_size} of ViG needs ~"
+                    f"{total / GIB:.1f} GiB of activations and state, {free / GIB:.1f} GiB are "
+                    f"available: --recompute is on (~{sum(lean.values()) / GIB:.1f} GiB, about "
+                    "one more forward pass of compute)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
+        m.recompute = False  # refused below with the figures without it and with it
+        total_lean = sum(lean.values())
+    else:
+        total_lean = None
     where = "this GPU" if device.type == "cuda" else "this machine"
     copies = f" for {replicas} local ranks" if replicas > 1 else ""
     raise UsageError(
@@ -129,8 +194,13 @@ def check_memory(cfg: Config, ds, local_world: int, device: torch.device) -> Non
         f"{need['state'] / GIB:.1f} GiB, activations {need['activations'] / GIB:.1f} GiB), but "
         f"{where} has {free / GIB:.1f} GiB available. Use a smaller --hidden or --layers"
         + (", more --partitions" if cfg.data.partitions else "")
-        + (", a smaller --batch-size" if cfg.strategy.name == "sampled" else "")
+        + (", a smaller --batch-size" if cfg.strategy.name == "sampled" or m.name == "vig" else "")
         + (" or fewer --workers." if replicas > 1 else ".")
+        + (
+            f" Even with --recompute it needs {total_lean / GIB:.1f} GiB."
+            if total_lean is not None
+            else ""
+        )
     )
 
 

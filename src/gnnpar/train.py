@@ -147,7 +147,8 @@ def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None
 def train_rank(cfg: Config, ds, ctx: dist.DistContext) -> Outcome:
     """The strategy's plan for this rank, trained by the one loop."""
     dims = prepare(cfg)
-    check_memory(cfg, ds, ctx.local_world_size, ctx.device)  # before the model is allocated
+    # before the model is allocated; may turn --recompute on for a ViG batch that fits only so
+    check_memory(cfg, ds, ctx.local_world_size, ctx.device, announce=ctx.is_main)
     plan = STRATEGIES[cfg.strategy.name].build(cfg, ds, ctx, dims)
     plan.device = plan.device or ctx.device
     return train(cfg, plan, checkpointer(cfg, ctx))
