@@ -73,6 +73,28 @@ def test_a_damaged_checkpoint_is_reported_and_the_one_before_used(tmp_path, caps
     assert same_weights(tmp_path / "a", tmp_path / "b")
 
 
+def test_generator_states_load_with_weights_only_and_continue_the_same_draws():
+    """The loop blob holds tensors and plain values only (numpy's key as a list): it loads with
+    weights_only=True and no allowlist, and the restored generators draw what they would have."""
+    import io
+
+    import numpy as np
+
+    from gnnpar.checkpoint import rng_state, set_rng_state
+
+    np.random.normal()  # a cached Gaussian in numpy's state too
+    buf = io.BytesIO()
+    torch.save(rng_state(), buf)
+    expected = (torch.rand(3), np.random.rand(3), np.random.normal(), random.random())
+    buf.seek(0)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(buf) == []
+    buf.seek(0)
+    set_rng_state(torch.load(buf, weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), np.random.normal(), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
+    assert expected[2:] == again[2:]
+
+
 def test_resume_without_a_checkpoint_or_an_out_exits_2(tmp_path, capsys):
     assert main([*SEQ, "--epochs", "2", "--resume", "--out", str(tmp_path / "none")]) == 2
     assert "holds no complete checkpoint" in capsys.readouterr().err

@@ -111,6 +111,49 @@ def _cifar(labels: list[int]) -> dict[str, bytes]:
     return {f"data/cifar10/cifar-10-batches-py/{n}": batch for n in names}
 
 
+PWNED = "PWNED"
+
+
+class _RunsCode:
+    """Unpickled, it runs a command: the file it would create (by default in the row's folder,
+    the current one) must never exist (test_hostile_input checks every row)."""
+
+    def __init__(self, target: str | Path = PWNED) -> None:
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def _torch_save(obj) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _random_bytes(n: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).bytes(n)
+
+
+CKPT = "run/checkpoints"
+
+
+def _checkpoints(*markers: bytes | str, metadata: bytes | None = None) -> dict[str, bytes | str]:
+    """Checkpoint folders under {tmp}/run (train()'s --out), one per marker (gnnpar.json); the
+    other files random bytes, or ``metadata`` as .metadata."""
+    files: dict[str, bytes | str] = {}
+    for i, marker in enumerate(markers, 1):
+        folder = f"{CKPT}/epoch-{i:06d}-step-00000000"
+        files[f"{folder}/gnnpar.json"] = marker
+        files[f"{folder}/.metadata"] = _random_bytes(300, i) if metadata is None else metadata
+        files[f"{folder}/__0_0.distcp"] = _random_bytes(5000, 10 + i)
+    return files
+
+
 def _pubmed_garbage() -> dict[str, bytes]:
     names = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
     return {f"data/pubmed/ind.pubmed.{n}": b"\x00garbage\xff" * 9 for n in names}
@@ -318,6 +361,66 @@ ROWS = [
         "Dataset 'pubmed'",
         files=_pubmed_garbage(),
     ),
+    Row(
+        "cifar batch running code",
+        train("--dataset", "cifar10", "--model", "vig", *DATA),
+        2,
+        "holds posix.system, which loading would have to execute",
+        files={
+            **_cifar([0] * 10),
+            "data/cifar10/cifar-10-batches-py/data_batch_2": _pickle(_RunsCode()),
+        },
+    ),
+    Row(
+        "pubmed pickle running code",
+        train("--dataset", "pubmed", *GCN, *DATA),
+        2,
+        "holds posix.system, which loading would have to execute",
+        files={**_pubmed_garbage(), "data/pubmed/ind.pubmed.x": _pickle(_RunsCode())},
+    ),
+    # ------------------------------------------------ files that would run code, checkpoints
+    Row(
+        "pt graph running code",
+        train("--dataset", "{tmp}/evil.pt", *GCN, *DATA),
+        2,
+        "holds posix.system, which loading would have to execute",
+        files={"evil.pt": _torch_save(_RunsCode())},
+    ),
+    Row(
+        "pt graph legacy pickle running code",
+        train("--dataset", "{tmp}/evil.pt", *GCN, *DATA),
+        2,
+        "holds posix.system, which loading would have to execute",
+        files={"evil.pt": _pickle(_RunsCode())},
+    ),
+    Row(
+        "pt graph of an unknown class",
+        train("--dataset", "{tmp}/evil.pt", *GCN, *DATA),
+        2,
+        "pass the graph to gnnpar.fit",
+        files={"evil.pt": _torch_save(Row("x", [], 0, ""))},
+    ),
+    Row(
+        "resume random-byte checkpoints",
+        train("--resume"),
+        2,
+        f"{CKPT} can be resumed from (epoch-000002-step-00000000 has an unreadable",
+        files=_checkpoints(_random_bytes(200, 1), _random_bytes(200, 2)),
+    ),
+    Row(
+        "resume foreign checkpoint folders",
+        train("--resume"),
+        2,
+        "has a gnnpar.json that is not a gnnpar checkpoint's",
+        files=_checkpoints("[1, 2]", '{"epoch": "one"}', "null"),
+    ),
+    Row(
+        "resume marker not UTF-8",
+        train("--resume"),
+        2,
+        "has an unreadable gnnpar.json (not UTF-8 JSON)",
+        files=_checkpoints(b"\xff\xfe{}"),
+    ),
     # ------------------------------------------------ environment (torchrun's variables)
     Row(
         "RANK=abc",
@@ -364,6 +467,20 @@ ROWS = [
         2,
         "not a readable gnnpar model file",
         files={"model.pt": b""},
+    ),
+    Row(
+        "predict model.pt running code",
+        ["predict", "{tmp}"],
+        2,
+        "holds posix.system, which loading would have to execute",
+        files={"model.pt": _torch_save(_RunsCode())},
+    ),
+    Row(
+        "predict model.pt legacy pickle running code",
+        ["predict", "{tmp}"],
+        2,
+        "holds posix.system, which loading would have to execute",
+        files={"model.pt": _pickle(_RunsCode())},
     ),
     Row("bench unknown suite", ["bench", "nope"], 2, "Unknown bench suite 'nope'"),
     Row("bench out a file", ["bench", "--out", "{tmp}/f"], 2, "is a file", files={"f": ""}),
@@ -415,6 +532,56 @@ def test_hostile_input(row: Row, tmp_path, capsys, monkeypatch):
     assert "Traceback" not in out + err
     assert err.count("gnnpar: error:") == 1 and len(err) < 2000, err  # one message
     assert elapsed < BOUND_S
+    assert not (tmp_path / PWNED).exists(), "a file's pickled command ran"
+
+
+# ------------------------------------------------ checkpoints of a real run, then tampered with
+def _pickled_command(path: Path) -> None:
+    path.write_bytes(_pickle(_RunsCode()))
+
+
+def _halved(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _random(path: Path) -> None:
+    path.write_bytes(_random_bytes(max(path.stat().st_size, 1), len(path.name)))
+
+
+TAMPERED = {  # files of each checkpoint -> change, phrase
+    ".metadata running code": (
+        ".metadata",
+        _pickled_command,
+        "its .metadata holds posix.system, which loading would have to execute",
+    ),
+    "parts truncated": ("*.distcp", _halved, "is damaged (CheckpointException)"),
+    ".metadata truncated": (".metadata", _halved, "is damaged (UnpicklingError in .metadata)"),
+    "every file random bytes": ("*", _random, "has an unreadable gnnpar.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(TAMPERED))
+def test_resume_over_tampered_checkpoints_exits_2(case, tmp_path, capsys, monkeypatch):
+    """A real run's checkpoints, every one damaged or made to run a command: --resume reports
+    each and ends with one message naming the folder (exit 2), running nothing from them."""
+    monkeypatch.chdir(tmp_path)
+    run = ["train", "--dataset", "karate", "--model", "gcn", "--epochs", "3", "--threads", "1"]
+    run += ["--quiet", "--out", str(tmp_path / "run"), "--checkpoint-every", "1"]
+    assert main(run) == 0
+    pattern, change, phrase = TAMPERED[case]
+    checkpoints = sorted((tmp_path / CKPT).iterdir())
+    assert len(checkpoints) == 2
+    for folder in checkpoints:
+        for path in folder.glob(pattern):
+            change(path)
+    capsys.readouterr()
+    assert main([*run, "--resume"]) == 2
+    out, err = capsys.readouterr()
+    assert f"no checkpoint in {tmp_path / CKPT} can be resumed from" in err, err
+    assert phrase in err and "delete" in err, err
+    assert all(f"checkpoint {folder} " in out for folder in checkpoints), out  # each reported
+    assert "Traceback" not in out + err and err.count("gnnpar: error:") == 1, err
+    assert not (tmp_path / PWNED).exists(), "a checkpoint's pickled command ran"
 
 
 # ------------------------------------------------------------------ slow: real processes
@@ -458,6 +625,32 @@ def test_rendezvous_failures_end_with_one_message(case, tmp_path):
         code, phrase = 1, "could not reach the store"
     assert proc.returncode == code, proc.stderr
     assert phrase in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["every file random bytes", ".metadata running code"])
+def test_two_ranks_resuming_over_tampered_checkpoints_exit_2(case, tmp_path):
+    """Two ranks (allreduce) reject the same checkpoints together and the launcher reports the
+    ranks' UsageError: exit 2, one message naming the folder, nothing run from the files."""
+    out = tmp_path / "run"
+    args = ["train", *AR, "--workers", "2", "--dataset", "karate", "--model", "gcn"]
+    args += ["--epochs", "3", "--threads", "1", "--quiet", "--checkpoint-every", "1"]
+    args += ["--timeout", "60", "--out", str(out)]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    pwned = tmp_path / PWNED
+    for folder in (out / "checkpoints").iterdir():
+        for path in folder.iterdir():
+            if case == "every file random bytes":
+                path.write_bytes(_random_bytes(max(path.stat().st_size, 1), len(path.name)))
+            elif path.name == ".metadata":
+                path.write_bytes(_pickle(_RunsCode(pwned)))
+    proc = run_cli(*args, "--resume")
+    assert proc.returncode == 2, proc.stderr
+    assert f"no checkpoint in {out / 'checkpoints'} can be resumed from" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stderr.count("gnnpar: error:") == 1, proc.stderr
+    assert not pwned.exists(), "a checkpoint's pickled command ran"
 
 
 @pytest.mark.slow

@@ -160,6 +160,38 @@ def test_inmemory_dataset_list_and_dict_load(tmp_path):
         assert ds.name == name and ds.num_nodes == (fake[0].num_nodes if name == "fake" else 40)
 
 
+def test_saved_pyg_dataset_with_transform_and_numpy_dict_load_without_unpickling_code(tmp_path):
+    """Read with weights_only=True plus an allowlist: PyG's own dataset classes and transforms
+    (the transform applied as the dataset would), numpy arrays; the process-wide allowlist is
+    left as it was (torch's safe_globals context would drop PyG's own registrations)."""
+    import torch_geometric.transforms as T
+    from torch_geometric.datasets import FakeDataset
+
+    before = set(torch.serialization.get_safe_globals())
+    fake = FakeDataset(1, avg_num_nodes=40, num_channels=4, num_classes=3, task="node")
+    fake.transform = T.Compose([T.NormalizeFeatures()])
+    g = graph()
+    arrays = {"x": g.x.numpy(), "edge_index": g.edge_index.numpy(), "y": g.y.numpy()}
+    ds = load_dataset(str(save(tmp_path / "fake_t.pt", fake)), tmp_path / "data")
+    assert torch.allclose(ds.data.x, fake[0].x) and torch.allclose(ds.data.x.sum(1), torch.ones(1))
+    ds = load_dataset(str(save(tmp_path / "arrays.pt", arrays)), tmp_path / "data")
+    assert torch.equal(ds.data.x, g.x) and torch.equal(ds.data.edge_index, g.edge_index)
+    assert set(torch.serialization.get_safe_globals()) == before
+
+
+class MyGraphs(Data):  # the user's own class: loading would import and build it
+    pass
+
+
+def test_a_pt_holding_other_classes_is_refused_with_how_to_convert_it(tmp_path):
+    path = save(tmp_path / "mine.pt", MyGraphs(x=torch.ones(3, 2), edge_index=torch.zeros(2, 0)))
+    with pytest.raises(UsageError) as e:
+        load_dataset(str(path), tmp_path / "data")
+    msg = str(e.value)
+    assert f"holds {__name__}.MyGraphs, which loading would have to execute" in msg
+    assert "gnnpar.fit(data" in msg and "torch.save(Data(x=" in msg
+
+
 # --------------------------------------------------------------------- what is kept, recorded
 def test_given_masks_and_info(tmp_path):
     g = graph(masks=True)

@@ -69,7 +69,12 @@ def load(run_dir: str | Path) -> nn.Module:
 
 def _save_input(data: Any, data_root: str | None) -> Path:
     """An in-memory graph as a file the ranks can read: ``<data-root>/inputs/<sha>.pt`` (its
-    content names it, so the same graph is written once and cached once)."""
+    content names it, so the same graph is written once and cached once). What is saved is its
+    tensors (:func:`gnnpar.data.user.plain_graph`): the ranks read .pt files with
+    weights_only=True, which would refuse a class of the user's own."""
+    from gnnpar.data.user import plain_graph
+
+    data = plain_graph(data, "gnnpar.fit(data)")
     buf = io.BytesIO()
     torch.save(data, buf)
     digest = hashlib.sha256(buf.getbuffer()).hexdigest()[:20]

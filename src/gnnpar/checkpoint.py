@@ -21,7 +21,15 @@ take two ranks' equal names for one replicated tensor. Non-tensor state goes int
 Atomicity: each checkpoint is written into a hidden temporary folder and renamed into place by
 rank 0 once every rank has written (DCP fsyncs its files); ``gnnpar.json`` in it says what it is.
 The last ``KEEP`` checkpoints are kept. On resume a checkpoint that fails to load is reported
-and the one before it is tried.
+and the one before it is tried; when none loads (every one damaged, truncated, or not gnnpar's),
+``--resume`` and an elastic restart stop with a UsageError (exit 2) naming the folder, rather
+than train afresh over it.
+
+Loading runs no code from the files (:mod:`gnnpar.safe_load`): ``gnnpar.json`` is JSON; DCP
+reads ``.metadata`` with plain ``pickle``, so it is first unpickled with an allowlist of DCP's
+own metadata classes (:func:`metadata_allowed`), and a checkpoint whose ``.metadata`` names
+anything else is not loaded; tensors DCP reads with ``weights_only=True``; the loop blob is
+tensors and plain values (numpy's generator state as a list), read with ``weights_only=True``.
 """
 
 from __future__ import annotations
@@ -44,8 +52,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from gnnpar import UsageError
-from gnnpar.collectives import barrier
+from gnnpar import UsageError, safe_load
+from gnnpar.collectives import barrier, gather_to_all
 from gnnpar.config import Config
 from gnnpar.dist import restart_count
 
@@ -54,9 +62,12 @@ MARKER = "gnnpar.json"
 
 
 def rng_state() -> dict[str, Any]:
+    """Every global generator's state, as tensors and plain values (loadable with
+    weights_only=True: numpy's key array is kept as a list of ints)."""
+    name, key, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (name, key.tolist(), pos, has_gauss, gauss),
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
@@ -66,7 +77,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, key, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), pos, has_gauss, gauss))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -163,44 +175,151 @@ class Checkpointer:
         return complete_checkpoints(self.folder.parent)
 
     def load(self, model, optimizer, warn: Callable[[str], None]) -> Resumed | None:
-        """Restore the newest checkpoint that loads (collective); None when there is none."""
+        """Restore the newest checkpoint that loads (collective); None when there is none. A
+        checkpoint that does not load (damaged, truncated, not a gnnpar checkpoint, or naming
+        code to run) is reported and the one before it tried; UsageError when none loads."""
+        tried: list[str] = []
         for path in reversed(self.valid_folders()):
-            try:
-                marker = json.loads((path / MARKER).read_text())
-            except (OSError, json.JSONDecodeError):
-                warn(f"checkpoint {path} has an unreadable {MARKER}; trying the one before")
+            marker, why = read_marker(path)
+            if marker is None:
+                warn(f"checkpoint {path} {why}; trying the one before")
+                tried.append(f"{path.name} {why}")
                 continue
-            different = config_differences(marker.get("config") or {}, self.config)
+            different = config_differences(marker["config"], self.config)
             if different:
                 raise UsageError(
                     f"checkpoint {path} was written by a different run ({'; '.join(different)}). "
                     "Resume with the same settings, or use another --out."
                 )
-            if marker.get("world") != self.world:
+            if marker["world"] != self.world:
                 raise UsageError(
-                    f"checkpoint {path} was written by {marker.get('world')} ranks; this run "
+                    f"checkpoint {path} was written by {marker['world']} ranks; this run "
                     f"has {self.world}. Resume with the same number of ranks."
                 )
-            msd, osd = get_state_dict(model, optimizer)
-            blob = io.BytesIO()
-            state = {f"rank{self.rank}": {"model": msd, "optim": osd, "loop": blob}}
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    dcp.load(state, checkpoint_id=path)
-            except (Exception, CheckpointException) as e:  # a damaged part: every rank alike
-                warn(f"checkpoint {path} is damaged ({type(e).__name__}); trying the one before")
+            loop, why = self._read(path, model, optimizer)
+            if loop is None:
+                warn(f"checkpoint {path} {why}; trying the one before")
+                tried.append(f"{path.name} {why}")
                 continue
-            mine = state[f"rank{self.rank}"]
-            set_state_dict(
-                model, optimizer, model_state_dict=mine["model"], optim_state_dict=mine["optim"]
-            )
-            mine["loop"].seek(0)
-            loop = torch.load(mine["loop"], weights_only=False)  # our own blob, just written
-            set_rng_state(loop.pop("rng"))
             self.resumed_at = time.time()
             return Resumed(marker["epoch"], marker["step"], loop, path, marker["time"])
+        if tried:
+            found = "; ".join(tried[:3]) + (f"; and {len(tried) - 3} more" if tried[3:] else "")
+            raise UsageError(
+                f"no checkpoint in {self.folder} can be resumed from ({found}). To start the "
+                f"run afresh, delete {self.folder} (a run without --resume removes it too)."
+            )
         return None
+
+    def _read(self, path: Path, model, optimizer) -> tuple[dict[str, Any] | None, str]:
+        """Load one checkpoint into the model, the optimizer and the generators (collective);
+        ``(loop state, "")``, or ``(None, why)`` when it does not load on every rank."""
+        why = check_metadata(path)  # DCP itself unpickles .metadata with no allowlist
+        if why is not None:
+            return None, why
+        msd, osd = get_state_dict(model, optimizer)
+        blob = io.BytesIO()
+        state = {f"rank{self.rank}": {"model": msd, "optim": osd, "loop": blob}}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(state, checkpoint_id=path)
+        except (Exception, CheckpointException) as e:  # a damaged part: every rank alike
+            return None, f"is damaged ({type(e).__name__})"
+        mine = state[f"rank{self.rank}"]
+        loop, why = read_loop(mine["loop"])
+        # a rank whose own part is damaged: every rank goes on to the one before, together
+        failed = [w for w in gather_to_all(why) if w is not None]
+        if failed:
+            return None, failed[0]
+        set_state_dict(
+            model, optimizer, model_state_dict=mine["model"], optim_state_dict=mine["optim"]
+        )
+        set_rng_state(loop.pop("rng"))
+        return loop, ""
+
+
+LOOP_KEYS = ("log", "eval_times", "source", "sync", "straggler", "rng")
+
+
+def read_loop(blob: io.BytesIO) -> tuple[dict[str, Any] | None, str | None]:
+    """A rank's loop state from its checkpoint blob, read with weights_only=True (tensors and
+    plain values; checkpoints written before it held numpy's generator state as an array, so
+    numpy arrays are allowed too); ``(state, None)`` or ``(None, why)``."""
+    blob.seek(0)
+    try:
+        loop = safe_load.torch_load(blob, safe_load.torch_pairs(safe_load.numpy_arrays()))
+    except safe_load.Refused as e:
+        return None, f"is not loaded: {e.why('its loop state')}"
+    except Exception as e:
+        return None, f"is damaged ({type(e).__name__})"
+    if not isinstance(loop, dict) or not all(k in loop for k in LOOP_KEYS):
+        return None, "is damaged (its loop state is not a gnnpar checkpoint's)"
+    return loop, None
+
+
+def read_marker(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """A checkpoint's ``gnnpar.json``: ``(marker, "")``, or ``(None, why)`` when it is not
+    readable UTF-8 JSON holding what gnnpar writes (epoch, step, world, time, config)."""
+    try:
+        marker = json.loads((path / MARKER).read_bytes().decode("utf-8"))
+    except OSError as e:
+        return None, f"has an unreadable {MARKER} ({e.strerror or type(e).__name__})"
+    except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError
+        return None, f"has an unreadable {MARKER} (not UTF-8 JSON)"
+    foreign = None, f"has a {MARKER} that is not a gnnpar checkpoint's"
+    if not isinstance(marker, dict):
+        return foreign
+    marker["config"] = marker.get("config") or {}
+    if not (
+        all(type(marker.get(k)) is int for k in ("epoch", "step", "world"))
+        and type(marker.get("time")) in (int, float)
+        and isinstance(marker["config"], dict)
+        and all(isinstance(v, dict) for v in marker["config"].values())
+    ):
+        return foreign
+    return marker, ""
+
+
+def metadata_allowed() -> dict[str, Any]:
+    """What DCP's ``.metadata`` pickle names (listed from real ones with an Unpickler that logs
+    ``find_class``): the classes of torch.distributed.checkpoint.metadata, the file system
+    reader's ``_StorageInfo``, ``torch.Size``, torch's dtypes, the layout helper, and the
+    checkpoint's path (``pathlib``). Each is built from strings and numbers; none runs code."""
+    import collections
+    import pathlib
+
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    objs: list[Any] = [
+        v
+        for v in vars(metadata).values()
+        if isinstance(v, type) and v.__module__ == metadata.__name__
+    ]
+    objs += [filesystem._StorageInfo, torch.Size, torch.serialization._get_layout]
+    objs += [pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath, pathlib.PureWindowsPath]
+    objs += [collections.OrderedDict, torch.device]
+    allowed = safe_load.by_name(objs)
+    allowed.update({str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)})
+    return allowed
+
+
+def check_metadata(path: Path) -> str | None:
+    """None if ``path/.metadata`` unpickles with :func:`metadata_allowed` into DCP's Metadata,
+    else why not. DCP's FileSystemReader reads it with plain ``pickle.load``: a file naming
+    ``os.system`` would run it, so it is checked first (every rank checks the same file)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        with open(path / ".metadata", "rb") as fh:
+            meta = safe_load.pickle_load(fh, metadata_allowed())
+    except safe_load.Refused as e:
+        return f"is not loaded: {e.why('its .metadata')}"
+    except Exception as e:
+        return f"is damaged ({type(e).__name__} in .metadata)"
+    if not isinstance(meta, Metadata):
+        return "is damaged (its .metadata is not DCP's)"
+    return None
 
 
 # settings a resumed run may change: how long it trains, how it checkpoints, what it shows
@@ -231,9 +350,10 @@ def complete_checkpoints(out: str | Path) -> list[Path]:
     """The complete checkpoints in ``<out>/checkpoints/`` (renamed into place, marker
     written), oldest first."""
     folder = Path(out) / "checkpoints"
-    if not folder.is_dir():
+    try:
+        found = [p for p in folder.iterdir() if p.is_dir() and (p / MARKER).is_file()]
+    except OSError:  # no folder, not a folder, or not readable: no checkpoint
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and (p / MARKER).is_file()]
     return sorted(found, key=lambda p: p.name)
 
 

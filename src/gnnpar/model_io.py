@@ -1,7 +1,8 @@
 """``<out>/model.pt``: the final model of a run, with everything needed to rebuild it.
 
 The file is one ``torch.save``d dict of plain values and tensors (so :func:`load_model` reads it
-with ``weights_only=True``: loading a model file runs no pickled code)::
+with ``weights_only=True``, :mod:`gnnpar.safe_load`: loading a model file runs no code from it;
+one naming any function or class is refused)::
 
     format        "gnnpar-model-1"
     state_dict    the final model's weights (gossip/allreduce: the chosen final model;
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar import UsageError
+from gnnpar import UsageError, safe_load
 from gnnpar.config import ModelConfig
 
 FORMAT = "gnnpar-model-1"
@@ -80,24 +81,44 @@ def read_model_file(run: str | os.PathLike) -> dict[str, Any]:
             f"No model file at {path}: give the folder of a finished run (it holds model.pt)."
         )
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = safe_load.torch_load(path)  # weights_only: tensors and plain values
+    except safe_load.Refused as e:
+        raise UsageError(
+            f"{path} is not a gnnpar model file: {e.why()}, and gnnpar reads model files "
+            "without running code from them. Use the model.pt a gnnpar run wrote."
+        ) from None
     except Exception as e:  # zip/pickle/EOF errors of a damaged file
         raise UsageError(
             f"{path} is not a readable gnnpar model file ({type(e).__name__})."
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise UsageError(f"{path} is not a gnnpar model file (format {FORMAT} expected).")
+    wrong = [key for key, kind in FIELDS.items() if not isinstance(payload.get(key), kind)]
+    if wrong:
+        raise UsageError(f"{path} is a damaged gnnpar model file (its {', '.join(wrong)}).")
     payload["path"] = str(path)
     return payload
+
+
+FIELDS = {"state_dict": dict, "model": dict, "config": dict, "in_dim": int, "num_classes": int}
 
 
 def build_from(payload: dict[str, Any]) -> nn.Module:
     """The model described by a model file's dict, with its weights, in eval mode on CPU."""
     from gnnpar.models import build_model
 
-    mcfg = ModelConfig(**payload["model"])
-    model = build_model(mcfg, payload["in_dim"], payload["num_classes"], payload["multilabel"])
-    model.load_state_dict(payload["state_dict"])
+    try:
+        mcfg = ModelConfig(**payload["model"])
+        model = build_model(mcfg, payload["in_dim"], payload["num_classes"], payload["multilabel"])
+        model.load_state_dict(payload["state_dict"])
+    except UsageError:
+        raise
+    except Exception as e:  # settings or weights that do not fit together: not what gnnpar wrote
+        where = payload.get("path", "the model file")
+        raise UsageError(
+            f"{where}: its model cannot be rebuilt ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''})."
+        ) from None
     return model.eval()
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from gnnpar import UsageError
+from gnnpar import UsageError, safe_load
 from gnnpar.data import readers, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
 
@@ -134,12 +134,46 @@ def _planetoid(name: str) -> Callable[[Path, float, int, float], Loaded]:
         spec = REGISTRY[name.lower()]
         folder = _require_files(spec, root)
         raw = folder / f"{name}/raw" if spec.source == "bundled" else folder
-        data = _read_raw(spec, raw, lambda f: read_planetoid_data(str(f), name.lower()))
+
+        def read(f: Path) -> Data:
+            if spec.source != "bundled":  # the user's files (bundled ones ship with the code)
+                check_planetoid_pickles(f, name.lower())
+            return read_planetoid_data(str(f), name.lower())
+
+        data = _read_raw(spec, raw, read)
         # Row-normalise the bag-of-words features, as GAT and GCN do on these datasets.
         data.x = data.x / data.x.sum(dim=1, keepdim=True).clamp(min=1)
         return GraphDataset(name.lower(), data, int(data.y.max()) + 1)
 
     return load
+
+
+def planetoid_allowed() -> dict[str, Any]:
+    """What Planetoid's pickles name: numpy arrays (labels), scipy CSR matrices (features, under
+    scipy's old and new module names) and a ``defaultdict(list)`` (the adjacency)."""
+    import collections
+
+    import scipy.sparse
+
+    allowed = safe_load.numpy_arrays()
+    for module in ("scipy.sparse.csr", "scipy.sparse._csr"):
+        allowed[f"{module}.csr_matrix"] = scipy.sparse.csr_matrix
+    allowed.update({"collections.defaultdict": collections.defaultdict, "builtins.list": list})
+    return allowed
+
+
+def check_planetoid_pickles(folder: Path, prefix: str) -> None:
+    """PyG's read_planetoid_data unpickles ``ind.<prefix>.*`` with plain ``pickle``: each is
+    first unpickled here with :func:`planetoid_allowed` only, so that a file naming anything
+    else (an ``os.system`` would run) is refused before PyG reads it (UsageError)."""
+    allowed = planetoid_allowed()
+    holds = "Planetoid's files hold numpy arrays, scipy CSR matrices and a dict of lists only"
+    for part in PLANETOID_FILES:
+        if part == "test.index":  # text
+            continue
+        path = folder / f"ind.{prefix}.{part}"
+        with open(path, "rb") as fh:
+            readers.read_pickle(fh, path, allowed, holds, encoding="latin1")
 
 
 def verify_bundled_checksums() -> list[str]:

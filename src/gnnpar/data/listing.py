@@ -98,7 +98,8 @@ Without masks (or split/), nodes are split 60/20/20 within each class, seeded by
 kept as given: a directed graph stays directed, messages flow edge_index[0] -> edge_index[1] (the
 ogbn-* datasets above are made symmetric). Each graph is converted once into
 {root / "cache"}/user-<sha256>/ (keyed by content, not name{cached}) and memory-mapped
-by every local rank. Only load .pt files you trust: reading a Data unpickles it.
+by every local rank. A .pt file is read with torch.load(weights_only=True) and PyG's Data
+allowed: it cannot run code; one holding other objects is refused, saying how to convert it.
 Example:
   python -c "import torch; from torch_geometric.data import Data; torch.save(Data(x=torch.randn(100, 8),
       edge_index=torch.randint(0, 100, (2, 400)), y=torch.randint(0, 3, (100,))), 'my.pt')"

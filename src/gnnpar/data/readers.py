@@ -19,7 +19,8 @@ result (cache.py) so later runs, and every local rank, memory-map it instead of 
   folder lacks its RELEASE file, and writes a ``processed/`` folder into the user's data. Both
   graphs are made symmetric, as OGB does for products (``add_inverse_edge``) and as the usual
   GNN baselines do for arxiv (``to_undirected``).
-- cifar10: the python pickle batches ``cifar-10-batches-py/data_batch_1..5`` and ``test_batch``.
+- cifar10: the python pickle batches ``cifar-10-batches-py/data_batch_1..5`` and ``test_batch``,
+  unpickled with only numpy's array globals allowed (:func:`read_pickle`).
   The validation set is a fixed slice, the last 5,000 images of the 50,000 training images (the
   second half of ``data_batch_5``); the other 45,000 train. Every split is normalised per channel
   with the mean and standard deviation of those 45,000 training images.
@@ -29,13 +30,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch_geometric.utils import coalesce, to_undirected
+
+from gnnpar import UsageError, safe_load
 
 Tensors = dict[str, torch.Tensor]
 
@@ -163,13 +165,29 @@ CIFAR_FILES = tuple(f"{CIFAR_DIR}/data_batch_{i}" for i in range(1, 6)) + (
     f"{CIFAR_DIR}/test_batch",
 )
 CIFAR_VAL = 5_000  # the last 5,000 training images
+CIFAR_HOLDS = "a CIFAR-10 batch holds a dict of bytes, lists and numpy arrays only"
 
 
 def _cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     with open(path, "rb") as fh:
-        d = pickle.load(fh, encoding="bytes")
+        d = read_pickle(fh, path, safe_load.numpy_arrays(), CIFAR_HOLDS, encoding="bytes")
+    if not isinstance(d, dict):
+        raise ValueError(f"{path.name} holds a {type(d).__name__}, not a CIFAR-10 batch's dict")
     x = torch.from_numpy(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
     return x, torch.tensor(d[b"labels"], dtype=torch.long)
+
+
+def read_pickle(fh, path: Path, allow: dict[str, Any], holds: str, **kwargs: Any) -> Any:
+    """A raw dataset's pickle, unpickled with only the ``allow``ed globals
+    (:mod:`gnnpar.safe_load`), so that reading it runs no code from it; UsageError naming the
+    file when it names another global (``holds``: what the format holds instead)."""
+    try:
+        return safe_load.pickle_load(fh, allow, **kwargs)
+    except safe_load.Refused as e:
+        raise UsageError(
+            f"{path}: {e.why()}, and gnnpar reads dataset files without running code from them "
+            f"({holds}). The file is not the dataset's: obtain it again from its source."
+        ) from None
 
 
 def normalise_images(tensors: Tensors) -> Tensors:

@@ -45,8 +45,13 @@ Decisions:
   (each with its path inside the folder), or of the tensors a function built. A renamed copy
   hits the same entry; an edited file makes a new one.
 
-``torch.load`` here unpickles (``weights_only=False``, since a ``Data`` is no plain tensor): it
-can run code from the file, so only load files you trust.
+Safety: a ``.pt`` file is read with ``torch.load(weights_only=True)`` (:mod:`gnnpar.safe_load`),
+so reading it runs no code from it. Allowed beyond tensors and containers: PyG's ``Data`` and
+the three classes it is made of, numpy arrays (a dict of them), and, for a saved dataset, the
+``InMemoryDataset`` classes and transforms of ``torch_geometric.datasets`` /
+``torch_geometric.transforms`` (PyG's own code; a dataset class that overrides how a graph is
+read is refused). A file naming any other class or function (your own dataset class, or
+``os.system``) is refused, exit 2, with how to convert it.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from gnnpar import UsageError
+from gnnpar import UsageError, safe_load
 from gnnpar.data import readers
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached
 
@@ -205,6 +210,20 @@ def _unpack(obj: Any, where: str, verb: str = "holds") -> dict[str, Any]:
     )
 
 
+def plain_graph(obj: Any, where: str) -> dict[str, Any]:
+    """A Data / one-graph dataset / [Data] / dict as a dict of its plain tensors and numpy arrays
+    (tensor subclasses as torch.Tensor; other attributes, which gnnpar ignores, dropped): what
+    ``gnnpar.fit`` saves for the ranks, so that the safe loader reads back any graph it was given
+    (a Data subclass, a dataset of the user's own class, odd extra attributes)."""
+    out = {}
+    for key, value in _unpack(obj, where).items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.detach().cpu().as_subclass(torch.Tensor)
+        elif isinstance(value, np.ndarray):
+            out[key] = value
+    return out
+
+
 def _read_pt(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return _check_graph(_load_pt(path), lambda key: str(path))
 
@@ -213,15 +232,63 @@ def _load_pt(path: Path) -> dict[str, Any]:
     if path.stat().st_size == 0:
         raise UsageError(f"{path}: the file is empty (0 bytes). Save the graph again.")
     try:
-        # weights_only=False unpickles: it may run code stored in the file, so only load files
-        # you trust. It is needed because a Data is a Python object, not a plain tensor.
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        obj = safe_load.torch_load(path, _pt_allowed(), resolve=_pyg_class)
+    except safe_load.Refused as e:
+        raise UsageError(
+            f"{path}: {e.why()}; gnnpar reads .pt files without running code from them. If you "
+            "trust the file, load it yourself in Python (torch.load(path, weights_only=False)) "
+            "and pass the graph to gnnpar.fit(data, ...), or re-save it as a PyG Data or a dict "
+            "of tensors: torch.save(Data(x=..., edge_index=..., y=...), 'graph.pt')."
+        ) from None
     except Exception as e:
         raise UsageError(
             f"{path}: not a file torch.load can read (truncated, or not written by torch.save): "
             f"{_brief(e)}."
         ) from None
-    return _unpack(obj, str(path))
+    try:
+        return _unpack(obj, str(path))
+    except UsageError:
+        raise
+    except Exception as e:  # a Data or dataset whose insides are not what PyG wrote
+        raise UsageError(f"{path}: cannot read its graph ({_brief(e)}).") from None
+
+
+def _pt_allowed() -> list[Any]:
+    """What a ``.pt`` graph may hold beyond torch's tensors and containers: a PyG ``Data`` (the
+    class and the three it is made of; PyG allows only ``Data`` itself) and numpy arrays."""
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import GlobalStorage
+
+    numpy = safe_load.torch_pairs(safe_load.numpy_arrays())
+    return [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage, *numpy]
+
+
+PYG_PACKAGES = ("torch_geometric.datasets.", "torch_geometric.transforms.")
+DATASET_ACCESS = ("get", "len", "indices", "__getitem__", "__len__", "__getattr__")
+
+
+def _pyg_class(name: str) -> type | None:
+    """A saved dataset's class or transform, when it is PyG's own: an ``InMemoryDataset`` of
+    ``torch_geometric.datasets`` that reads its graphs the base class's way (one that overrides
+    it might read other files), or a transform of ``torch_geometric.transforms`` (it is applied
+    to the graph, as the dataset would). Only modules already imported (``import
+    torch_geometric`` imports them all) are looked in: a file never makes gnnpar import one."""
+    from torch_geometric.data import InMemoryDataset
+    from torch_geometric.transforms import BaseTransform
+
+    module, _, attr = name.rpartition(".")
+    if not module.startswith(PYG_PACKAGES) or module not in sys.modules:
+        return None
+    cls = getattr(sys.modules[module], attr, None)
+    if not isinstance(cls, type) or cls.__module__ != module:
+        return None
+    if issubclass(cls, BaseTransform):
+        return cls
+    if issubclass(cls, InMemoryDataset) and all(
+        getattr(cls, m, None) is getattr(InMemoryDataset, m, None) for m in DATASET_ACCESS
+    ):
+        return cls
+    return None
 
 
 @contextmanager
