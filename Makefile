@@ -1,8 +1,13 @@
 # The README's two entry points: `make bench` (the quick tour) and `make test`.
 # Both set up .venv first (scripts/setup.sh); GNNPAR_PYTHON=/path/to/python uses an existing env.
 PY := $(or $(GNNPAR_PYTHON),.venv/bin/python)
+# The pinned loss curves again, as CPUs with other instruction sets compute: an AVX2 CPU without
+# AVX-512, and one without AVX (ATen, MKL and oneDNN each told to go no higher). The pinned
+# curves must not move; this CPU's own paths must still agree with them to rounding.
+AVX2_CPU := ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+NO_AVX_CPU := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
 
-.PHONY: setup bench test lint
+.PHONY: setup bench test lint test-cpu-levels
 setup:
 	bash scripts/setup.sh
 
@@ -15,3 +20,7 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q tests
+
+test-cpu-levels: setup
+	$(AVX2_CPU) $(PY) -m pytest -q -m "not slow" tests/test_same_seed_same_loss.py
+	$(NO_AVX_CPU) $(PY) -m pytest -q -m "not slow" tests/test_same_seed_same_loss.py

@@ -14,6 +14,19 @@ from torch_geometric.data import Data
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The arithmetic of the pinned loss curves (tests/test_same_seed_same_loss.py), the same on every
+# x86-64 CPU: float32 reductions take other paths by instruction set (an AVX-512 CPU's ViG loss
+# differs from an AVX2 CPU's in the 7th digit), so the curve runs use the lowest level of each
+# library that dispatches by CPU: ATen's vectorised kernels ("default": no AVX), MKL's BLAS
+# (conditional numerical reproducibility, SSE2 code paths) and oneDNN's convolutions and matmuls
+# (SSE4.1). Every x86-64 CPU since 2008 takes these paths. The variables are read when torch
+# first computes, so they must be in a process's environment from its start.
+PINNED_ARITHMETIC = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_CBWR": "COMPATIBLE",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+}
+
 
 def run_cli(
     *args: str, timeout: float = 240, env: dict | None = None

@@ -11,7 +11,9 @@ revision, never from a working tree being edited:
 Each case runs ``python -m gnnpar train ARGS --out DIR`` with ``PYTHONPATH=SRC/src`` and
 ``cwd=SRC`` (the script first checks that this imports gnnpar from SRC, not from the venv's
 editable install) and ``GNNPAR_DATA`` set to a scratch folder that is emptied first, so the
-first run of a case may build caches and the second reuses them. A case is kept only when all
+first run of a case may build caches and the second reuses them. Every run has
+``conftest.PINNED_ARITHMETIC`` in its environment: the same floating-point paths on every x86-64
+CPU. A case is kept only when all
 its runs (``--repeats``, default 2) give identical loss curves; cases dropped as
 non-deterministic are printed and the script exits 1 if any was dropped (the JSON is still
 written with the others).
@@ -30,6 +32,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from conftest import PINNED_ARITHMETIC  # noqa: E402  (the curves' CPU-independent arithmetic)
+
 DEFAULT_OUT = HERE / "golden_loss_curves.json"
 
 # Every run: one torch thread per process, seed 3, no progress display.
@@ -102,7 +107,7 @@ def run_case(
     python: str, src: Path, data: Path, args: list[str], out: Path
 ) -> tuple[object, float]:
     env = {**os.environ, "PYTHONPATH": str(src / "src"), "GNNPAR_DATA": str(data)}
-    env["PYTHONUNBUFFERED"] = "1"
+    env.update(PINNED_ARITHMETIC, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     proc = subprocess.run(
         [python, "-m", "gnnpar", "train", *args, "--out", str(out)],
@@ -130,6 +135,11 @@ def main() -> int:
     src = a.src.resolve()
 
     env = {**os.environ, "PYTHONPATH": str(src / "src")}
+    # the sampler's compiled kernel, in place (a worktree has only its source): the sampled
+    # case pins the kernel's random stream, not the torch fallback's
+    subprocess.run(
+        [a.python, "setup.py", "-q", "build_ext", "--inplace"], cwd=src, env=env, check=True
+    )
     where = subprocess.run(
         [a.python, "-c", "import gnnpar; print(gnnpar.__file__)"],
         cwd=src,
@@ -141,6 +151,17 @@ def main() -> int:
     print(f"gnnpar imported from {where}", flush=True)
     if not Path(where).resolve().is_relative_to(src / "src"):
         print(f"error: gnnpar does not come from {src}/src", file=sys.stderr)
+        return 2
+    kernel = subprocess.run(
+        [a.python, "-c", "from gnnpar.data import sampling; print(sampling.kernel_path())"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not kernel.startswith(str(src)):
+        print(f"error: the sampler kernel was not built in {src} ({kernel})", file=sys.stderr)
         return 2
 
     if a.data.exists():
