@@ -40,7 +40,7 @@ from torch_geometric.nn import GATConv
 import gnnpar
 from gnnpar.config import build_config
 from gnnpar.data.datasets import BUNDLED
-from gnnpar.train import run
+from gnnpar.run import run
 
 PLANETOID_NAMES = {"cora": "Cora", "citeseer": "CiteSeer"}
 
@@ -123,9 +123,9 @@ def cpu_time_ratio(name: str, steps: int, root: Path) -> dict:
     the pieces its sequential trainer uses (build_model, graph_loss, build_optimizer).
     """
     from gnnpar.data.datasets import load_dataset
-    from gnnpar.losses import graph_loss
     from gnnpar.models import build_model
-    from gnnpar.optim import build_optimizer
+    from gnnpar.training.losses import graph_loss
+    from gnnpar.training.optim import build_optimizer
 
     cfg = build_config(None, {"dataset": name, "model": "gat", "quiet": True})
     ds = load_dataset(name, cfg.data.data_root, 1.0, 0)

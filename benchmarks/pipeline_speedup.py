@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 
 from gnnpar.bench.report import run_config
-from gnnpar.pipeline.stages import gpipe_bound
+from gnnpar.parallel.pipeline.stages import gpipe_bound
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """``--precision bf16`` against fp32: the time of one training step, per workload, on this machine.
 
 Each workload's step is what the loop runs for it (gnnpar's model, loss and Adam; forward, loss
-and backward under :func:`gnnpar.precision.autocast`, as :mod:`gnnpar.loop` enters it), on
+and backward under :func:`gnnpar.training.precision.autocast`, as :mod:`gnnpar.training.loop` enters it), on
 data built once: nothing is loaded or sampled inside the timed step.
 
 * ``cora-gat``: study 001's GAT, a full-batch step on Cora (the CSR input projection stays
@@ -40,10 +40,10 @@ import torch
 import gnnpar
 from gnnpar.config import build_config
 from gnnpar.data.datasets import load_dataset
-from gnnpar.losses import graph_loss, image_loss, seed_loss
 from gnnpar.models import build_model
-from gnnpar.optim import build_optimizer
-from gnnpar.precision import autocast
+from gnnpar.training.losses import graph_loss, image_loss, seed_loss
+from gnnpar.training.optim import build_optimizer
+from gnnpar.training.precision import autocast
 
 PRECISIONS = ("fp32", "bf16")
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx512_vnni", "avx2")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gnnpar.allocator import _malloc_trim, release_free_memory
+from gnnpar.runtime.allocator import _malloc_trim, release_free_memory
 
 
 def _rss_bytes() -> int:

@@ -21,12 +21,12 @@ from gnnpar.cli import main
 from gnnpar.config import Config, resolve
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partitioned, partition_nodes
-from gnnpar.launch import launch
-from gnnpar.losses import graph_loss
 from gnnpar.models import build_model
-from gnnpar.seeding import seed_everything
-from gnnpar.sources import assign_parts, epoch_order
-from gnnpar.train import train_rank
+from gnnpar.run import train_rank
+from gnnpar.runtime.launch import launch
+from gnnpar.training.losses import graph_loss
+from gnnpar.training.seeding import seed_everything
+from gnnpar.training.sources import assign_parts, epoch_order
 
 
 def random_graph(n: int = 48, seed: int = 0) -> GraphDataset:
@@ -63,7 +63,7 @@ SCENARIOS = {"grads5": (5, "grads"), "grads4": (4, "grads"), "params4": (4, "par
 
 def _train_ranks(log_dir: str) -> dict:
     """Each rank trains every scenario in one process group; returns weights and counts."""
-    from gnnpar.dist import setup, teardown
+    from gnnpar.runtime.dist import setup, teardown
 
     ctx = setup(60)
     out = {}

@@ -307,13 +307,13 @@ def test_partition_cache_damage_is_rebuilt_and_killed_temporaries_removed(tmp_pa
 def test_cli_reports_a_cache_lock_timeout_as_exit_1_without_a_traceback(
     tmp_path, monkeypatch, capsys
 ):
-    import gnnpar.train
+    import gnnpar.run
     from gnnpar.cli import main
 
     def stuck(cfg):  # noqa: ANN001
         raise CacheLockTimeout("Waited 2 s for the lock /x/k.lock, held by PID 7 on host h")
 
-    monkeypatch.setattr(gnnpar.train, "run", stuck)
+    monkeypatch.setattr(gnnpar.run, "run", stuck)
     code = main(["train", "--dataset", "cora", "--model", "gcn", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 1 and "gnnpar: error: Waited 2 s for the lock /x/k.lock" in err

@@ -80,7 +80,7 @@ def test_generator_states_load_with_weights_only_and_continue_the_same_draws():
 
     import numpy as np
 
-    from gnnpar.checkpoint import rng_state, set_rng_state
+    from gnnpar.training.checkpoint import rng_state, set_rng_state
 
     np.random.normal()  # a cached Gaussian in numpy's state too
     buf = io.BytesIO()

@@ -10,7 +10,8 @@ import re
 import pytest
 import torch
 
-from gnnpar import UsageError, dist
+from gnnpar import UsageError
+from gnnpar.runtime import dist
 
 
 def test_single_process_context_without_torchrun(monkeypatch):
@@ -40,7 +41,7 @@ def test_device_falls_back_to_cpu_without_cuda():
 
 
 def test_relative_distance_is_the_norm_of_the_difference_over_the_norm_of_the_reference():
-    from gnnpar.final_model import relative_distance
+    from gnnpar.training.final_model import relative_distance
 
     ref = [torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])]  # ||ref|| = 5
     moved = [torch.tensor([3.0, 1.0]), torch.tensor([[4.0]])]  # one entry off by 1
@@ -55,7 +56,7 @@ def test_waiting_for_a_key_nobody_sets_ends_in_a_clear_timeout_error():
     import pytest
     import torch.distributed as tdist
 
-    from gnnpar.store import PeerTimeoutError, wait_for_key
+    from gnnpar.runtime.store import PeerTimeoutError, wait_for_key
 
     store = tdist.HashStore()
     store.set("ready", "1")
@@ -71,7 +72,7 @@ def test_waiting_for_a_key_nobody_sets_ends_in_a_clear_timeout_error():
 def test_a_rank_that_cannot_reach_the_store_names_the_settings_that_decide_it(cli, agent_store):
     """RANK 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT: exit 1 within --timeout, a message
     naming the address and the multi-homed-host settings, no Python traceback."""
-    from gnnpar.launch import free_port
+    from gnnpar.runtime.launch import free_port
 
     port = free_port()  # free: nobody listens there
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -189,7 +190,7 @@ def test_two_srun_tasks_train_together_like_two_local_workers(tmp_path):
     import sys
 
     from conftest import ROOT
-    from gnnpar.launch import free_port
+    from gnnpar.runtime.launch import free_port
 
     args = [sys.executable, "-m", "gnnpar", "train", "--dataset", "cora", "--model", "gcn"]
     args += ["--strategy", "allreduce", "--partitions", "4", "--epochs", "2", "--seed", "3"]

@@ -7,8 +7,8 @@ import torch
 from torch_geometric.utils import coalesce, remove_self_loops
 
 from gnnpar.config import Config, resolve
-from gnnpar.evaluation import EvalGraphCache, graph_logits
 from gnnpar.models import build_model
+from gnnpar.training.evaluation import EvalGraphCache, graph_logits
 
 
 def random_graph(multigraph: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gnnpar import UsageError, footprint
+from gnnpar import UsageError
+from gnnpar.runtime import footprint
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
@@ -79,7 +80,7 @@ import json, sys, torch, torch.nn.functional as F
 from pathlib import Path
 from gnnpar.config import Config, resolve
 from gnnpar.models import build_model
-from gnnpar.footprint import vig_activation_bytes
+from gnnpar.runtime.footprint import vig_activation_bytes
 torch.set_num_threads(1)
 batch, recompute = int(sys.argv[1]), sys.argv[2] == "1"
 cfg = Config(); cfg.data.dataset, cfg.model.name = "synthetic-cifar10", "vig"; resolve(cfg)

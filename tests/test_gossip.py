@@ -1,4 +1,4 @@
-"""gnnpar.gossip: work pool, topologies, the claim protocol (one in-process store), and the
+"""gnnpar.parallel.gossip: work pool, topologies, the claim protocol (one in-process store), and the
 point-to-point averaging between two real gloo processes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gnnpar.gossip import (
+from gnnpar.parallel.gossip import (
     AnyPeer,
     Bipartite,
     Exchange,

@@ -1,4 +1,4 @@
-"""The gossip protocol's Promela model (src/gnnpar/gossip/protocol.pml), checked with SPIN.
+"""The gossip protocol's Promela model (src/gnnpar/parallel/gossip/protocol.pml), checked with SPIN.
 
 SPIN explores every interleaving of the ranks' store operations: for 2, 3 and 4 ranks and small
 pools, both topologies, it must find no deadlock, no failed assertion, and prove the model's LTL
@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-MODEL = Path(__file__).resolve().parents[1] / "src" / "gnnpar" / "gossip" / "protocol.pml"
+MODEL = (
+    Path(__file__).resolve().parents[1] / "src" / "gnnpar" / "parallel" / "gossip" / "protocol.pml"
+)
 PROPERTIES = ("terminates", "exclusive", "pool_once")
 
 

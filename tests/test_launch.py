@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from gnnpar import RankFailedError, UsageError
-from gnnpar.launch import _collateral, launch
+from gnnpar.runtime.launch import _collateral, launch
 
 
 def _rank_fn(mode: str, log_dir: str) -> dict:
@@ -162,7 +162,7 @@ def _first_exit(rank: int, message: str, timestamp: int):
 def test_the_cause_is_reported_not_the_rank_the_agent_saw_exit_first(tmp_path, later):
     """The agent reports one rank; the others' error files are read too. Error files count
     whole seconds, so the cause must win by its kind, whatever second each was written in."""
-    from gnnpar.launch import _describe
+    from gnnpar.runtime.launch import _describe
 
     reset = "RuntimeError: [pair.cc:537] Read error: Connection reset by peer"
     # rank 1 raised; rank 0 died of it and was seen first
@@ -220,7 +220,7 @@ def test_ranks_are_forked_from_a_fork_server_with_this_launchs_environment(log_r
     4 ranks of a 1M-edge graph share those pages). A later launch from the same process (a
     notebook calling gnnpar.fit twice) reuses the server, which still holds the environment it
     started with: each rank must see its own launch's environment, as a spawned rank does."""
-    from gnnpar import launch as launch_module
+    from gnnpar.runtime import launch as launch_module
 
     monkeypatch.delenv("GNNPAR_START_METHOD", raising=False)
     assert launch_module.start_method() == "forkserver"
@@ -251,7 +251,7 @@ def test_ranks_are_spawned_when_asked(log_root, monkeypatch):
 
 
 def test_a_bad_start_method_is_a_usage_error(monkeypatch):
-    from gnnpar import launch as launch_module
+    from gnnpar.runtime import launch as launch_module
 
     for bad in ("fork", "threads", " spawn"):
         monkeypatch.setenv("GNNPAR_START_METHOD", bad)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from gnnpar.metrics import (
+from gnnpar.training.metrics import (
     REQUIRED_KEYS,
     loss_fn,
     score,

@@ -12,7 +12,7 @@ from gnnpar import UsageError
 from gnnpar.config import ModelConfig
 from gnnpar.data.microbatch import IGNORE, build_plan, receptive_hops
 from gnnpar.models import build_model
-from gnnpar.pipeline.stages import summed_loss
+from gnnpar.parallel.pipeline.stages import summed_loss
 
 
 def random_graph(n: int = 80, e: int = 200, seed: int = 0):

@@ -12,7 +12,7 @@ from torch_geometric.datasets import KarateClub
 
 import gnnpar
 from gnnpar.cli import main
-from gnnpar.model_io import load_model, read_model_file
+from gnnpar.result import load_model, read_model_file
 
 BASE = ["train", "--dataset", "cora", "--model", "gcn", "--epochs", "3", "--threads", "1"]
 

@@ -27,10 +27,10 @@ from gnnpar.cli import main
 from gnnpar.config import Config, ModelConfig
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.models import build_model
-from gnnpar.parallel_dims import ParallelDims
-from gnnpar.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
-from gnnpar.pipeline.step import PipelineStep
-from gnnpar.sync import ReplicaGradSum
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+from gnnpar.parallel.pipeline.step import PipelineStep
+from gnnpar.training.sync import ReplicaGradSum
 
 
 def graph_dataset(n: int = 60, seed: int = 0) -> GraphDataset:
@@ -74,7 +74,7 @@ def reference_grads(kind: str, model: nn.Module, ds, cfg: Config) -> tuple[float
         d = ds.data
         loss = F.cross_entropy(model(d.x, d.edge_index)[d.train_mask], d.y[d.train_mask])
     else:
-        from gnnpar.sources import image_batches
+        from gnnpar.training.sources import image_batches
 
         n = cfg.strategy.batch_size * cfg.strategy.replicas
         x, y = next(image_batches(ds.train_x, ds.train_y, n, cfg.run.seed))
@@ -233,7 +233,7 @@ def test_cli_pipeline_matches_sequential_without_dropout(tmp_path):
 
 # ------------------------------------------------------------------------- balance by time
 def test_split_by_cost_minimises_the_slowest_stage():
-    from gnnpar.pipeline.stages import bounds, gpipe_bound, split_by_cost
+    from gnnpar.parallel.pipeline.stages import bounds, gpipe_bound, split_by_cost
 
     assert split_by_cost([4, 1, 1, 1, 1], 2) == [1, 4]
     assert split_by_cost([1, 1, 1, 1], 2) == [2, 2]
@@ -244,7 +244,7 @@ def test_split_by_cost_minimises_the_slowest_stage():
 
 
 def test_profile_blocks_times_every_block():
-    from gnnpar.pipeline.stages import profile_blocks
+    from gnnpar.parallel.pipeline.stages import profile_blocks
 
     ds = graph_dataset()
     model = build_model(ModelConfig(name="gat", hidden=4, layers=3, heads=2, dropout=0.0), 6, 3)
@@ -257,7 +257,7 @@ def test_image_blocks_are_timed_on_at_most_profile_images(tmp_path, monkeypatch)
     """Rank 0 times the blocks while the other ranks wait (within --timeout): at study 000's
     200-image micro-batches, timing whole micro-batches took longer than the default timeout.
     The stages still send whole micro-batches (the probe's shape)."""
-    import gnnpar.pipeline.stages as stages
+    import gnnpar.parallel.pipeline.stages as stages
 
     seen = []
 

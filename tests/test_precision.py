@@ -19,17 +19,17 @@ import torch
 
 import gnnpar
 from conftest import run_cli
-from gnnpar.checkpoint import config_differences
 from gnnpar.cli import main
 from gnnpar.config import Config, ModelConfig
-from gnnpar.evaluation import graph_logits
-from gnnpar.losses import LocalStep, graph_loss
-from gnnpar.metrics import loss_fn
-from gnnpar.model_io import read_model_file
 from gnnpar.models import build_model
-from gnnpar.pipeline.stages import StageModule, boundary_shapes
-from gnnpar.precision import autocast
+from gnnpar.parallel.pipeline.stages import StageModule, boundary_shapes
 from gnnpar.predict import predict
+from gnnpar.result import read_model_file
+from gnnpar.training.checkpoint import config_differences
+from gnnpar.training.evaluation import graph_logits
+from gnnpar.training.losses import LocalStep, graph_loss
+from gnnpar.training.metrics import loss_fn
+from gnnpar.training.precision import autocast
 
 
 def test_fp32_is_no_autocast_and_bf16_multiplies_in_bfloat16():

@@ -13,8 +13,8 @@ from conftest import run_cli, tiny_graph
 from gnnpar import UsageError
 from gnnpar.config import build_config
 from gnnpar.data.datasets import GraphDataset
-from gnnpar.dist import DistContext
-from gnnpar.train import prepare, run_rank, train_rank
+from gnnpar.run import prepare, run_rank, train_rank
+from gnnpar.runtime.dist import DistContext
 
 
 def test_single_process_learns_cora_and_cleans_up(tmp_path):

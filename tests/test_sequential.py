@@ -8,8 +8,8 @@ import torch
 from conftest import tiny_graph
 from gnnpar.config import build_config
 from gnnpar.data.datasets import GraphDataset, ImageDataset, load_dataset
-from gnnpar.dist import DistContext
-from gnnpar.train import train_rank
+from gnnpar.run import train_rank
+from gnnpar.runtime.dist import DistContext
 
 
 @pytest.fixture(autouse=True)

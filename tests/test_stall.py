@@ -1,6 +1,6 @@
 """Every wait bounded, the right rank blamed (issue 11): a rank stopped with SIGSTOP under
 allreduce, pipeline, sampled or gossip ends the run with exit 1 within 1.2 x --timeout, with a
-message that names the stopped rank (its heartbeat went silent: gnnpar.heartbeat), not the rank
+message that names the stopped rank (its heartbeat went silent: gnnpar.runtime.heartbeat), not the rank
 that was waiting for it."""
 
 from __future__ import annotations

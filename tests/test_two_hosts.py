@@ -377,7 +377,7 @@ def test_without_local_addr_the_ranks_fail_naming_the_settings_that_decide_it(ru
     assert any("could not reach the store at MASTER_ADDR:MASTER_PORT" in e for e in errors)
     for e in errors:
         assert "--local-addr" in e and "GLOO_SOCKET_IFNAME" in e and "NCCL_SOCKET_IFNAME" in e
-    assert not any("gnnpar/dist.py" in log for log in logs), run.tail()
+    assert not any("gnnpar/runtime/dist.py" in log for log in logs), run.tail()
 
 
 @pytest.mark.timeout(600)

@@ -13,8 +13,8 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from conftest import ROOT, run_cli
-from gnnpar.model_io import load_model
 from gnnpar.predict import predict
+from gnnpar.result import load_model
 
 STRATEGIES = {
     "sequential": [],

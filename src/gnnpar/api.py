@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from gnnpar.config import build_config, default_data_root
-from gnnpar.model_io import atomic_save, load_model
+from gnnpar.result import atomic_save, load_model
 
 
 @dataclass
@@ -47,7 +47,7 @@ def fit(
 ) -> FitResult:
     """Train on ``data`` (a PyG ``Data``, a dataset name, a ``.pt`` path, an OGB folder or
     ``"module:function"``) and return the trained model with its results."""
-    from gnnpar.train import run
+    from gnnpar.run import run
 
     if not isinstance(data, (str, Path)):
         data = _save_input(data, flags.get("data_root") or flags.get("data-root"))

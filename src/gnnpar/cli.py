@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             from gnnpar.config import build_config
-            from gnnpar.train import run
+            from gnnpar.run import run
 
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
             cfg = build_config(args.config, flags)

@@ -3,8 +3,8 @@
     gnnpar predict runs/20261122-151500-cora-gcn-sequential            # the run's own dataset
     gnnpar predict runs/my-run --dataset other.pt --out preds/other    # another graph, same width
 
-Loads ``RUN_DIR/model.pt`` (:mod:`gnnpar.model_io`), runs exact full-graph inference with the
-same bounded-memory code as evaluation (:func:`gnnpar.evaluation.graph_logits`), and writes
+Loads ``RUN_DIR/model.pt`` (:mod:`gnnpar.result`), runs exact full-graph inference with the
+same bounded-memory code as evaluation (:func:`gnnpar.training.evaluation.graph_logits`), and writes
 ``<out>.pt`` (``{"node": ids, "pred": class, "prob": probabilities}``) and ``<out>.csv`` (one
 row per node: ``node,pred,p_0,...,p_{C-1}``; multi-label: one 0/1 column and one probability per
 label). Default ``<out>``: ``RUN_DIR/predictions``. It prints the scores on every split mask the
@@ -26,10 +26,10 @@ import torch
 from gnnpar import UsageError
 from gnnpar.config import Config, default_data_root
 from gnnpar.data.datasets import ImageDataset, load_dataset
-from gnnpar.evaluation import graph_logits
-from gnnpar.metrics import score
-from gnnpar.model_io import atomic_save, build_from, read_model_file
-from gnnpar.precision import autocast
+from gnnpar.result import atomic_save, build_from, read_model_file
+from gnnpar.training.evaluation import graph_logits
+from gnnpar.training.metrics import score
+from gnnpar.training.precision import autocast
 
 
 def predict(

@@ -35,7 +35,7 @@ def run_suite(
     if name not in SUITES:
         raise UsageError(f"Unknown bench suite '{name}'. Choose one of: {', '.join(SUITES)}.")
     out_dir = Path(out) if out else Path("runs") / f"bench-{name}"
-    from gnnpar.train import check_out  # the same check as a run's --out, before any run
+    from gnnpar.run import check_out  # the same check as a run's --out, before any run
 
     check_out(str(out_dir))
     return SUITES[name](quick=quick, out=out_dir, data_root=data_root, quiet=quiet)

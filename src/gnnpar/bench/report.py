@@ -12,7 +12,7 @@ from gnnpar.config import build_config
 
 def run_config(flags: dict[str, Any], out: Path, name: str, quiet: bool = True) -> dict[str, Any]:
     """One `gnnpar train` run from flag-named settings; its result.json goes to out/runs/name."""
-    from gnnpar.train import run
+    from gnnpar.run import run
 
     cfg = build_config(None, {**flags, "out": str(out / "runs" / name), "quiet": quiet})
     result = run(cfg)

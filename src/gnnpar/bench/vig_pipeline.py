@@ -43,10 +43,10 @@ import torch.nn.functional as F
 from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan, write_report
 from gnnpar.config import Config, default_data_root, resolve
 from gnnpar.data.datasets import REGISTRY, load_dataset
-from gnnpar.metrics import summarize
 from gnnpar.models import build_model
 from gnnpar.models.base import BlockModel
-from gnnpar.sources import image_batches
+from gnnpar.training.metrics import summarize
+from gnnpar.training.sources import image_batches
 
 # study 000's size; a wait on another rank's 1000-image step can take minutes at 1 thread
 FULL = {"batch-size": 1000, "max-steps": 100, "recompute": True, "timeout": 1800}

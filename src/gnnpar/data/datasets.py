@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from gnnpar import UsageError, safe_load
-from gnnpar.data import readers, synthetic, user
+from gnnpar import UsageError
+from gnnpar.data import readers, safe_load, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
 
 BUNDLED = Path(__file__).parent / "planetoid"

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch_geometric.utils import coalesce, to_undirected
 
-from gnnpar import UsageError, safe_load
+from gnnpar import UsageError
+from gnnpar.data import safe_load
 
 Tensors = dict[str, torch.Tensor]
 
@@ -179,7 +180,7 @@ def _cifar_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 def read_pickle(fh, path: Path, allow: dict[str, Any], holds: str, **kwargs: Any) -> Any:
     """A raw dataset's pickle, unpickled with only the ``allow``ed globals
-    (:mod:`gnnpar.safe_load`), so that reading it runs no code from it; UsageError naming the
+    (:mod:`gnnpar.data.safe_load`), so that reading it runs no code from it; UsageError naming the
     file when it names another global (``holds``: what the format holds instead)."""
     try:
         return safe_load.pickle_load(fh, allow, **kwargs)

@@ -45,7 +45,7 @@ Decisions:
   (each with its path inside the folder), or of the tensors a function built. A renamed copy
   hits the same entry; an edited file makes a new one.
 
-Safety: a ``.pt`` file is read with ``torch.load(weights_only=True)`` (:mod:`gnnpar.safe_load`),
+Safety: a ``.pt`` file is read with ``torch.load(weights_only=True)`` (:mod:`gnnpar.data.safe_load`),
 so reading it runs no code from it. Allowed beyond tensors and containers: PyG's ``Data`` and
 the three classes it is made of, numpy arrays (a dict of them), and, for a saved dataset, the
 ``InMemoryDataset`` classes and transforms of ``torch_geometric.datasets`` /
@@ -75,8 +75,8 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from gnnpar import UsageError, safe_load
-from gnnpar.data import readers
+from gnnpar import UsageError
+from gnnpar.data import readers, safe_load
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached
 
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds

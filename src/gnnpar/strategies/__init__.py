@@ -3,9 +3,9 @@
 A strategy is a class with two static (or class) methods:
 
 * ``check(cfg, dims)``: checks that need no data, run once before any process is launched
-  (:func:`gnnpar.train.prepare`); raise :class:`gnnpar.UsageError`.
+  (:func:`gnnpar.run.prepare`); raise :class:`gnnpar.UsageError`.
 * ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
-  training loop (:mod:`gnnpar.loop`): model, optimizer, source, step, sync policy, finish.
+  training loop (:mod:`gnnpar.training.loop`): model, optimizer, source, step, sync policy, finish.
 """
 
 from __future__ import annotations

@@ -1,22 +1,22 @@
 """AllReduce-GCN: synchronous data-parallel Cluster-GCN (study 003 algorithms 3 and 4).
 
 The graph is split into ``--partitions n`` subgraphs, dealt once, statically, to the ranks
-(:class:`~gnnpar.sources.DealtPartitions`): every subgraph is trained exactly once per epoch and
+(:class:`~gnnpar.training.sources.DealtPartitions`): every subgraph is trained exactly once per epoch and
 every rank runs ``ceil(n / p)`` steps; a rank holding one subgraph fewer sits out the last step's
 computation but joins its collective (``per_worker_batches`` shows the uneven share).
 
-Averaging, every ``--sync-every K`` steps (:mod:`gnnpar.sync`):
+Averaging, every ``--sync-every K`` steps (:mod:`gnnpar.training.sync`):
 
-* ``--average grads`` (:class:`~gnnpar.sync.GradAllReduce`; algorithm 4, K = 1 is algorithm 3
+* ``--average grads`` (:class:`~gnnpar.training.sync.GradAllReduce`; algorithm 4, K = 1 is algorithm 3
   and DDP's maths): one flat all-reduce rather than ``DistributedDataParallel``, because the
   uneven last step needs a mean over the ranks that had a batch, and the time a rank waits for
   the others (``per_worker_wait_s``) is then one measured call. The default at K = 1.
-* ``--average params`` (:class:`~gnnpar.sync.ParamAverage`, local SGD with torch's averager):
+* ``--average params`` (:class:`~gnnpar.training.sync.ParamAverage`, local SGD with torch's averager):
   the default at K > 1, because averaging gradients never pulls the models back together, so
   after K > 1 they drift apart (synthetic-amazon, BENCHMARKS.md).
 
 With K > 1 the ranks' models differ at the end: the average of them and the best local model
-are scored on validation and the better is kept (:func:`~gnnpar.final_model.choose_final_model`;
+are scored on validation and the better is kept (:func:`~gnnpar.training.final_model.choose_final_model`;
 ``final_model`` in result.json). With K = 1 every rank holds the same model: ``"rank0"``.
 
     gnnpar train --dataset cora --model gcn --strategy allreduce --partitions 8 --workers 2
@@ -28,21 +28,22 @@ from __future__ import annotations
 
 from functools import partial
 
-from gnnpar import UsageError, collectives
+from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.partition import load_partitions
-from gnnpar.dist import DistContext
-from gnnpar.evaluation import evaluate_graph
-from gnnpar.final_model import choose_final_model
-from gnnpar.loop import Final, Plan
-from gnnpar.losses import LocalStep, graph_loss
 from gnnpar.models import build_model
-from gnnpar.optim import build_optimizer
-from gnnpar.parallel_dims import ParallelDims
-from gnnpar.seeding import seed_everything, seed_rank_dropout
-from gnnpar.sources import DealtPartitions
-from gnnpar.straggler import Straggler
-from gnnpar.sync import GradAllReduce, ParamAverage
+from gnnpar.parallel import collectives
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.runtime.dist import DistContext
+from gnnpar.training.evaluation import evaluate_graph
+from gnnpar.training.final_model import choose_final_model
+from gnnpar.training.loop import Final, Plan
+from gnnpar.training.losses import LocalStep, graph_loss
+from gnnpar.training.optim import build_optimizer
+from gnnpar.training.seeding import seed_everything, seed_rank_dropout
+from gnnpar.training.sources import DealtPartitions
+from gnnpar.training.straggler import Straggler
+from gnnpar.training.sync import GradAllReduce, ParamAverage
 
 
 def check_partitioned(cfg: Config, dims: ParallelDims, name: str) -> None:

@@ -1,12 +1,12 @@
 """GossipGCN and its active/passive variant: asynchronous Cluster-GCN with a work pool.
 
 Study 003 chapter 4 (algorithms 5 and 6). Every rank keeps its own model and takes the next
-subgraph from a shared work pool whenever it is free (:class:`~gnnpar.sources.PoolSource`), so
+subgraph from a shared work pool whenever it is free (:class:`~gnnpar.training.sources.PoolSource`), so
 fast ranks train more subgraphs (table 4.8). Every ``--sync-every K`` steps a rank pairs with a
 random available partner, or serves the partner that already picked it, and the two average
 their parameters (``--average params``, the default) or gradients (``--average grads``, the
 study's) point to point (:class:`GossipSync`). No rank ever waits for all others. The pool, the
-pairing protocol and its deadlock-freedom argument live in :mod:`gnnpar.gossip`.
+pairing protocol and its deadlock-freedom argument live in :mod:`gnnpar.parallel.gossip`.
 
 Which to average. Averaging gradients never pulls two models back together: between exchanges,
 and whenever a straggler makes the pool's split uneven, the ranks' parameters drift apart, and
@@ -16,7 +16,7 @@ all-reduce; averaging parameters contracts the difference at every exchange and 
 0.4 points of it (BENCHMARKS.md, "Gossip against allreduce"); hence the default.
 
 At the end the best local model (the study's choice) and the average of all local models are
-scored on validation and the better one is kept (:func:`~gnnpar.final_model.choose_final_model`).
+scored on validation and the better one is kept (:func:`~gnnpar.training.final_model.choose_final_model`).
 
     gnnpar train --dataset cora --model gcn --strategy gossip --partitions 8 --workers 2
     gnnpar train --dataset synthetic-reddit --scale 0.05 --model sage --strategy gossip \\
@@ -34,18 +34,18 @@ import torch.distributed as dist
 from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.partition import load_partitions
-from gnnpar.dist import DistContext
-from gnnpar.final_model import choose_final_model
-from gnnpar.gossip import AnyPeer, Bipartite, GossipSync, Pairing, Topology, WorkPool
-from gnnpar.loop import Final, Plan
-from gnnpar.losses import LocalStep, graph_loss
 from gnnpar.models import build_model
-from gnnpar.optim import build_optimizer
-from gnnpar.parallel_dims import ParallelDims
-from gnnpar.seeding import seed_everything, seed_rank_dropout
-from gnnpar.sources import PoolSource
-from gnnpar.straggler import Straggler
+from gnnpar.parallel.gossip import AnyPeer, Bipartite, GossipSync, Pairing, Topology, WorkPool
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.runtime.dist import DistContext
 from gnnpar.strategies.allreduce import check_partitioned
+from gnnpar.training.final_model import choose_final_model
+from gnnpar.training.loop import Final, Plan
+from gnnpar.training.losses import LocalStep, graph_loss
+from gnnpar.training.optim import build_optimizer
+from gnnpar.training.seeding import seed_everything, seed_rank_dropout
+from gnnpar.training.sources import PoolSource
+from gnnpar.training.straggler import Straggler
 
 
 class GossipGCN:

@@ -4,7 +4,7 @@ Ranks form a replica x stage DeviceMesh (rank = replica * S + stage). Each copy 
 own share of the data: images, its own ``--batch-size`` images of every global batch of R x
 batch-size; graphs, its own R-th of the micro-batches planned over the training nodes. After
 each step the gradients of corresponding stages are summed over the copies
-(:class:`~gnnpar.sync.ReplicaGradSum`; the study used DDP per stage). Every micro-batch loss is
+(:class:`~gnnpar.training.sync.ReplicaGradSum`; the study used DDP per stage). Every micro-batch loss is
 already divided by the target count of the whole global step, so the summed gradient is exactly
 the full-batch (global-batch) gradient and the copies stay identical.
 

@@ -3,7 +3,7 @@
 Each rank holds one stage (a contiguous run of the model's blocks; stem on the first, readout on
 the last); every mini-batch is cut into ``--chunks`` micro-batches that flow through the stages
 with torch.distributed.pipelining (ScheduleGPipe, or Schedule1F1B with ``--schedule 1f1b``).
-Without ``--balance`` the split is chosen by profiling each block (pipeline/stages.py).
+Without ``--balance`` the split is chosen by profiling each block (parallel/pipeline/stages.py).
 
 Graphs (gat, gcn, sage): one step is one full-batch epoch. ``--microbatch exact`` (default)
 plans micro-batches of target nodes plus their L-hop subgraphs, so the step's loss and gradient
@@ -25,20 +25,21 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gnnpar import UsageError, collectives
+from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.datasets import REGISTRY, ImageDataset
-from gnnpar.dist import DistContext
-from gnnpar.loop import Final, Plan
 from gnnpar.models import build_model
-from gnnpar.optim import build_optimizer
-from gnnpar.parallel_dims import ParallelDims
-from gnnpar.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
-from gnnpar.pipeline.stages import choose_balance, gpipe_bound, split_by_cost
-from gnnpar.pipeline.step import PipelineStep
-from gnnpar.precision import autocast
-from gnnpar.seeding import seed_everything
-from gnnpar.sync import NoSync, ReplicaGradSum
+from gnnpar.parallel import collectives
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound, split_by_cost
+from gnnpar.parallel.pipeline.step import PipelineStep
+from gnnpar.runtime.dist import DistContext
+from gnnpar.training.loop import Final, Plan
+from gnnpar.training.optim import build_optimizer
+from gnnpar.training.precision import autocast
+from gnnpar.training.seeding import seed_everything
+from gnnpar.training.sync import NoSync, ReplicaGradSum
 
 
 def check_pipeline(cfg: Config, dims: ParallelDims) -> None:

@@ -12,7 +12,7 @@ the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0
 Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
 remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.
 shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
-end, on rank 0 (exact full-graph inference, :func:`gnnpar.evaluation.evaluate_graph`, which bounds
+end, on rank 0 (exact full-graph inference, :func:`gnnpar.training.evaluation.evaluate_graph`, which bounds
 memory on big graphs); ``--eval-every`` is not used because an evaluation in the middle would
 hold every other rank at the next all-reduce.
 
@@ -43,10 +43,10 @@ The usual culprits, all multiplied by ranks x workers:
 5. Waits without a deadline: the DataLoader has ``timeout=--timeout`` and the process group the
    same timeout, so a stuck worker or peer ends the run with an error that names it.
 
-Result keys (the loop's, :mod:`gnnpar.loop`): ``time_breakdown_s`` (per rank: data_wait,
+Result keys (the loop's, :mod:`gnnpar.training.loop`): ``time_breakdown_s`` (per rank: data_wait,
 compute, sync seconds summed over the run), ``max_rank_train_time_s`` (study 002's headline: the
 longest training time of any rank), ``per_worker_batches``, ``data_wait_share``. ``sync`` is the
-gradient all-reduce time that backward did not hide (:class:`gnnpar.sync.DDPHooks`).
+gradient all-reduce time that backward did not hide (:class:`gnnpar.training.sync.DDPHooks`).
 """
 
 from __future__ import annotations
@@ -60,18 +60,18 @@ from torch.nn.parallel import DistributedDataParallel
 from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset
-from gnnpar.dist import DistContext
-from gnnpar.evaluation import evaluate_graph
-from gnnpar.loop import Final, Plan
-from gnnpar.losses import LocalStep, seed_loss
 from gnnpar.models import build_model
-from gnnpar.optim import build_optimizer
-from gnnpar.parallel_dims import ParallelDims
-from gnnpar.precision import autocast
-from gnnpar.seeding import seed_everything
-from gnnpar.sources import SampledSource
-from gnnpar.straggler import Straggler
-from gnnpar.sync import DDPHooks, NoSync
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.runtime.dist import DistContext
+from gnnpar.training.evaluation import evaluate_graph
+from gnnpar.training.loop import Final, Plan
+from gnnpar.training.losses import LocalStep, seed_loss
+from gnnpar.training.optim import build_optimizer
+from gnnpar.training.precision import autocast
+from gnnpar.training.seeding import seed_everything
+from gnnpar.training.sources import SampledSource
+from gnnpar.training.straggler import Straggler
+from gnnpar.training.sync import DDPHooks, NoSync
 
 
 class Sampled:

@@ -2,7 +2,7 @@
 
 Regimes: full-batch node classification (Planetoid; study 001), Cluster-GCN subgraph mini-batches
 (``--partitions N``; study 003 algorithms 1-2), image mini-batches (ViG; study 000). One source
-(:class:`~gnnpar.sources.ShuffledBatches` or :class:`~gnnpar.sources.ImageBatches`), no sync.
+(:class:`~gnnpar.training.sources.ShuffledBatches` or :class:`~gnnpar.training.sources.ImageBatches`), no sync.
 
     gnnpar train --dataset cora --model gat --strategy sequential
     gnnpar train --dataset synthetic-reddit --scale 0.01 --model sage --partitions 40
@@ -16,15 +16,15 @@ from functools import partial
 from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.data.partition import load_partitions
-from gnnpar.dist import DistContext
-from gnnpar.evaluation import evaluate_graph, evaluate_images
-from gnnpar.loop import Final, Plan
-from gnnpar.losses import LocalStep, graph_loss, image_loss
 from gnnpar.models import build_model
-from gnnpar.optim import build_optimizer
-from gnnpar.parallel_dims import ParallelDims
-from gnnpar.seeding import seed_everything
-from gnnpar.sources import ImageBatches, ShuffledBatches
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.runtime.dist import DistContext
+from gnnpar.training.evaluation import evaluate_graph, evaluate_images
+from gnnpar.training.loop import Final, Plan
+from gnnpar.training.losses import LocalStep, graph_loss, image_loss
+from gnnpar.training.optim import build_optimizer
+from gnnpar.training.seeding import seed_everything
+from gnnpar.training.sources import ImageBatches, ShuffledBatches
 
 
 class Sequential:

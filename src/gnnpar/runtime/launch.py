@@ -4,7 +4,7 @@
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m gnnpar train --strategy allreduce --partitions 64           # not this module
 
-``gnnpar train --workers N`` calls :func:`launch` with :func:`gnnpar.train.run_rank`'s wrapper:
+``gnnpar train --workers N`` calls :func:`launch` with :func:`gnnpar.run.run_rank`'s wrapper:
 one elastic agent in this process (``torch.distributed.launcher.api.elastic_launch``, c10d
 rendezvous on a free localhost port, restarts only with --max-restarts) starts the ranks, which run exactly what a
 torchrun rank runs, so ranks coordinate only through torch.distributed (process group and its
@@ -76,7 +76,7 @@ def start_method() -> str:
     """``forkserver`` (the default), or ``spawn`` when ``GNNPAR_START_METHOD=spawn`` asks for it.
 
     With ``forkserver`` a fresh, single-threaded interpreter imports torch, PyG and gnnpar once
-    (:mod:`gnnpar.rank_preload`) and every local rank is a fork of it: the ranks share those
+    (:mod:`gnnpar.runtime.preload`) and every local rank is a fork of it: the ranks share those
     pages (~0.2 GiB of private memory per spawned process) copy-on-write, so 4 ranks of a
     1M-edge user graph use 1.2x one rank's memory instead of 1.7x (BENCHMARKS.md), and a rank
     starts without importing torch. The server is a child of no thread-running process, so a
@@ -99,7 +99,7 @@ def _start_fork_server() -> None:
     import multiprocessing
     import multiprocessing.forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["gnnpar.rank_preload"])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["gnnpar.runtime.preload"])
     multiprocessing.forkserver.ensure_running()
 
 
@@ -137,12 +137,12 @@ def _rank_entry(fn: Callable[..., Any], launcher: int, env: dict[str, str], *arg
     that differ from the server's own, and the agent's names in :data:`_ELASTIC_ENV`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the run on Ctrl-C
     _end_with_launcher(launcher)
-    from gnnpar import rank_preload
+    from gnnpar.runtime import preload
 
     set_here = {
         k: v
         for k, v in os.environ.items()
-        if rank_preload.SERVER_ENV.get(k) != v or k in _ELASTIC_ENV or k.startswith("TORCHELASTIC_")
+        if preload.SERVER_ENV.get(k) != v or k in _ELASTIC_ENV or k.startswith("TORCHELASTIC_")
     }
     os.environ.clear()
     os.environ.update(env)

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from gnnpar import collectives
-from gnnpar.evaluation import EvalGraphCache, evaluate_graph
-from gnnpar.store import wait_for_key
+from gnnpar.parallel import collectives
+from gnnpar.runtime.store import wait_for_key
+from gnnpar.training.evaluation import EvalGraphCache, evaluate_graph
 
 
 @dataclass
@@ -61,7 +61,7 @@ def choose_final_model(
 
     Ties go to the average. The models (small next to the graph) are gathered, and rank 0
     scores all of them over one full-graph structure it builds once (an
-    :class:`~gnnpar.evaluation.EvalGraphCache`), with every core of its machine: so a machine
+    :class:`~gnnpar.training.evaluation.EvalGraphCache`), with every core of its machine: so a machine
     never holds more than one evaluation copy of a large graph, however many ranks it runs
     (scoring on every rank at once would build one ~4.9 GiB adjacency per rank on full-size
     Reddit). Rank 0 publishes each model's scoring in ``store`` and the others wait for each

@@ -24,8 +24,8 @@ from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
-from gnnpar.metrics import score
-from gnnpar.sources import Resumable, image_batches
+from gnnpar.training.metrics import score
+from gnnpar.training.sources import Resumable, image_batches
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 :class:`PipelineStep` builds this rank's stage twice, with the training micro-batch shapes
 (GPipe or 1F1B with the loss and backward) and with the evaluation shapes (forward-only GPipe),
-both sharing the parameters; static shapes throughout (see :mod:`gnnpar.pipeline.stages`).
-The loop runs each step and evaluation under ``--precision`` (:mod:`gnnpar.precision`); the
+both sharing the parameters; static shapes throughout (see :mod:`gnnpar.parallel.pipeline.stages`).
+The loop runs each step and evaluation under ``--precision`` (:mod:`gnnpar.training.precision`); the
 stage boundaries carry the dtypes that precision produces there.
 """
 
@@ -14,8 +14,8 @@ import time
 import torch
 
 from gnnpar.config import Config
-from gnnpar.pipeline.batches import Batch, StagePlace
-from gnnpar.pipeline.stages import (
+from gnnpar.parallel.pipeline.batches import Batch, StagePlace
+from gnnpar.parallel.pipeline.stages import (
     StageModule,
     boundary_shapes,
     bounds,
@@ -24,13 +24,13 @@ from gnnpar.pipeline.stages import (
     run_schedule,
     summed_loss,
 )
-from gnnpar.precision import autocast
+from gnnpar.training.precision import autocast
 
 
 class PipelineStep:
     """This rank's stage, once with the training shapes (schedule with loss and backward) and
     once with the evaluation shapes (forward-only GPipe), sharing the parameters. Called with a
-    step's :class:`~gnnpar.pipeline.batches.Batch`, it runs one ``schedule.step``: the loop's
+    step's :class:`~gnnpar.parallel.pipeline.batches.Batch`, it runs one ``schedule.step``: the loop's
     one pipeline branch. Returns the copy's own mean loss on the last stage, else None."""
 
     def __init__(

@@ -1,8 +1,8 @@
 """Gossip as a sync policy of the training loop: pair up and average at step boundaries.
 
-:class:`GossipSync` is what :mod:`gnnpar.strategies.gossip` plugs into :func:`gnnpar.loop.train`:
-at every step boundary it asks the pairing protocol (:mod:`~gnnpar.gossip.protocol`) whether an
-exchange is due and performs it (:mod:`~gnnpar.gossip.mixing`); at the end it runs the study's
+:class:`GossipSync` is what :mod:`gnnpar.strategies.gossip` plugs into :func:`gnnpar.training.loop.train`:
+at every step boundary it asks the pairing protocol (:mod:`~gnnpar.parallel.gossip.protocol`) whether an
+exchange is due and performs it (:mod:`~gnnpar.parallel.gossip.mixing`); at the end it runs the study's
 clean-up, serving the claims still pending, before the rank retires.
 """
 
@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from gnnpar.gossip.mixing import exchange_average
-from gnnpar.gossip.protocol import Exchange, Pairing
-from gnnpar.sync import NoSync
+from gnnpar.parallel.gossip.mixing import exchange_average
+from gnnpar.parallel.gossip.protocol import Exchange, Pairing
+from gnnpar.training.sync import NoSync
 
 
 class GossipSync(NoSync):

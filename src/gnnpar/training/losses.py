@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar.metrics import loss_fn
+from gnnpar.training.metrics import loss_fn
 
 
 def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """The one training loop every strategy runs through. Read it top to bottom.
 
 A strategy (``strategies/*.py``) does not loop. It builds a :class:`Plan`: the model and its
-optimizer, a *source* of this rank's batches (:mod:`gnnpar.sources`), a *step* (forward and
+optimizer, a *source* of this rank's batches (:mod:`gnnpar.training.sources`), a *step* (forward and
 backward of one batch, or one pipeline schedule), and a *sync policy* that acts between steps
-(:mod:`gnnpar.sync`). :func:`train` then runs, on every rank::
+(:mod:`gnnpar.training.sync`). :func:`train` then runs, on every rank::
 
     for epoch in range(epochs):
         sync.start_epoch()                         # lock-step ranks: a common start
@@ -24,7 +24,7 @@ from asking the source for a batch to the end of its sync; ``data_wait`` is the 
 ``sync`` what the policy spent blocked on other ranks, ``compute`` the rest (straggler delays
 included). ``train_time_s`` is the longest rank's summed epoch wall time (evaluation,
 partitioning and set-up excluded). ``step``, ``evaluate`` and ``finish`` run under
-``--precision`` (:func:`gnnpar.precision.autocast` for the plan's device; fp32: no context at
+``--precision`` (:func:`gnnpar.training.precision.autocast` for the plan's device; fp32: no context at
 all), so the scores in result.json are those of the run's arithmetic.
 """
 
@@ -37,14 +37,14 @@ from typing import Any, Protocol
 
 import torch
 
-from gnnpar import collectives
-from gnnpar.allocator import release_free_memory
-from gnnpar.checkpoint import Checkpointer, Resumed
 from gnnpar.config import Config
-from gnnpar.metrics import MetricsLog, Progress, epoch_line, peak_memory, summarize
-from gnnpar.precision import autocast
-from gnnpar.straggler import Straggler
-from gnnpar.sync import NoSync, Sync
+from gnnpar.parallel import collectives
+from gnnpar.runtime.allocator import release_free_memory
+from gnnpar.training.checkpoint import Checkpointer, Resumed
+from gnnpar.training.metrics import MetricsLog, Progress, epoch_line, peak_memory, summarize
+from gnnpar.training.precision import autocast
+from gnnpar.training.straggler import Straggler
+from gnnpar.training.sync import NoSync, Sync
 
 
 class Source(Protocol):

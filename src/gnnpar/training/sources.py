@@ -9,7 +9,7 @@ source                       batches                                           s
 :class:`PoolSource`          the next subgraph of the shared work pool         gossip
 :class:`ImageBatches`        seeded image mini-batches                         sequential
 :class:`SampledSource`      neighbour-sampled batches over a shared graph     sampled
-:mod:`gnnpar.pipeline.batches`                     pipeline micro-batches      pipeline
+:mod:`gnnpar.parallel.pipeline.batches`            pipeline micro-batches      pipeline
 ===========================  ================================================  ==============
 
 A source yields ``None`` for a step at which this rank has no batch but must still take part
@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch_geometric.data import Data
 
-from gnnpar import collectives
 from gnnpar.config import Config
 from gnnpar.data.sampling import (
     CSRGraph,
@@ -39,8 +38,9 @@ from gnnpar.data.sampling import (
     save_shared_graph,
     shard_plan,
 )
-from gnnpar.dist import DistContext
-from gnnpar.gossip import WorkPool
+from gnnpar.parallel import collectives
+from gnnpar.parallel.gossip import WorkPool
+from gnnpar.runtime.dist import DistContext
 
 
 def image_batches(

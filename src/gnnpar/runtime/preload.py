@@ -1,7 +1,7 @@
 """What the fork server of local ranks imports once, before any rank is forked from it.
 
-:func:`gnnpar.launch.launch` starts local ranks with multiprocessing's ``forkserver`` (the
-default, :func:`gnnpar.launch.start_method`): a fresh, single-threaded interpreter imports this
+:func:`gnnpar.runtime.launch.launch` starts local ranks with multiprocessing's ``forkserver`` (the
+default, :func:`gnnpar.runtime.launch.start_method`): a fresh, single-threaded interpreter imports this
 module, and every rank is then a fork of it. The ranks share the pages of the interpreter with
 torch, PyG and gnnpar imported (~0.2 GiB of private memory per spawned process) copy-on-write,
 so N local ranks hold them once, and a rank starts without importing torch again.
@@ -9,7 +9,7 @@ so N local ranks hold them once, and a rank starts without importing torch again
 Nothing here computes: no tensor op (it would start OpenMP's pool, which a forked child must not
 inherit), no process group, no CUDA. The server's environment at start is kept in
 :data:`SERVER_ENV` so that a rank can tell the variables its launcher set for it from those it
-inherited from the server (:func:`gnnpar.launch._rank_entry`).
+inherited from the server (:func:`gnnpar.runtime.launch._rank_entry`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ try:  # an import that fails here fails again, with its message, in the rank tha
 
     import gnnpar.data.sampling  # noqa: F401
     import gnnpar.predict  # noqa: F401
+    import gnnpar.run  # noqa: F401
     import gnnpar.strategies  # noqa: F401
-    import gnnpar.train  # noqa: F401
 except Exception:  # pragma: no cover - the rank reports it
     pass
 

@@ -5,11 +5,11 @@
  * -DBIPARTITE, gossip-bipartite; with -DCHECKPOINT, --checkpoint-every 1 (each epoch's end but
  * the last pauses gossip, passes a barrier and reopens, as loop.train's save() does). Each rank
  * runs the code's own steps, in the code's order:
- *   loop.train, sources.PoolSource  -> the epoch loop; take, train, hold a later epoch's item
- *   gossip/pool.py WorkPool.take     -> one atomic store.add on the pool counter (label take)
- *   gossip/sync.py GossipSync        -> boundary(), serve(), pause() and the final barrier
- *   gossip/protocol.py Pairing       -> at_boundary, _pick, _serve, _if_ready, finish, retire
- * The docstring of gossip/protocol.py maps each step of the code to its label here.
+ *   loop.train, sources.PoolSource         -> the epoch loop; take, train, hold a later epoch's item
+ *   parallel/gossip/pool.py WorkPool.take  -> one atomic store.add on the pool counter (label take)
+ *   parallel/gossip/sync.py GossipSync     -> boundary(), serve(), pause() and the final barrier
+ *   parallel/gossip/protocol.py Pairing    -> at_boundary, _pick, _serve, _if_ready, finish, retire
+ * The docstring of parallel/gossip/protocol.py maps each step of the code to its label here.
  *
  * The store: each TCPStore operation (get, set, compare_set, add) is one atomic step, as the
  * store serialises them; nothing else is atomic. Rank r's key state/r holds kind[r] and, for

@@ -89,8 +89,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from gnnpar.gossip.mixing import GossipTimeoutError
-from gnnpar.gossip.topology import Topology
+from gnnpar.parallel.gossip.mixing import GossipTimeoutError
+from gnnpar.parallel.gossip.topology import Topology
 
 AVAIL, BUSY, DONE = b"avail", b"busy", b"done"
 

@@ -56,7 +56,7 @@ FLOAT_BYTES = 4
 # box (torch 2.13 CPU): ~235 MiB anonymous memory (smaps_rollup) per spawned rank; 200 MiB
 # keeps the figure a lower bound.
 RANK_BASELINE_BYTES = 200 * 2**20
-# A rank forked from the fork server (gnnpar.launch's default) shares those pages with the server
+# A rank forked from the fork server (gnnpar.runtime.launch's default) shares those pages with the server
 # and holds ~7 MiB of its own before it does anything (measured likewise); 4 MiB, a lower bound.
 FORKED_RANK_BYTES = 4 * 2**20
 GIB = 2**30
@@ -208,7 +208,7 @@ def check_ranks(nprocs: int) -> None:
     """UsageError when ``nprocs`` local ranks could not even start in the available memory:
     spawned, each is a whole interpreter with torch and PyG; forked from the fork server, they
     share one (the server's) and add little each."""
-    from gnnpar.launch import start_method
+    from gnnpar.runtime.launch import start_method
 
     free = available_bytes(torch.device("cpu"))
     if start_method() == "forkserver":

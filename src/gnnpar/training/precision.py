@@ -9,14 +9,14 @@ projections, ViG's similarity ``bmm``) in bfloat16 and keeps reductions and loss
 parameter's gradient comes back in fp32 through the cast autocast inserted. No loss scaling:
 bfloat16 has fp32's exponent range (loss scaling is an fp16 remedy).
 
-Written once: the loop (:mod:`gnnpar.loop`) enters :func:`autocast` around every training step
+Written once: the loop (:mod:`gnnpar.training.loop`) enters :func:`autocast` around every training step
 (forward, loss and backward: pipelines cannot split a schedule step, torchtitan does the same),
 every evaluation and the final scoring, so the val/test scores in result.json are those of the
 run's arithmetic. A backward pass inside autocast gives the same gradients, bit for bit, as one
 after it (tests/test_precision.py checks gcn, gat, sage and vig). ``gnnpar predict`` uses the precision recorded in model.pt's config and
 reproduces ``test_score``; ``gnnpar.load`` returns the plain fp32 module (wrap calls in
 :func:`autocast` to get the run's numbers). Losses are computed from fp32 logits
-(:func:`gnnpar.metrics.loss_fn`, the pipeline's loss). Between pipeline stages activations travel
+(:func:`gnnpar.training.metrics.loss_fn`, the pipeline's loss). Between pipeline stages activations travel
 in the dtype the stage produced under autocast (bfloat16 after a linear layer: half the bytes;
 gloo sends and receives bfloat16, checked with torch 2.13).
 

@@ -25,7 +25,7 @@ and the one before it is tried; when none loads (every one damaged, truncated, o
 ``--resume`` and an elastic restart stop with a UsageError (exit 2) naming the folder, rather
 than train afresh over it.
 
-Loading runs no code from the files (:mod:`gnnpar.safe_load`): ``gnnpar.json`` is JSON; DCP
+Loading runs no code from the files (:mod:`gnnpar.data.safe_load`): ``gnnpar.json`` is JSON; DCP
 reads ``.metadata`` with plain ``pickle``, so it is first unpickled with an allowlist of DCP's
 own metadata classes (:func:`metadata_allowed`), and a checkpoint whose ``.metadata`` names
 anything else is not loaded; tensors DCP reads with ``weights_only=True``; the loop blob is
@@ -52,10 +52,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from gnnpar import UsageError, safe_load
-from gnnpar.collectives import barrier, gather_to_all
+from gnnpar import UsageError
 from gnnpar.config import Config
-from gnnpar.dist import restart_count
+from gnnpar.data import safe_load
+from gnnpar.parallel.collectives import barrier, gather_to_all
+from gnnpar.runtime.dist import restart_count
 
 KEEP = 2
 MARKER = "gnnpar.json"
@@ -111,7 +112,7 @@ class Checkpointer:
 
     def report(self, resumed: Resumed | None) -> dict[str, Any]:
         """result.json keys: checkpoints written and their cost, restarts, time lost."""
-        from gnnpar.metrics import summarize
+        from gnnpar.training.metrics import summarize
 
         out: dict[str, Any] = {
             "checkpoints_written": len(self.saved),

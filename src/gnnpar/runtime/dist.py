@@ -2,7 +2,7 @@
 
 Backend: NCCL when CUDA is present, gloo otherwise. A rank joins the group described by the
 environment torch's elastic agent sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``);
-``gnnpar train --workers N`` starts N local ranks through the same agent (:mod:`gnnpar.launch`).
+``gnnpar train --workers N`` starts N local ranks through the same agent (:mod:`gnnpar.runtime.launch`).
 
 The key-value store is made here, explicitly, and handed to whoever needs it
 (:attr:`DistContext.store`: the gossip work pool and pairing, the final-model choice): under the

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from gnnpar import UsageError
 from gnnpar.config import Config
-from gnnpar.dist import env_world_size
+from gnnpar.runtime.dist import env_world_size
 
 DATA_PARALLEL = ("allreduce", "gossip", "gossip-bipartite", "sampled")
 

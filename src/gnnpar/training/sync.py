@@ -6,7 +6,7 @@ policy                   what                                                   
 :class:`NoSync`          nothing (one process, or DDP's own hooks do it)             sequential
 :class:`GradAllReduce`   mean of the gradients over the ranks every K steps          allreduce
 :class:`ParamAverage`    mean of the parameters every K steps (torch's averager)     allreduce
-:class:`~gnnpar.gossip.sync.GossipSync`  pairwise gossip every K steps               gossip
+:class:`~gnnpar.parallel.gossip.sync.GossipSync`  pairwise gossip every K steps               gossip
 :class:`DDPHooks`        DDP's bucketed all-reduce inside backward, timed            sampled
 :class:`ReplicaGradSum`  sum of a stage's gradients over the pipeline copies         hybrid
 =======================  ==========================================================  =========
@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from gnnpar import collectives
-from gnnpar.collectives import WaitClock
+from gnnpar.parallel import collectives
+from gnnpar.parallel.collectives import WaitClock
 
 
 class NoSync:

@@ -18,8 +18,8 @@ from torch_geometric.utils import remove_self_loops
 
 from gnnpar.data.csr import indptr
 from gnnpar.data.datasets import GraphDataset, ImageDataset
-from gnnpar.metrics import score
-from gnnpar.sources import image_batches
+from gnnpar.training.metrics import score
+from gnnpar.training.sources import image_batches
 
 # Full-graph inference materialises one message per edge and feature (E x width floats): at
 # synthetic-reddit size (115 M edges x 128) that is ~60 GB. Above this many bytes of messages,

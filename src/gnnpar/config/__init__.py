@@ -46,7 +46,7 @@ MICROBATCH_MODES = ("exact", "index")
 SCHEDULES = ("gpipe", "1f1b")
 OPTIMIZERS = ("adam", "sgd")
 DATASET_KINDS = ("graph", "image")
-PRECISIONS = ("fp32", "bf16")  # --precision; gnnpar.precision applies it
+PRECISIONS = ("fp32", "bf16")  # --precision; gnnpar.training.precision applies it
 
 
 @dataclass
@@ -213,7 +213,7 @@ class Use:
 
 CLUSTER_GCN = ("sequential", "allreduce", "gossip", "gossip-bipartite")  # --partitions N
 AVERAGING = ("allreduce", "gossip", "gossip-bipartite")  # --sync-every K --average MODE
-STRAGGLERS = ("allreduce", "gossip", "gossip-bipartite", "sampled")  # gnnpar.straggler
+STRAGGLERS = ("allreduce", "gossip", "gossip-bipartite", "sampled")  # gnnpar.training.straggler
 PIPELINES = ("pipeline", "hybrid")
 
 # A setting the user gives must be read by the run, or it is an error (exit 2) saying who reads

@@ -6,11 +6,11 @@
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 \\
         -m gnnpar train --strategy gossip ...                        # 2 machines
 
-:func:`prepare` builds the run's :class:`~gnnpar.parallel_dims.ParallelDims` and runs the
+:func:`prepare` builds the run's :class:`~gnnpar.parallel.parallel_dims.ParallelDims` and runs the
 strategy's checks once, before any process starts. ``--workers N`` (when not already under
 torchrun) then starts N local ranks through torch's elastic launcher; each runs
 :func:`run_rank`, which is also what torchrun's ranks run: the strategy builds its
-:class:`~gnnpar.loop.Plan` and :func:`gnnpar.loop.train` trains it.
+:class:`~gnnpar.training.loop.Plan` and :func:`gnnpar.training.loop.train` trains it.
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ from typing import Any
 
 import torch
 
-from gnnpar import UsageError, collectives, dist, launch
-from gnnpar.checkpoint import Checkpointer, complete_checkpoints
-from gnnpar.checkpoint import clear as clear_checkpoints
+from gnnpar import UsageError
 from gnnpar.config import Config
 from gnnpar.data.datasets import load_dataset
-from gnnpar.footprint import check_memory, check_ranks
-from gnnpar.heartbeat import Heartbeat
-from gnnpar.loop import Outcome, train
-from gnnpar.metrics import machine, score_name, summarize, versions, write_result
-from gnnpar.model_io import save_model
-from gnnpar.parallel_dims import ParallelDims
+from gnnpar.parallel import collectives
+from gnnpar.parallel.parallel_dims import ParallelDims
+from gnnpar.result import save_model
+from gnnpar.runtime import dist, launch
+from gnnpar.runtime.footprint import check_memory, check_ranks
+from gnnpar.runtime.heartbeat import Heartbeat
 from gnnpar.strategies import STRATEGIES
+from gnnpar.training.checkpoint import Checkpointer, complete_checkpoints
+from gnnpar.training.checkpoint import clear as clear_checkpoints
+from gnnpar.training.loop import Outcome, train
+from gnnpar.training.metrics import machine, score_name, summarize, versions, write_result
 
 
 def prepare(cfg: Config) -> ParallelDims:

@@ -1,7 +1,7 @@
 """``<out>/model.pt``: the final model of a run, with everything needed to rebuild it.
 
 The file is one ``torch.save``d dict of plain values and tensors (so :func:`load_model` reads it
-with ``weights_only=True``, :mod:`gnnpar.safe_load`: loading a model file runs no code from it;
+with ``weights_only=True``, :mod:`gnnpar.data.safe_load`: loading a model file runs no code from it;
 one naming any function or class is refused)::
 
     format        "gnnpar-model-1"
@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar import UsageError, safe_load
+from gnnpar import UsageError
 from gnnpar.config import ModelConfig
+from gnnpar.data import safe_load
 
 FORMAT = "gnnpar-model-1"
 

@@ -1,0 +1,14 @@
+"""The training loop and the parts it is built from, shared by every strategy.
+
+The one loop (:mod:`~gnnpar.training.loop`) and what a strategy's plan plugs into it: sources of
+batches (:mod:`~gnnpar.training.sources`), sync policies (:mod:`~gnnpar.training.sync`), losses
+and the local step (:mod:`~gnnpar.training.losses`), the optimizer
+(:mod:`~gnnpar.training.optim`), ``--precision`` (:mod:`~gnnpar.training.precision`), seeds
+(:mod:`~gnnpar.training.seeding`), emulated stragglers (:mod:`~gnnpar.training.straggler`),
+checkpoints (:mod:`~gnnpar.training.checkpoint`), evaluation
+(:mod:`~gnnpar.training.evaluation`), the choice of the final model
+(:mod:`~gnnpar.training.final_model`) and metrics and result.json
+(:mod:`~gnnpar.training.metrics`). The strategies that build the plans are in
+:mod:`gnnpar.strategies`; processes, process groups and launching are in :mod:`gnnpar.runtime`;
+gossip and pipeline machinery is in :mod:`gnnpar.parallel`.
+"""
