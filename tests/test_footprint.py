@@ -104,14 +104,16 @@ print(json.dumps({"measured": hwm() - before,
 @pytest.mark.slow
 @pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
 def test_vig_activation_estimate_is_within_30_percent_of_a_measured_step(recompute):
-    """One training step of study 000's ViG (8 blocks, C = 107) on 12 images in a fresh
-    process: the peak resident memory it adds (VmHWM) against :func:`vig_activation_bytes`."""
+    """One training step of study 000's ViG (8 blocks, C = 107) on 16 images in a fresh
+    process: the peak resident memory it adds (VmHWM) against :func:`vig_activation_bytes`.
+    The measured peak varies by up to 15% from run to run (glibc's heap), hence 16 images: at
+    fewer the fixed part of a step weighs more."""
     import json
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", STEP, "12", "1" if recompute else "0"],
+        [sys.executable, "-c", STEP, "16", "1" if recompute else "0"],
         capture_output=True,
         text=True,
         timeout=240,

@@ -22,8 +22,8 @@ curve an AVX2-only EPYC printed) and the pinned ones, curves differ by at most 1
 a deliberate change of the maths of the same size, lr x (1 + 1e-4), moves them by only 1e-7 to
 1.6e-6. No tolerance separates the two; exact pinned curves do (test below). The machine's own
 paths are still checked against the pinned curves, at a tolerance (``NATIVE_RTOL``): the pin must
-not hide a real difference. ``.ci/run`` runs this file again as an AVX2 CPU and as a CPU without
-AVX would compute (``make test-cpu-levels``).
+not hide a real difference. ``.ci/run`` runs this file again as an AVX2 CPU computes
+(``make test-cpu-levels``).
 
 Multi-rank cases (``--workers`` > 1) are marked slow (``-m "not slow"`` skips them); all of them
 together take a few minutes on two cores.

@@ -112,6 +112,9 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
 VIG_SAVED_FLOATS = 14
 VIG_BACKWARD_FLOATS = 30
 VIG_RECOMPUTE_FLOATS = 64
+# and, whatever the batch, ~64 MiB more per step (the autograd graph, the optimizer's first
+# state, allocator slack): the line through the measured peaks of 8-32 images crosses 0 there
+VIG_STEP_BYTES = 64 << 20
 
 
 def vig_activation_bytes(images: int, pixels: int, m, recompute: bool) -> int:
@@ -123,17 +126,22 @@ def vig_activation_bytes(images: int, pixels: int, m, recompute: bool) -> int:
     per CIFAR image at the study's C = 107, 8 blocks). With it, each block keeps only its input
     (C floats per pixel) and one piece of images (``vig.recompute_chunk``) at a time holds a
     block's whole activations again during the backward pass."""
-    from gnnpar.models.vig import K_NEIGHBOURS, RECOMPUTE_CHUNK_BYTES
+    from gnnpar.models.vig import K_NEIGHBOURS, KNN_CHUNK_BYTES, RECOMPUTE_CHUNK_BYTES
 
     c, layers = m.hidden, m.layers
     k = min(K_NEIGHBOURS, pixels)
     saved = VIG_SAVED_FLOATS * c * FLOAT_BYTES + c + 8 * k  # one block, per pixel
+    # the k-NN similarity scores of a few images at a time (vig.knn_graph), a transient
+    scores = min(images, max(1, KNN_CHUNK_BYTES // (pixels * pixels * FLOAT_BYTES)))
+    knn = scores * pixels * pixels * FLOAT_BYTES
     if not recompute:
-        return images * pixels * (layers * saved + VIG_BACKWARD_FLOATS * c * FLOAT_BYTES)
+        per_pixel = layers * saved + VIG_BACKWARD_FLOATS * c * FLOAT_BYTES
+        return VIG_STEP_BYTES + knn + images * pixels * per_pixel
     per_image_input = pixels * c * FLOAT_BYTES
     piece = min(images, max(1, -(-RECOMPUTE_CHUNK_BYTES // per_image_input)))
     inputs = images * per_image_input * layers
-    return inputs + piece * pixels * (saved + VIG_RECOMPUTE_FLOATS * c * FLOAT_BYTES)
+    piece_bytes = piece * pixels * (saved + VIG_RECOMPUTE_FLOATS * c * FLOAT_BYTES)
+    return VIG_STEP_BYTES + knn + inputs + piece_bytes
 
 
 def available_bytes(device: torch.device) -> int | None:
