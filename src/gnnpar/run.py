@@ -31,7 +31,7 @@ from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.result import save_model
 from gnnpar.runtime import dist, launch
-from gnnpar.runtime.footprint import check_memory, check_ranks
+from gnnpar.runtime.footprint import check_memory
 from gnnpar.runtime.heartbeat import Heartbeat
 from gnnpar.strategies import STRATEGIES
 from gnnpar.training.checkpoint import Checkpointer, complete_checkpoints
@@ -92,7 +92,7 @@ def run(cfg: Config) -> dict[str, Any] | None:
     if fresh and cfg.run.out and clear_checkpoints(cfg.run.out):
         print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
     if dims.world > 1 and not dist.launched_by_torchrun():
-        check_ranks(dims.world)
+        launch.check_ranks(dims.world)
         outputs = launch.launch(
             _rank_main,
             (cfg.to_dict(),),
