@@ -27,7 +27,9 @@ def _images(n: int):
 
     # a CIFAR-shaped training set without allocating it (every image the same storage)
     x = torch.zeros(1, 3, 32, 32).expand(n, -1, -1, -1)
-    return SimpleNamespace(train_x=x, num_features=3, num_classes=10, multilabel=False, name="img")
+    return SimpleNamespace(
+        kind="image", train_x=x, num_features=3, num_classes=10, multilabel=False, name="img"
+    )
 
 
 def test_a_vig_batch_that_fits_only_with_recompute_gets_it(monkeypatch, capsys):

@@ -52,7 +52,7 @@ from gnnpar.data.cache import (
 )
 
 if TYPE_CHECKING:
-    from gnnpar.data.datasets import GraphDataset
+    from gnnpar.data.types import GraphDataset
 
 FORMAT_VERSION = 1
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")

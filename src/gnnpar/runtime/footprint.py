@@ -70,7 +70,7 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
     m, s = cfg.model, cfg.strategy
     params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
     state = params * FLOAT_BYTES * (2 + OPTIMIZER_SLOTS[cfg.optim.optimizer])
-    if hasattr(ds, "train_x"):  # images: ViG, every pixel a node, every block C wide
+    if ds.kind == "image":  # ViG, every pixel a node, every block C wide
         images = min(s.batch_size, int(ds.train_x.size(0)))
         pixels = int(ds.train_x[0, 0].numel())
         return {
