@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from gnnpar import UsageError
-from gnnpar.data.csr import indptr
+from gnnpar.csr import indptr
 
 _UNSEEN = torch.iinfo(torch.long).max
 
