@@ -421,7 +421,7 @@ def load_dataset(
     or module:function; user.py). ``scale`` applies to generated datasets only; ``seed`` to
     generated ones and to the split of a user graph given without masks. ``timeout_s`` (the
     run's ``--timeout``) bounds a wait on the cache lock of a process that stopped answering
-    (cache.exclusive_lock; gnnpar.data.cache.CacheLockTimeout)."""
+    (filelock.exclusive_lock; gnnpar.data.filelock.CacheLockTimeout)."""
     if name in REGISTRY:
         return REGISTRY[name].loader(Path(root), scale, seed, timeout_s)
     if user.is_user_source(name):
