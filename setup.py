@@ -1,7 +1,7 @@
 """Build the neighbour sampler's hop kernel with setuptools (everything else is in pyproject.toml).
 
-``src/gnnpar/data/sampler_kernel.c`` is plain C (no Python or torch headers) that
-``gnnpar.data.sampling`` loads with ctypes. Building it as an extension module is only the
+``src/gnnpar/data/sampling/sampler_kernel.c`` is plain C (no Python or torch headers) that
+``gnnpar.data.sampling.kernel`` loads with ctypes. Building it as an extension module is only the
 ordinary way to get it compiled by ``pip install .``, ``pip install -e .`` and wheel builds, with
 the interpreter's compiler and flags; it is never imported. ``-O3`` matches scripts/setup.sh's
 old ``gcc -O3``: the kernel is integer-only, so flags change its speed, never its output.
@@ -56,8 +56,8 @@ class OptionalBuildExt(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "gnnpar.data._sampler_kernel",
-            ["src/gnnpar/data/sampler_kernel.c"],
+            "gnnpar.data.sampling._sampler_kernel",
+            ["src/gnnpar/data/sampling/sampler_kernel.c"],
             extra_compile_args=["-O3"] if sys.platform != "win32" else ["/O2"],
             optional=True,  # a missing library is tolerated where setuptools copies outputs
         )

@@ -23,7 +23,7 @@ from gnnpar.data.datasets import load_dataset
 name, root, scale = sys.argv[1], sys.argv[2], float(sys.argv[3])
 t0 = time.perf_counter()
 ds = load_dataset(name, root, scale, 0)
-x = ds.data.x if hasattr(ds, "data") else ds.train_x
+x = ds.data.x if ds.kind == "graph" else ds.train_x
 touched = float(x[:: max(x.size(0) // 1000, 1)].sum())  # read a little, as training would
 ru = resource.getrusage(resource.RUSAGE_SELF)
 status = open("/proc/self/status").read()
@@ -34,8 +34,8 @@ print(json.dumps({
     "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     "rss_anon_gib": now["RssAnon"],
     "rss_file_gib": now["RssFile"],
-    "nodes": ds.num_nodes if hasattr(ds, "data") else int(ds.train_x.size(0)),
-    "edges": int(ds.data.edge_index.size(1)) if hasattr(ds, "data") else 0,
+    "nodes": ds.num_nodes if ds.kind == "graph" else int(ds.train_x.size(0)),
+    "edges": int(ds.data.edge_index.size(1)) if ds.kind == "graph" else 0,
 }))
 """
 

@@ -44,7 +44,7 @@ class Sides:
 
     # ------------------------------------------------------------------------------ gnnpar
     def _gnnpar(self, fanouts, replace, backend):
-        from gnnpar.data.sampling import CSRGraph, NeighborSampler
+        from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
 
         sampler = NeighborSampler(CSRGraph(self.rowptr, self.col), fanouts, replace, backend)
         gen = torch.Generator().manual_seed(0)

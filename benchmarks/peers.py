@@ -2,7 +2,7 @@
 
 Sides (each skipped, with a message, when its library is not installed):
 
-* ``gnnpar``: :class:`gnnpar.data.sampling.NeighborSampler`, the compiled hop kernel;
+* ``gnnpar``: :class:`gnnpar.data.sampling.sampler.NeighborSampler`, the compiled hop kernel;
 * ``gnnpar-torch``: the same class on its vectorised-torch fallback (the code before the kernel);
 * ``pyg-loader``: PyG ``NeighborLoader`` (pyg-lib, its default), per batch as iterating it runs;
 * ``pyg-lib``: pyg-lib's kernel ``torch.ops.pyg.neighbor_sample`` alone;
@@ -98,7 +98,7 @@ def build_graph(name: str, folder: Path, batches: int, batch_size: int) -> dict:
     if name == "synthetic-reddit":
         from gnnpar.config import default_data_root
         from gnnpar.data.datasets import load_dataset
-        from gnnpar.data.sampling import CSRGraph
+        from gnnpar.data.sampling.sampler import CSRGraph
 
         ds = load_dataset("synthetic-reddit", default_data_root(), 0.1, 0)
         csr = CSRGraph.from_edge_index(ds.data.edge_index, ds.num_nodes)

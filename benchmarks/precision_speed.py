@@ -99,7 +99,7 @@ def cora_gat(args) -> dict[str, Callable]:
 
 
 def reddit_sage_sampled(args) -> dict[str, Callable]:
-    from gnnpar.data.sampling import CSRGraph, NeighborSampler
+    from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
 
     flags = {"dataset": "synthetic-reddit", "scale": args.scale, "model": "sage"}
     cfg = build_config(None, {**flags, "strategy": "sampled", "quiet": True})

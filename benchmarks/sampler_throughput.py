@@ -1,7 +1,7 @@
 """Neighbour-sampler throughput: sampled edges per second on one core, vectorised vs reference.
 
-The vectorised :class:`gnnpar.data.sampling.NeighborSampler` against
-:func:`gnnpar.data.sampling.reference_sample` (a straightforward per-node sampler: a Python loop,
+The vectorised :class:`gnnpar.data.sampling.sampler.NeighborSampler` against
+:func:`gnnpar.data.sampling.reference.reference_sample` (a straightforward per-node sampler: a Python loop,
 one ``randperm`` per node, a dict for relabelling), both without replacement, on the same seed
 batches of synthetic-reddit, in the same process, one thread (so the figure is per core). Each
 repetition samples the same batches; the median over repetitions is reported, and the ratio.
@@ -21,7 +21,8 @@ import torch
 
 from gnnpar.config import default_data_root
 from gnnpar.data.datasets import load_dataset
-from gnnpar.data.sampling import CSRGraph, NeighborSampler, reference_sample
+from gnnpar.data.sampling.reference import reference_sample
+from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
 
 
 def throughput(sample, batches: list[torch.Tensor], reps: int) -> tuple[float, list[float]]:

@@ -26,15 +26,15 @@ fi
 # edit of the source, so here it is rebuilt whenever the source is newer, by the same setup.py
 # build (same compiler flags as a wheel's), then moved into place in one rename. Without it the
 # sampler falls back to vectorised torch (slower, other random stream) with a warning.
-data=src/gnnpar/data
+sampling=src/gnnpar/data/sampling
 suffix=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-kernel=$data/_sampler_kernel$suffix
-if [ ! -f "$kernel" ] || [ "$data/sampler_kernel.c" -nt "$kernel" ]; then
+kernel=$sampling/_sampler_kernel$suffix
+if [ ! -f "$kernel" ] || [ "$sampling/sampler_kernel.c" -nt "$kernel" ]; then
   tmp=$(mktemp -d)
   # setup.py warns rather than fails when there is no compiler; -W ignore: setuptools' notices
   "$PY" -W ignore setup.py -q build_ext --force --build-lib "$tmp/lib" --build-temp "$tmp/obj" || true
-  if [ -f "$tmp/lib/gnnpar/data/_sampler_kernel$suffix" ]; then
-    cp "$tmp/lib/gnnpar/data/_sampler_kernel$suffix" "$kernel.tmp"
+  if [ -f "$tmp/lib/gnnpar/data/sampling/_sampler_kernel$suffix" ]; then
+    cp "$tmp/lib/gnnpar/data/sampling/_sampler_kernel$suffix" "$kernel.tmp"
     mv "$kernel.tmp" "$kernel"
   else
     echo "setup.sh: warning: could not build $kernel (needs a C compiler, e.g. gcc); the sampler will use torch" >&2
@@ -42,6 +42,8 @@ if [ ! -f "$kernel" ] || [ "$data/sampler_kernel.c" -nt "$kernel" ]; then
   rm -rf "$tmp"
 fi
 # the plain name older versions of this script built: stale once the new one exists
-if [ -f "$kernel" ] && [ "$kernel" != "$data/_sampler_kernel.so" ]; then
-  rm -f "$data/_sampler_kernel.so"
+if [ -f "$kernel" ] && [ "$kernel" != "$sampling/_sampler_kernel.so" ]; then
+  rm -f "$sampling/_sampler_kernel.so"
 fi
+# builds from before the kernel moved from src/gnnpar/data/ into data/sampling/: never loaded
+rm -f src/gnnpar/data/_sampler_kernel*

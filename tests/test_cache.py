@@ -17,14 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gnnpar.data.cache import (
-    CacheLockTimeout,
-    cache_dir,
-    cached,
-    check_file,
-    exclusive_lock,
-    remove_stale_temporaries,
-)
+from gnnpar.data.cache import cache_dir, cached, check_file, remove_stale_temporaries
+from gnnpar.data.filelock import CacheLockTimeout, exclusive_lock
 
 
 def _build(counter: list | None = None):

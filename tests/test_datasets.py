@@ -46,6 +46,16 @@ def test_every_spec_is_complete(tmp_path):
             assert spec.files and "http" in spec.obtain
 
 
+def test_a_loaded_dataset_says_its_kind_as_the_registry_does(tmp_path):
+    """Is this an image dataset? One answer: ``ds.kind`` (types.py), in the registry's words."""
+    from gnnpar.data.types import ImageDataset
+
+    for name in ("karate", "cora"):
+        assert load_dataset(name, tmp_path).kind == REGISTRY[name].kind == "graph"
+    x, y = torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long)
+    assert ImageDataset("tiny", x, y, x, y, x, y).kind == REGISTRY["cifar10"].kind == "image"
+
+
 @pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if s.source == "user files"])
 def test_missing_files_name_files_folder_and_source(tmp_path, name):
     spec = REGISTRY[name]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gnnpar import UsageError
-from gnnpar.runtime import dist
+from gnnpar.runtime import dist, slurm
 
 
 def test_single_process_context_without_torchrun(monkeypatch):
@@ -93,13 +93,13 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 
 @pytest.fixture
 def slurm_env(monkeypatch):
-    """os.environ without SLURM's or torchrun's variables, restored afterwards (adopt_slurm
+    """os.environ without SLURM's or torchrun's variables, restored afterwards (slurm.adopt
     writes torchrun's variables itself)."""
     saved = dict(os.environ)
     for key in list(os.environ):
         if key.startswith("SLURM_") or key in (*TORCHRUN_VARS, "MASTER_PORT"):
             del os.environ[key]
-    monkeypatch.setattr(dist, "_from_slurm", False)
+    monkeypatch.setattr(slurm, "_adopted", False)
     yield os.environ
     os.environ.clear()
     os.environ.update(saved)
@@ -116,13 +116,13 @@ def slurm_env(monkeypatch):
     ],
 )
 def test_first_host_of_a_slurm_node_list(nodelist, first):
-    assert dist.first_host(nodelist) == first
+    assert slurm.first_host(nodelist) == first
 
 
 @pytest.mark.parametrize("nodelist", ["node[01", "", "a]b"])
 def test_unreadable_node_list_is_a_usage_error(nodelist):
     with pytest.raises(UsageError, match="MASTER_ADDR"):
-        dist.first_host(nodelist)
+        slurm.first_host(nodelist)
 
 
 def test_srun_tasks_take_rank_world_and_master_from_slurm(slurm_env):
@@ -130,7 +130,10 @@ def test_srun_tasks_take_rank_world_and_master_from_slurm(slurm_env):
         SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1", SLURM_NODEID="1",
         SLURM_JOB_ID="123456", SLURM_JOB_NODELIST="node[07-08]", SLURM_TASKS_PER_NODE="2(x2)",
     )  # fmt: skip
+    assert not dist.launched_by_torchrun()  # a question: it adopts nothing
+    assert slurm.adopt() and slurm.adopted()
     assert dist.launched_by_torchrun() and dist.env_world_size() == 4
+    assert not slurm.adopt()  # once
     got = {k: slurm_env[k] for k in (*TORCHRUN_VARS, "MASTER_PORT")}
     assert got == {
         "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -143,7 +146,7 @@ def test_master_address_and_port_given_win_over_slurm_defaults(slurm_env):
         SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="9",
         SLURM_JOB_NODELIST="node[1-2]", MASTER_ADDR="10.0.0.5", MASTER_PORT="4567",
     )  # fmt: skip
-    assert dist.adopt_slurm()
+    assert slurm.adopt()
     assert (slurm_env["MASTER_ADDR"], slurm_env["MASTER_PORT"]) == ("10.0.0.5", "4567")
     assert slurm_env["LOCAL_WORLD_SIZE"] == "2"  # no per-node counts: every task
 
@@ -151,11 +154,11 @@ def test_master_address_and_port_given_win_over_slurm_defaults(slurm_env):
 def test_torchrun_variables_win_and_one_task_keeps_workers(slurm_env):
     slurm_env.update(SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_LOCALID="1", RANK="0")
     slurm_env["WORLD_SIZE"] = "3"
-    assert not dist.adopt_slurm() and slurm_env["RANK"] == "0"
+    assert not slurm.adopt() and slurm_env["RANK"] == "0"
     for key in ("RANK", "WORLD_SIZE"):
         del slurm_env[key]
     slurm_env.update(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0")  # sbatch -n 1
-    assert not dist.launched_by_torchrun() and "RANK" not in slurm_env
+    assert not slurm.adopt() and not dist.launched_by_torchrun() and "RANK" not in slurm_env
 
 
 @pytest.mark.parametrize(
@@ -177,8 +180,19 @@ def test_torchrun_variables_win_and_one_task_keeps_workers(slurm_env):
 def test_garbage_from_slurm_is_a_usage_error(slurm_env, env, needle):
     slurm_env.update(env)
     with pytest.raises(UsageError, match=re.escape(needle)):
-        dist.env_world_size()
+        slurm.adopt()
     assert "RANK" not in slurm_env
+
+
+def test_a_run_takes_its_rank_from_slurm_at_its_start(slurm_env):
+    """gnnpar.run.run adopts SLURM's ranks before anything else (here: bad ones, exit 2)."""
+    from gnnpar.config import build_config
+    from gnnpar.run import run
+
+    slurm_env.update(SLURM_PROCID="2", SLURM_NTASKS="2", SLURM_LOCALID="0")
+    cfg = build_config(None, {"dataset": "karate", "model": "gcn"})
+    with pytest.raises(UsageError, match=re.escape("SLURM_PROCID=2 SLURM_NTASKS=2")):
+        run(cfg)
 
 
 @pytest.mark.slow

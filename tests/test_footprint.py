@@ -1,5 +1,6 @@
-"""check_ranks: refuse --workers N whose bare processes cannot start in the available memory,
-counted as the start method makes them (spawned: whole interpreters; forked: one server)."""
+"""The memory check before a model is allocated: ViG's activation estimate, --recompute turned on
+when only it fits, and refusal with both figures when neither does. (The check that N local
+ranks fit is launch's: tests/test_launch.py.)"""
 
 from __future__ import annotations
 
@@ -7,20 +8,6 @@ import pytest
 
 from gnnpar import UsageError
 from gnnpar.runtime import footprint
-
-
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
-def test_check_ranks_counts_processes_as_they_are_started(monkeypatch, method):
-    monkeypatch.setenv("GNNPAR_START_METHOD", method)
-    base, forked = footprint.RANK_BASELINE_BYTES, footprint.FORKED_RANK_BYTES
-    need = {"forkserver": base + 8 * forked, "spawn": 8 * base}[method]
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: need)
-    footprint.check_ranks(8)  # exactly enough
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: need - 1)
-    with pytest.raises(UsageError, match="--workers 8 starts .* GiB available"):
-        footprint.check_ranks(8)
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: None)  # unknown: no check
-    footprint.check_ranks(10**6)
 
 
 def _vig_cfg(batch: int, recompute: bool = False):
@@ -40,7 +27,9 @@ def _images(n: int):
 
     # a CIFAR-shaped training set without allocating it (every image the same storage)
     x = torch.zeros(1, 3, 32, 32).expand(n, -1, -1, -1)
-    return SimpleNamespace(train_x=x, num_features=3, num_classes=10, multilabel=False, name="img")
+    return SimpleNamespace(
+        kind="image", train_x=x, num_features=3, num_classes=10, multilabel=False, name="img"
+    )
 
 
 def test_a_vig_batch_that_fits_only_with_recompute_gets_it(monkeypatch, capsys):

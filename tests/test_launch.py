@@ -202,8 +202,12 @@ def _env_fn(log_dir: str) -> dict:
     """What a rank sees of its start: environment, parent, SIGINT disposition."""
     from pathlib import Path
 
+    from gnnpar.runtime import preload
+
     parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     return {
+        "preloaded": preload.MODULES,  # what the server imported besides torch and PyG
+        "preload_env": os.environ.get("GNNPAR_PRELOAD_MODULES"),
         "rank": int(os.environ["RANK"]),
         "local_rank": int(os.environ["LOCAL_RANK"]),
         "probe": os.environ.get("GNNPAR_TEST_PROBE"),
@@ -238,6 +242,9 @@ def test_ranks_are_forked_from_a_fork_server_with_this_launchs_environment(log_r
         for seen in (first[rank], second[rank]):
             assert seen["parent_is_fork_server"] and seen["ppid"] != os.getpid()
             assert seen["sigint_ignored"]  # a Ctrl-C is the launcher's to act on
+            # the server imported one rank function's module (this file's, or an earlier
+            # test's, whichever launch started it); its note of that is no rank's environment
+            assert len(seen["preloaded"]) == 1 and seen["preload_env"] is None
     assert {r["ppid"] for r in (*first.values(), *second.values())} == {first[0]["ppid"]}
 
 
@@ -248,6 +255,46 @@ def test_ranks_are_spawned_when_asked(log_root, monkeypatch):
     out = launch(_env_fn, (), 2, timeout_s=30)
     assert {r["ppid"] for r in out.values()} == {os.getpid()}
     assert not any(r["parent_is_fork_server"] for r in out.values())
+
+
+def test_the_preload_imports_the_modules_the_launcher_names_and_no_gnnpar_module_itself():
+    """The fork server's preload is a leaf: gnnpar's modules come only by name, from the
+    launcher (the rank function's module), and the name is not passed on to the ranks."""
+    import subprocess
+    import sys
+
+    from gnnpar.runtime.launch import PRELOAD_MODULES_ENV
+
+    probe = (
+        "import os, sys; import gnnpar.runtime.preload as p; "
+        "print(p.MODULES, 'gnnpar.run' in sys.modules, 'json.tool' in sys.modules, "
+        f"{PRELOAD_MODULES_ENV!r} in os.environ, {PRELOAD_MODULES_ENV!r} in p.SERVER_ENV)"
+    )
+    env = {**os.environ, PRELOAD_MODULES_ENV: "json.tool,no_such_module_here"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    got = out.stdout.split()
+    assert got == ["['json.tool',", "'no_such_module_here']", "False", "True", "False", "False"]
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_check_ranks_counts_processes_as_they_are_started(monkeypatch, method):
+    """check_ranks: refuse --workers N whose bare processes cannot start in the available
+    memory, counted as the start method makes them (spawned: whole interpreters; forked: one
+    server)."""
+    from gnnpar.runtime import footprint
+    from gnnpar.runtime import launch as launch_module
+
+    monkeypatch.setenv("GNNPAR_START_METHOD", method)
+    base, forked = launch_module.RANK_BASELINE_BYTES, launch_module.FORKED_RANK_BYTES
+    need = {"forkserver": base + 8 * forked, "spawn": 8 * base}[method]
+    monkeypatch.setattr(footprint, "available_bytes", lambda device: need)
+    launch_module.check_ranks(8)  # exactly enough
+    monkeypatch.setattr(footprint, "available_bytes", lambda device: need - 1)
+    with pytest.raises(UsageError, match="--workers 8 starts .* GiB available"):
+        launch_module.check_ranks(8)
+    monkeypatch.setattr(footprint, "available_bytes", lambda device: None)  # unknown: no check
+    launch_module.check_ranks(10**6)
 
 
 def test_a_bad_start_method_is_a_usage_error(monkeypatch):

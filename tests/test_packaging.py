@@ -21,9 +21,9 @@ PROBE = textwrap.dedent(
     """
     import json
     import gnnpar
-    from gnnpar.data import sampling
-    print(json.dumps({"package": gnnpar.__file__, "available": sampling.kernel_available(),
-                      "kernel": str(sampling.kernel_path())}))
+    from gnnpar.data.sampling import kernel
+    print(json.dumps({"package": gnnpar.__file__, "available": kernel.kernel_available(),
+                      "kernel": str(kernel.kernel_path())}))
     """
 )
 
@@ -86,18 +86,18 @@ def test_wheel_installs_and_loads_the_kernel(tmp_path):
 
 @pytest.mark.parametrize("suffix", [sysconfig.get_config_var("EXT_SUFFIX"), ".so"])
 def test_loader_finds_the_kernel_by_either_name(tmp_path, monkeypatch, suffix):
-    from gnnpar.data import sampling
+    from gnnpar.data.sampling import kernel
 
-    built = sampling.kernel_path()
+    built = kernel.kernel_path()
     if built is None:
         pytest.skip("the kernel is not built here (test_sampling.py's test_kernel_is_built fails)")
     shutil.copy2(built, tmp_path / f"_sampler_kernel{suffix}")
-    monkeypatch.setattr(sampling, "_KERNEL_DIR", tmp_path)
-    monkeypatch.setattr(sampling, "_kernel_lib", None)
-    monkeypatch.setattr(sampling, "_kernel_file", None)
-    monkeypatch.setattr(sampling, "_kernel_tried", False)
-    assert sampling.kernel_path() == tmp_path / f"_sampler_kernel{suffix}"
+    monkeypatch.setattr(kernel, "_KERNEL_DIR", tmp_path)
+    monkeypatch.setattr(kernel, "_kernel_lib", None)
+    monkeypatch.setattr(kernel, "_kernel_file", None)
+    monkeypatch.setattr(kernel, "_kernel_tried", False)
+    assert kernel.kernel_path() == tmp_path / f"_sampler_kernel{suffix}"
     (tmp_path / f"_sampler_kernel{suffix}").unlink()
-    monkeypatch.setattr(sampling, "_kernel_lib", None)
-    monkeypatch.setattr(sampling, "_kernel_tried", False)
-    assert not sampling.kernel_available()  # nothing in the folder: no kernel, no error
+    monkeypatch.setattr(kernel, "_kernel_lib", None)
+    monkeypatch.setattr(kernel, "_kernel_tried", False)
+    assert not kernel.kernel_available()  # nothing in the folder: no kernel, no error

@@ -9,17 +9,16 @@ import torch
 from torch_geometric.utils import k_hop_subgraph
 
 from conftest import tiny_graph
-from gnnpar.data.sampling import (
-    CSRGraph,
-    NeighborSampler,
+from gnnpar.data.sampling.kernel import kernel_available
+from gnnpar.data.sampling.loader import (
     SampledBatches,
     build_loader,
     epoch_seeds,
-    kernel_available,
-    reference_sample,
     save_shared_graph,
     shard_plan,
 )
+from gnnpar.data.sampling.reference import reference_sample
+from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
 
 # the compiled kernel is what users get (scripts/setup.sh builds it); torch is its fallback
 BACKENDS = ["kernel", "torch"]
@@ -269,10 +268,10 @@ def test_kernel_batches_reproducible_across_samplers_and_buffer_growth():
 
 def test_missing_kernel_falls_back_to_torch_or_raises(monkeypatch):
     from gnnpar import UsageError
-    from gnnpar.data import sampling
+    from gnnpar.data.sampling import kernel
 
-    monkeypatch.setattr(sampling, "_kernel_lib", None)
-    monkeypatch.setattr(sampling, "_kernel_tried", True)
+    monkeypatch.setattr(kernel, "_kernel_lib", None)
+    monkeypatch.setattr(kernel, "_kernel_tried", True)
     csr = CSRGraph.from_edge_index(random_graph(), 300)
     with pytest.warns(UserWarning, match="scripts/setup.sh"):
         assert NeighborSampler(csr, [3]).backend == "torch"
@@ -360,7 +359,8 @@ def test_loader_workers_give_the_same_batches(tmp_path):
 
 WORKER_SCRIPT = """
 import sys, time, torch
-from gnnpar.data.sampling import CSRGraph, SampledBatches, build_loader, save_shared_graph
+from gnnpar.data.sampling.loader import SampledBatches, build_loader, save_shared_graph
+from gnnpar.data.sampling.sampler import CSRGraph
 ei = torch.randint(0, 50, (2, 300), generator=torch.Generator().manual_seed(0))
 save_shared_graph(sys.argv[1], CSRGraph.from_edge_index(ei, 50), torch.randn(50, 2),
                   torch.zeros(50, dtype=torch.long))

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gnnpar: error: {e}", file=sys.stderr)
         return 1
     except RuntimeError as e:  # a cache lock whose holder stopped answering: exit 1, its message
-        from gnnpar.data.cache import CacheLockTimeout  # (torch is loaded by now anyway)
+        from gnnpar.data.filelock import CacheLockTimeout
 
         if not isinstance(e, CacheLockTimeout):
             raise

@@ -25,7 +25,8 @@ import torch
 
 from gnnpar import UsageError
 from gnnpar.config import Config, default_data_root
-from gnnpar.data.datasets import ImageDataset, load_dataset
+from gnnpar.data.datasets import load_dataset
+from gnnpar.data.types import ImageDataset
 from gnnpar.result import atomic_save, build_from, read_model_file
 from gnnpar.training.evaluation import graph_logits
 from gnnpar.training.metrics import score
@@ -50,7 +51,7 @@ def predict(
         )
     t0 = time.perf_counter()
     with autocast(cfg.run.precision, "cpu"):  # the run's precision: its scores, reproduced
-        if isinstance(ds, ImageDataset):
+        if ds.kind == "image":
             ids, logits, scores = _images(model, ds, cfg.strategy.batch_size or 32)
         else:
             ids, logits, scores = _graph(model, ds)

@@ -30,8 +30,8 @@ from gnnpar.data.datasets import load_dataset
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.result import save_model
-from gnnpar.runtime import dist, launch
-from gnnpar.runtime.footprint import check_memory, check_ranks
+from gnnpar.runtime import dist, launch, slurm
+from gnnpar.runtime.footprint import check_memory
 from gnnpar.runtime.heartbeat import Heartbeat
 from gnnpar.strategies import STRATEGIES
 from gnnpar.training.checkpoint import Checkpointer, complete_checkpoints
@@ -77,7 +77,9 @@ def check_out(out: str) -> None:
 def run(cfg: Config) -> dict[str, Any] | None:
     """Entry point of ``gnnpar train``: launch local ranks if asked, else train in this process.
 
-    Without ``--out`` the run goes to :func:`default_out`; the folder is checked first."""
+    Without ``--out`` the run goes to :func:`default_out`; the folder is checked first. A task
+    started by ``srun`` takes its rank from SLURM first (:func:`gnnpar.runtime.slurm.adopt`)."""
+    slurm.adopt()
     dims = prepare(cfg)
     if cfg.run.out is None and not dist.launched_by_torchrun():
         cfg.run.out = default_out(cfg)
@@ -92,7 +94,7 @@ def run(cfg: Config) -> dict[str, Any] | None:
     if fresh and cfg.run.out and clear_checkpoints(cfg.run.out):
         print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
     if dims.world > 1 and not dist.launched_by_torchrun():
-        check_ranks(dims.world)
+        launch.check_ranks(dims.world)
         outputs = launch.launch(
             _rank_main,
             (cfg.to_dict(),),

@@ -153,7 +153,7 @@ def main() -> int:
         print(f"error: gnnpar does not come from {src}/src", file=sys.stderr)
         return 2
     kernel = subprocess.run(
-        [a.python, "-c", "from gnnpar.data import sampling; print(sampling.kernel_path())"],
+        [a.python, "-c", "from gnnpar.data.sampling import kernel; print(kernel.kernel_path())"],
         cwd=src,
         env=env,
         capture_output=True,

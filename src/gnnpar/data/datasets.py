@@ -1,9 +1,10 @@
 """Dataset registry: bundled Planetoid graphs, user-placed real datasets, synthetic generators.
 
 Every dataset is a :class:`DatasetSpec` in :data:`REGISTRY` (one explicit dict). Loading returns a
-:class:`GraphDataset` (a PyG ``Data`` with ``x, edge_index, y, train_mask, val_mask, test_mask``)
-or an :class:`ImageDataset`. Missing files raise :class:`gnnpar.UsageError` naming the files,
-the folder, and where to obtain them (the CLI exits 2).
+:class:`~gnnpar.data.types.GraphDataset` (a PyG ``Data`` with ``x, edge_index, y, train_mask,
+val_mask, test_mask``) or an :class:`~gnnpar.data.types.ImageDataset` (types.py). Missing files
+raise :class:`gnnpar.UsageError` naming the files, the folder, and where to obtain them (the CLI
+exits 2).
 
 - bundled: cora, citeseer (raw Planetoid files in ``planetoid/``, PyG's reader, public split),
   karate (built into PyG).
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,53 +38,9 @@ from torch_geometric.data import Data
 from gnnpar import UsageError
 from gnnpar.data import readers, safe_load, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
+from gnnpar.data.types import GraphDataset, ImageDataset, Loaded
 
 BUNDLED = Path(__file__).parent / "planetoid"
-
-
-@dataclass
-class GraphDataset:
-    name: str
-    data: Data  # x [N, F] float32, edge_index [2, E] long, y [N] long or [N, C] uint8 (multilabel)
-    num_classes: int
-    multilabel: bool = False
-    # What result.json and model.pt record about a user's graph (user.py): source, fingerprint,
-    # directed, split, split_counts, num_nodes, num_edges. Empty for the registered datasets.
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.data.num_nodes)
-
-    @property
-    def num_features(self) -> int:
-        return int(self.data.x.size(1))
-
-
-@dataclass
-class ImageDataset:
-    name: str
-    train_x: torch.Tensor  # [N, 3, 32, 32] float32, normalised per channel
-    train_y: torch.Tensor  # [N] long
-    val_x: torch.Tensor
-    val_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    num_classes: int = 10
-    multilabel: bool = False
-
-    @property
-    def num_features(self) -> int:
-        return int(self.train_x.size(1))
-
-    def __repr__(self) -> str:
-        sizes = ", ".join(
-            f"{s}={getattr(self, f'{s}_x').size(0)}" for s in ("train", "val", "test")
-        )
-        return f"ImageDataset({self.name!r}, {sizes}, num_classes={self.num_classes})"
-
-
-Loaded = GraphDataset | ImageDataset
 
 
 @dataclass(frozen=True)
@@ -464,7 +421,7 @@ def load_dataset(
     or module:function; user.py). ``scale`` applies to generated datasets only; ``seed`` to
     generated ones and to the split of a user graph given without masks. ``timeout_s`` (the
     run's ``--timeout``) bounds a wait on the cache lock of a process that stopped answering
-    (cache.exclusive_lock; gnnpar.data.cache.CacheLockTimeout)."""
+    (filelock.exclusive_lock; gnnpar.data.filelock.CacheLockTimeout)."""
     if name in REGISTRY:
         return REGISTRY[name].loader(Path(root), scale, seed, timeout_s)
     if user.is_user_source(name):

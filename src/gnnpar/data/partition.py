@@ -41,18 +41,17 @@ from torch_geometric.utils import subgraph
 
 from gnnpar import UsageError
 from gnnpar.data.cache import (
-    DEFAULT_LOCK_TIMEOUT_S,
     TMP_MARK,
     brief,
     check_file,
-    exclusive_lock,
     load_tensors,
     remove_stale_temporaries,
     save_tensors,
 )
+from gnnpar.data.filelock import DEFAULT_LOCK_TIMEOUT_S, exclusive_lock
 
 if TYPE_CHECKING:
-    from gnnpar.data.datasets import GraphDataset
+    from gnnpar.data.types import GraphDataset
 
 FORMAT_VERSION = 1
 NODE_KEYS = ("x", "y", "train_mask", "val_mask", "test_mask")
@@ -326,7 +325,7 @@ def load_or_build(
 
     Concurrency: the builder holds an exclusive ``flock`` on ``<path>.lock`` (released by the
     kernel if it dies); others wait on the lock (at most ``lock_timeout_s`` of the holder's
-    silence: cache.exclusive_lock), then read. The file is written to a temporary name in the
+    silence: filelock.exclusive_lock), then read. The file is written to a temporary name in the
     same folder and renamed into place, so a reader never sees a partial file; temporary files
     of killed builds are removed by the next holder of the lock.
     """

@@ -78,6 +78,7 @@ from torch_geometric.data import Data
 from gnnpar import UsageError
 from gnnpar.data import readers, safe_load
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached
+from gnnpar.data.types import GraphDataset
 
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds
 PT_SUFFIXES = (".pt", ".pth")
@@ -136,8 +137,6 @@ def _pt_or_folder(name: str) -> Path:
 # ------------------------------------------------------------------------------------ loading
 def load_user_graph(name: str, root: Path, seed: int, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S):
     """The GraphDataset for ``--dataset name`` (one of the three forms), cached by content."""
-    from gnnpar.data.datasets import GraphDataset
-
     build: Callable[[], tuple[dict, dict]]
     if TARGET.match(name) and not Path(name).exists():
         # the function runs every time (its result is what is hashed); the cache then holds

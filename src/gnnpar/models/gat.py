@@ -41,7 +41,7 @@ from torch_geometric.nn import GATConv
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import softmax
 
-from gnnpar.data.csr import indptr
+from gnnpar.csr import indptr
 from gnnpar.models.base import BlockModel, output_head
 
 # Inputs with at most this fraction of non-zeros take the sparse path. At Cora's 1.3% the CSR

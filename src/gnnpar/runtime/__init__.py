@@ -1,7 +1,8 @@
 """The process runtime of a run: everything about ranks as processes, nothing about training.
 
 Starting local ranks (:mod:`~gnnpar.runtime.launch`, with the fork server's imports in
-:mod:`~gnnpar.runtime.preload`), joining the process group (:mod:`~gnnpar.runtime.dist`),
+:mod:`~gnnpar.runtime.preload`, a leaf), taking a task's rank from SLURM
+(:mod:`~gnnpar.runtime.slurm`), joining the process group (:mod:`~gnnpar.runtime.dist`),
 bounded waits on its key-value store (:mod:`~gnnpar.runtime.store`), heartbeats that name a rank
 that stopped answering (:mod:`~gnnpar.runtime.heartbeat`), the memory check before anything is
 allocated (:mod:`~gnnpar.runtime.footprint`) and giving freed memory back to the system

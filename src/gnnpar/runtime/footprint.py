@@ -30,9 +30,8 @@ peak RSS 3.2 GiB (0.35 GiB of it the bare process): the real need is about twice
 run passed the check and was killed by the kernel's OOM killer).
 - copies: one per model replica on this machine (``LOCAL_WORLD_SIZE / --stages``).
 
-Before ``--workers N`` local ranks are started, :func:`check_ranks` refuses N whose bare
-processes alone exceed the available memory (:data:`RANK_BASELINE_BYTES` each when spawned; once,
-for the fork server, plus :data:`FORKED_RANK_BYTES` per rank when forked from it).
+Before ``--workers N`` local ranks are started, :func:`gnnpar.runtime.launch.check_ranks`
+refuses N whose bare processes alone exceed the available memory (:func:`available_bytes`).
 
 Left out, so the real need is higher: layer inputs and messages, attention coefficients,
 sampled neighbourhoods, the dataset itself, and the ~0.3 GiB that Python, torch and PyG take
@@ -52,13 +51,6 @@ from gnnpar import UsageError
 from gnnpar.config import Config
 
 FLOAT_BYTES = 4
-# What one rank holds before it loads any data: Python, torch, PyG. Measured 2026-11-22 on the CI
-# box (torch 2.13 CPU): ~235 MiB anonymous memory (smaps_rollup) per spawned rank; 200 MiB
-# keeps the figure a lower bound.
-RANK_BASELINE_BYTES = 200 * 2**20
-# A rank forked from the fork server (gnnpar.runtime.launch's default) shares those pages with the server
-# and holds ~7 MiB of its own before it does anything (measured likewise); 4 MiB, a lower bound.
-FORKED_RANK_BYTES = 4 * 2**20
 GIB = 2**30
 OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}  # per-parameter state tensors (SGD: no momentum here)
 
@@ -78,7 +70,7 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
     m, s = cfg.model, cfg.strategy
     params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
     state = params * FLOAT_BYTES * (2 + OPTIMIZER_SLOTS[cfg.optim.optimizer])
-    if hasattr(ds, "train_x"):  # images: ViG, every pixel a node, every block C wide
+    if ds.kind == "image":  # ViG, every pixel a node, every block C wide
         images = min(s.batch_size, int(ds.train_x.size(0)))
         pixels = int(ds.train_x[0, 0].numel())
         return {
@@ -210,29 +202,3 @@ def check_memory(
             else ""
         )
     )
-
-
-def check_ranks(nprocs: int) -> None:
-    """UsageError when ``nprocs`` local ranks could not even start in the available memory:
-    spawned, each is a whole interpreter with torch and PyG; forked from the fork server, they
-    share one (the server's) and add little each."""
-    from gnnpar.runtime.launch import start_method
-
-    free = available_bytes(torch.device("cpu"))
-    if start_method() == "forkserver":
-        need = RANK_BASELINE_BYTES + nprocs * FORKED_RANK_BYTES
-        what = (
-            f"a fork server of at least {RANK_BASELINE_BYTES / 2**20:.0f} MiB and {nprocs} "
-            f"ranks forked from it ({need / GIB:.1f} GiB before any data)"
-        )
-    else:
-        need = nprocs * RANK_BASELINE_BYTES
-        what = (
-            f"{nprocs} processes of at least {RANK_BASELINE_BYTES / 2**20:.0f} MiB each "
-            f"({need / GIB:.1f} GiB before any data)"
-        )
-    if free is not None and need > free:
-        raise UsageError(
-            f"--workers {nprocs} starts {what}, but this machine has {free / GIB:.1f} GiB "
-            "available. Use fewer --workers, or torchrun across several machines."
-        )

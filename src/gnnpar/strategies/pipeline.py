@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gnnpar import UsageError
 from gnnpar.config import Config
-from gnnpar.data.datasets import REGISTRY, ImageDataset
+from gnnpar.data.datasets import REGISTRY
 from gnnpar.models import build_model
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
@@ -89,7 +89,7 @@ class Pipeline:
         seed_everything(r.seed)
         model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
         torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
-        Job = ImageMicroBatches if isinstance(ds, ImageDataset) else GraphMicroBatches
+        Job = ImageMicroBatches if ds.kind == "image" else GraphMicroBatches
         job = Job(cfg, ds, place)
         with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
             balance, block_times = choose_balance(cfg, model, job)

@@ -10,7 +10,7 @@ the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0
         --workers 4 --loader-workers 2 --batch-size 1024 --fanouts 25,10,10
 
 Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
-remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.
+remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.loader.
 shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
 end, on rank 0 (exact full-graph inference, :func:`gnnpar.training.evaluation.evaluate_graph`, which bounds
 memory on big graphs); ``--eval-every`` is not used because an evaluation in the middle would

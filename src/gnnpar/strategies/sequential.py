@@ -40,7 +40,7 @@ class Sequential:
         model.to(ctx.device)
         opt = build_optimizer(cfg, model.parameters())
         name = f"sequential {cfg.model.name}"
-        if isinstance(ds, ImageDataset):
+        if ds.kind == "image":
             bs = cfg.strategy.batch_size
             source = ImageBatches(ds, bs, r.epochs, r.seed, r.max_steps)
             step = LocalStep(model, partial(image_loss, device=ctx.device))

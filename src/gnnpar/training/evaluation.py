@@ -16,7 +16,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv, MessagePassing
 from torch_geometric.utils import remove_self_loops
 
-from gnnpar.data.csr import indptr
+from gnnpar.csr import indptr
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.training.metrics import score
 from gnnpar.training.sources import image_batches

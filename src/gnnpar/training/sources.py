@@ -31,13 +31,13 @@ import torch.distributed as dist
 from torch_geometric.data import Data
 
 from gnnpar.config import Config
-from gnnpar.data.sampling import (
-    CSRGraph,
+from gnnpar.data.sampling.loader import (
     SampledBatches,
     build_loader,
     save_shared_graph,
     shard_plan,
 )
+from gnnpar.data.sampling.sampler import CSRGraph
 from gnnpar.parallel import collectives
 from gnnpar.parallel.gossip import WorkPool
 from gnnpar.runtime.dist import DistContext

@@ -10,11 +10,9 @@ synthetic-reddit 0.1, fan-outs 25-10-10, one thread) found half the time in gath
 sampler's repeat check, random keys), ~10% in concatenation and ~8% in ``nonzero``: many passes
 over the sampled edges, none dominant, so no better torch formulation fixes it; fused into one
 pass per hop it runs ~4x faster, ahead of DGL's and pyg-lib's C++ samplers on the same work
-(BENCHMARKS.md, ``benchmarks/peers.py``). A C library rather than a
-torch C++ extension: no torch headers, so it builds in a second and fits any torch build
-(CPU or CUDA); rather than numba: no extra dependency and no JIT compile in every loader
-worker. The vectorised-torch version below stays as the fallback when the kernel is not built;
-it draws a different random stream.
+(BENCHMARKS.md, ``benchmarks/peers.py``). Finding and loading it is
+:mod:`gnnpar.data.sampling.kernel`'s (why C through ctypes, too). The vectorised-torch version
+below stays as the fallback when the kernel is not built; it draws a different random stream.
 
 A mini-batch has the shape PyG's ``NeighborLoader`` returns, so PyG layers consume it unchanged:
 
@@ -38,7 +36,7 @@ Relabelling uses node-mark arrays of size ``num_nodes`` owned by the sampler (re
 batch, touching only the nodes it marked) instead of ``torch.unique`` over the sampled ids: a
 scatter plus a gather is O(sampled) and keeps nodes in order of first appearance.
 
-    from gnnpar.data.sampling import CSRGraph, NeighborSampler
+    from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
     csr = CSRGraph.from_edge_index(data.edge_index, data.num_nodes)
     batch = NeighborSampler(csr, [25, 10, 10]).sample(seeds, torch.Generator().manual_seed(0))
     out = model(data.x[batch.n_id], batch.edge_index)[: batch.batch_size]
@@ -47,19 +45,14 @@ scatter plus a gather is O(sampled) and keeps nodes in order of first appearance
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
-import multiprocessing as mp
-import os
-import threading
-import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from gnnpar import UsageError
-from gnnpar.data.csr import indptr
+from gnnpar.csr import indptr
+from gnnpar.data.sampling import kernel
 
 _UNSEEN = torch.iinfo(torch.long).max
 
@@ -184,66 +177,6 @@ def _subset_by_rejection(
     return start[row] + idx, row
 
 
-_KERNEL_VERSION = 1  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
-_KERNEL_DIR = Path(__file__).parent
-_KERNEL_STEM = "_sampler_kernel"
-_KERNEL_HINT = (
-    "install a C compiler (gcc) and reinstall gnnpar (from its source: pip install "
-    "--force-reinstall --no-deps .), or in a checkout run scripts/setup.sh (make setup)"
-)
-_kernel_lib: ctypes.CDLL | None = None
-_kernel_file: Path | None = None
-_kernel_tried = False
-
-
-def _kernel_candidates() -> list[Path]:
-    """Where the compiled kernel may lie, in order of preference: the names setuptools gives the
-    library it builds from ``sampler_kernel.c`` (``_sampler_kernel`` plus an extension-module
-    suffix such as ``.cpython-311-x86_64-linux-gnu.so``), then the plain ``_sampler_kernel.so``
-    that older versions of scripts/setup.sh built."""
-    suffixes = list(importlib.machinery.EXTENSION_SUFFIXES)
-    if ".so" not in suffixes:
-        suffixes.append(".so")
-    return [_KERNEL_DIR / f"{_KERNEL_STEM}{s}" for s in suffixes]
-
-
-def kernel_available() -> bool:
-    """Whether the compiled hop kernel (built from ``sampler_kernel.c`` by ``pip install``, a
-    wheel build or scripts/setup.sh) is present and of the version this module expects."""
-    return _kernel() is not None
-
-
-def kernel_path() -> Path | None:
-    """The file the compiled hop kernel was loaded from (None: not available)."""
-    return _kernel_file if _kernel() is not None else None
-
-
-def _kernel() -> ctypes.CDLL | None:
-    global _kernel_lib, _kernel_file, _kernel_tried
-    if not _kernel_tried:  # once per process (a loader worker loads it for itself)
-        _kernel_tried = True
-        for path in _kernel_candidates():
-            if not path.is_file():
-                continue
-            try:
-                lib = ctypes.CDLL(str(path))
-                lib.gnnpar_kernel_version.restype = ctypes.c_int64
-                if lib.gnnpar_kernel_version() != _KERNEL_VERSION:
-                    continue  # a stale build: perhaps a later candidate is current
-                i64, ptr = ctypes.c_int64, ctypes.c_void_p
-                lib.gnnpar_sample_hop.restype = i64
-                lib.gnnpar_sample_hop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
-                lib.gnnpar_sample_hop.argtypes += [ctypes.c_uint64, ptr, i64, ptr, ptr, ptr]
-                lib.gnnpar_sample_hop.argtypes += [ptr, ptr]
-                lib.gnnpar_table_size.restype = i64
-                lib.gnnpar_table_size.argtypes = [i64]
-            except (OSError, AttributeError):  # not loadable here, or not the kernel
-                continue
-            _kernel_lib, _kernel_file = lib, path
-            break
-    return _kernel_lib
-
-
 class NeighborSampler:
     """Layer-wise uniform neighbour sampling; see the module docstring for the batch layout.
 
@@ -262,16 +195,16 @@ class NeighborSampler:
             raise ValueError(f"fanouts must be positive or -1 (all neighbours), got {fanouts}")
         if backend not in ("auto", "kernel", "torch"):
             raise ValueError(f"backend must be auto, kernel or torch, got {backend!r}")
-        if backend != "torch" and _kernel() is None:
+        if backend != "torch" and kernel.load() is None:
             if backend == "kernel":
                 raise UsageError(
-                    f"the compiled sampler kernel ({_KERNEL_STEM}*.so in {_KERNEL_DIR}) is "
-                    f"missing or out of date: {_KERNEL_HINT}"
+                    f"the compiled sampler kernel ({kernel.where()}) is "
+                    f"missing or out of date: {kernel.HINT}"
                 )
             warnings.warn(
-                f"the compiled sampler kernel ({_KERNEL_STEM}*.so in {_KERNEL_DIR}) is not "
+                f"the compiled sampler kernel ({kernel.where()}) is not "
                 "built: sampling with vectorised torch, ~3-4x slower and with a different "
-                f"random stream. For the fast kernel, {_KERNEL_HINT}",
+                f"random stream. For the fast kernel, {kernel.HINT}",
                 stacklevel=2,
             )
             backend = "torch"
@@ -286,7 +219,8 @@ class NeighborSampler:
             self._rowptr = csr.rowptr.long().contiguous()
             self._col = csr.col.long().contiguous()
             kmax = max(self.fanouts, default=1)
-            self._table = torch.empty(_kernel().gnnpar_table_size(max(kmax, 1)), dtype=torch.long)
+            table = kernel.load().gnnpar_table_size(max(kmax, 1))
+            self._table = torch.empty(table, dtype=torch.long)
             self._nid = torch.empty(csr.num_nodes, dtype=torch.long)  # n_id of the batch
             self._edges = torch.empty(2, 0, dtype=torch.long)  # grown to the largest batch
 
@@ -343,7 +277,7 @@ class NeighborSampler:
 
         The kernel writes straight into two buffers the sampler keeps (edges, node ids), so a
         batch costs one copy of each out of them and no per-hop concatenation."""
-        lib, local, nid = _kernel_lib, self._local, self._nid
+        lib, local, nid = kernel.load(), self._local, self._nid
         k = seeds.numel()
         nid[:k] = seeds
         local[seeds] = torch.arange(k)
@@ -423,230 +357,3 @@ class NeighborSampler:
         else:  # no hops (fanouts == [])
             edge_index = torch.empty(2, 0, dtype=torch.long)
         return SampledBatch(n_id, edge_index, seeds.numel(), num_nodes, num_edges)
-
-
-def reference_sample(
-    csr: CSRGraph, seeds: torch.Tensor, fanouts: list[int], gen: torch.Generator
-) -> SampledBatch:
-    """A straightforward per-node sampler (Python loop, one ``randperm`` per node, a dict for
-    relabelling) without replacement: the baseline of ``benchmarks/sampler_throughput.py`` and an
-    independent check of :class:`NeighborSampler` in the tests."""
-    local: dict[int, int] = {int(s): i for i, s in enumerate(seeds.tolist())}
-    n_id = list(local)
-    frontier = list(n_id)
-    rows: list[int] = []
-    cols: list[int] = []
-    num_nodes, num_edges = [len(n_id)], []
-    rowptr, col = csr.rowptr.tolist(), csr.col
-    for fanout in fanouts:
-        nxt: list[int] = []
-        edges_before = len(rows)
-        for v in frontier:
-            a, b = rowptr[v], rowptr[v + 1]
-            nbrs = col[a:b]
-            if 0 <= fanout < b - a:
-                nbrs = nbrs[torch.randperm(b - a, generator=gen)[:fanout]]
-            for u in nbrs.tolist():
-                if u not in local:
-                    local[u] = len(n_id)
-                    n_id.append(u)
-                    nxt.append(u)
-                rows.append(local[u])
-                cols.append(local[v])
-        num_nodes.append(len(nxt))
-        num_edges.append(len(rows) - edges_before)
-        frontier = nxt
-    return SampledBatch(
-        torch.tensor(n_id, dtype=torch.long),
-        torch.tensor([rows, cols], dtype=torch.long).view(2, -1),
-        len(seeds),
-        num_nodes,
-        num_edges,
-    )
-
-
-# ------------------------------------------------------------------- sharding and the DataLoader
-def shard_plan(num_train: int, world_size: int, batch_size: int) -> tuple[int, int]:
-    """(seed nodes per rank, steps per epoch): the same on every rank, so DDP never waits on a
-    rank that has run out of batches.
-
-    Each epoch the training nodes are shuffled and cut into ``world_size`` equal blocks of
-    ``num_train // world_size`` nodes; the ``num_train % world_size`` (< world_size) nodes left at
-    the end of that epoch's shuffle are dropped for that epoch only (a different few each epoch).
-    A rank's block is cut into batches of ``batch_size``; the last one may be smaller, and it is
-    the same size on every rank.
-    """
-    if world_size < 1 or batch_size < 1:
-        raise ValueError(f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}")
-    per_rank = num_train // world_size
-    return per_rank, -(-per_rank // batch_size)
-
-
-def epoch_seeds(
-    train_idx: torch.Tensor, seed: int, epoch: int, rank: int, world_size: int, batch_size: int
-) -> list[torch.Tensor]:
-    """This rank's seed batches for ``epoch``: one shuffle shared by all ranks (same generator
-    seed), then this rank's block of it (see :func:`shard_plan`)."""
-    per_rank, steps = shard_plan(train_idx.numel(), world_size, batch_size)
-    gen = torch.Generator().manual_seed(_mix(seed, epoch))
-    perm = train_idx[torch.randperm(train_idx.numel(), generator=gen)]
-    block = perm[rank * per_rank : (rank + 1) * per_rank]
-    return [block[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
-
-
-def _mix(*parts: int) -> int:
-    """A deterministic 63-bit seed from several integers (Python's hash of ints is not mixed)."""
-    h = 0x9E3779B97F4A7C15
-    for p in parts:
-        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        h ^= h >> 31
-    return h & 0x7FFFFFFFFFFFFFFF
-
-
-def save_shared_graph(path: str, csr: CSRGraph, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Write the tensors a sampler process needs to one file that every process then maps.
-
-    Format: ``torch.save`` of ``{"rowptr", "col", "x", "y"}``; read with
-    ``torch.load(path, mmap=True)`` so the pages are shared by every rank and loader worker of
-    the machine (one copy; ``/dev/shm`` keeps it in memory). Written to ``path + ".tmp"`` and
-    renamed, so a reader never sees half a file.
-    """
-    tmp = f"{path}.tmp"
-    torch.save({"rowptr": csr.rowptr, "col": csr.col, "x": x, "y": y}, tmp)
-    os.replace(tmp, path)
-
-
-class SampledBatches(torch.utils.data.Dataset):
-    """Mini-batch ``i`` of a run: epoch ``i // steps``, step ``i % steps`` of this rank.
-
-    What crosses into a loader worker when it starts is only this small object: the graph file's
-    path and this rank's plan. Each process maps the graph itself on first use
-    (:meth:`_graph`), so ``spawn``/``forkserver`` workers neither copy the graph nor inherit
-    anything of the parent (threads, process group). The random numbers of batch ``i`` come from
-    a generator seeded with ``(seed, epoch, rank, step)``, so a batch is the same whichever worker
-    (or the main process) makes it, and the same for any ``--loader-workers``.
-    """
-
-    def __init__(
-        self,
-        graph_path: str,
-        train_idx: torch.Tensor,
-        fanouts: list[int],
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        steps: int,
-        replace: bool = False,
-    ) -> None:
-        self.graph_path = graph_path
-        self.train_idx = train_idx
-        self.fanouts = fanouts
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.steps = steps
-        self.replace = replace
-        self.owner_pid = os.getpid()  # the training process; workers end when it is gone
-        self._state: dict | None = None  # mapped graph + sampler, per process
-        self._epoch: tuple[int, list[torch.Tensor]] | None = None
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        state["_state"] = None  # never pickle the graph or the mark arrays to a worker
-        state["_epoch"] = None
-        return state
-
-    def _graph(self) -> dict:
-        if self._state is None:
-            g = torch.load(self.graph_path, mmap=True, weights_only=True)
-            csr = CSRGraph(g["rowptr"], g["col"])
-            g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
-            self._state = g
-        return self._state
-
-    def __getitem__(self, i: int) -> SampledBatch:
-        epoch, step = divmod(int(i), self.steps)
-        if self._epoch is None or self._epoch[0] != epoch:
-            seeds = epoch_seeds(
-                self.train_idx, self.seed, epoch, self.rank, self.world_size, self.batch_size
-            )
-            self._epoch = (epoch, seeds)
-        seeds = self._epoch[1][step]
-        g = self._graph()
-        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
-        b: SampledBatch = g["sampler"].sample(seeds, gen)
-        b.x, b.y = g["x"][b.n_id], g["y"][seeds]
-        return b
-
-
-def _worker_init(worker_id: int) -> None:
-    # One thread per sampler process: W workers x R ranks on C cores must not each start C
-    # OpenMP threads (oversubscription turns into minutes-long stalls that look like hangs).
-    torch.set_num_threads(1)
-    owner = torch.utils.data.get_worker_info().dataset.owner_pid
-    threading.Thread(target=_exit_with_owner, args=(owner,), daemon=True).start()
-
-
-def _exit_with_owner(pid: int, every_s: float = 1.0) -> None:
-    """End this worker when the training process ``pid`` is gone.
-
-    A forkserver worker is a child of the fork server, not of the rank, so DataLoader's own
-    watchdog (is my parent alive?) does not fire when the rank is killed; and the fork server
-    lives as long as its children hold its pipe. Without this, a killed rank leaves its workers
-    and fork server behind for good.
-    """
-    while True:
-        time.sleep(every_s)
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            alive = state not in ("Z", "X")  # a zombie has exited; its parent just has not reaped
-        except FileNotFoundError:
-            alive = False
-        except OSError:  # no /proc: fall back on signal 0
-            try:
-                os.kill(pid, 0)
-                alive = True
-            except ProcessLookupError:
-                alive = False
-        if not alive:
-            os._exit(0)
-
-
-def build_loader(
-    dataset: SampledBatches,
-    epochs: int,
-    workers: int,
-    timeout_s: float,
-    start_method: str = "forkserver",
-    start: int = 0,
-) -> torch.utils.data.DataLoader:
-    """A DataLoader over batches ``0 .. epochs * steps - 1`` of ``dataset`` with ``workers``
-    persistent worker processes (0: sample in the training process). One pass covers the whole
-    run, so workers keep prefetching across epoch boundaries instead of idling while a new
-    epoch's iterator is set up. See :mod:`gnnpar.strategies.sampled` for why ``forkserver``.
-    As with ``spawn``, workers import the main module: a script that trains with loader workers
-    needs the usual ``if __name__ == "__main__":`` guard (``python -m gnnpar`` has it)."""
-    # batch i = epoch i // steps, step i % steps; a resumed run starts at its checkpoint's batch
-    order = range(start, epochs * dataset.steps)
-    if workers == 0:
-        return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=order)
-    ctx = mp.get_context(start_method)
-    if start_method == "forkserver":
-        # the fork server imports these once; each worker is then a cheap fork of a process
-        # that has no threads, no OpenMP pool and no process group
-        ctx.set_forkserver_preload(["torch", __name__])
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=None,
-        sampler=order,
-        num_workers=workers,
-        persistent_workers=True,
-        multiprocessing_context=ctx,
-        worker_init_fn=_worker_init,
-        timeout=timeout_s,  # a stuck or dead worker ends in an error, not a hang
-        prefetch_factor=2,
-    )
-    return loader

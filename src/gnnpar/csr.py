@@ -1,5 +1,9 @@
-"""Compressed sparse rows: the one helper torch CSRs in gnnpar are built with (partition.py
-builds its CSRs with scipy's compiled kernels instead: they sort less)."""
+"""Compressed sparse rows: the one helper torch CSRs in gnnpar are built with (data/partition.py
+builds its CSRs with scipy's compiled kernels instead: they sort less).
+
+A leaf beside the packages, not inside one, because layers at every height use it: the models
+(GAT's sparse inputs), the data (the neighbour sampler's graph) and training (evaluation), and a
+model must not import the data layer above it. It imports torch only."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 /* One hop of gnnpar's neighbour sampler, fused: draw each frontier node's neighbours and relabel
- * them with the node-mark array in the same pass (see gnnpar/data/sampling.py).
+ * them with the node-mark array in the same pass (see gnnpar/data/sampling/sampler.py).
  *
  * Plain C with no Python or torch headers. setup.py compiles it (-O3, as a shared library named
  * like an extension module, _sampler_kernel.cpython-311-x86_64-linux-gnu.so, though it is never
  * imported) whenever pip installs gnnpar or builds a wheel, and scripts/setup.sh rebuilds it in a
- * checkout; sampling.py calls it through ctypes on the tensors' memory, so it does not depend on
- * the torch version or build (CPU or CUDA) the user has. It is integer-only: compiler flags
- * change its speed, never its output.
+ * checkout; sampling/kernel.py loads it and sampling/sampler.py calls it through ctypes on the
+ * tensors' memory, so it does not depend on the torch version or build (CPU or CUDA) the user
+ * has. It is integer-only: compiler flags change its speed, never its output.
  *
  * Random numbers: splitmix64 (Steele, Lea and Flood, OOPSLA 2014). Frontier node i of a hop draws
  * from its own stream, seeded by mix64(seed ^ mix64(i + 1)), where `seed` is one 64-bit number

@@ -1,0 +1,205 @@
+"""Neighbour-sampled mini-batches for data-parallel training: distributed sharding of the seed
+nodes (:func:`shard_plan`, :func:`epoch_seeds`), the graph file every process maps
+(:func:`save_shared_graph`), the batches as a dataset (:class:`SampledBatches`) and the
+DataLoader whose worker processes make them (:func:`build_loader`), workers that end with the
+training process that owns them.
+
+    from gnnpar.data.sampling.loader import SampledBatches, build_loader, save_shared_graph
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import torch
+
+from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler, SampledBatch
+
+
+def shard_plan(num_train: int, world_size: int, batch_size: int) -> tuple[int, int]:
+    """(seed nodes per rank, steps per epoch): the same on every rank, so DDP never waits on a
+    rank that has run out of batches.
+
+    Each epoch the training nodes are shuffled and cut into ``world_size`` equal blocks of
+    ``num_train // world_size`` nodes; the ``num_train % world_size`` (< world_size) nodes left at
+    the end of that epoch's shuffle are dropped for that epoch only (a different few each epoch).
+    A rank's block is cut into batches of ``batch_size``; the last one may be smaller, and it is
+    the same size on every rank.
+    """
+    if world_size < 1 or batch_size < 1:
+        raise ValueError(f"world_size and batch_size must be >= 1, got {world_size}, {batch_size}")
+    per_rank = num_train // world_size
+    return per_rank, -(-per_rank // batch_size)
+
+
+def epoch_seeds(
+    train_idx: torch.Tensor, seed: int, epoch: int, rank: int, world_size: int, batch_size: int
+) -> list[torch.Tensor]:
+    """This rank's seed batches for ``epoch``: one shuffle shared by all ranks (same generator
+    seed), then this rank's block of it (see :func:`shard_plan`)."""
+    per_rank, steps = shard_plan(train_idx.numel(), world_size, batch_size)
+    gen = torch.Generator().manual_seed(_mix(seed, epoch))
+    perm = train_idx[torch.randperm(train_idx.numel(), generator=gen)]
+    block = perm[rank * per_rank : (rank + 1) * per_rank]
+    return [block[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+
+
+def _mix(*parts: int) -> int:
+    """A deterministic 63-bit seed from several integers (Python's hash of ints is not mixed)."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def save_shared_graph(path: str, csr: CSRGraph, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Write the tensors a sampler process needs to one file that every process then maps.
+
+    Format: ``torch.save`` of ``{"rowptr", "col", "x", "y"}``; read with
+    ``torch.load(path, mmap=True)`` so the pages are shared by every rank and loader worker of
+    the machine (one copy; ``/dev/shm`` keeps it in memory). Written to ``path + ".tmp"`` and
+    renamed, so a reader never sees half a file.
+    """
+    tmp = f"{path}.tmp"
+    torch.save({"rowptr": csr.rowptr, "col": csr.col, "x": x, "y": y}, tmp)
+    os.replace(tmp, path)
+
+
+class SampledBatches(torch.utils.data.Dataset):
+    """Mini-batch ``i`` of a run: epoch ``i // steps``, step ``i % steps`` of this rank.
+
+    What crosses into a loader worker when it starts is only this small object: the graph file's
+    path and this rank's plan. Each process maps the graph itself on first use
+    (:meth:`_graph`), so ``spawn``/``forkserver`` workers neither copy the graph nor inherit
+    anything of the parent (threads, process group). The random numbers of batch ``i`` come from
+    a generator seeded with ``(seed, epoch, rank, step)``, so a batch is the same whichever worker
+    (or the main process) makes it, and the same for any ``--loader-workers``.
+    """
+
+    def __init__(
+        self,
+        graph_path: str,
+        train_idx: torch.Tensor,
+        fanouts: list[int],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        steps: int,
+        replace: bool = False,
+    ) -> None:
+        self.graph_path = graph_path
+        self.train_idx = train_idx
+        self.fanouts = fanouts
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.steps = steps
+        self.replace = replace
+        self.owner_pid = os.getpid()  # the training process; workers end when it is gone
+        self._state: dict | None = None  # mapped graph + sampler, per process
+        self._epoch: tuple[int, list[torch.Tensor]] | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_state"] = None  # never pickle the graph or the mark arrays to a worker
+        state["_epoch"] = None
+        return state
+
+    def _graph(self) -> dict:
+        if self._state is None:
+            g = torch.load(self.graph_path, mmap=True, weights_only=True)
+            csr = CSRGraph(g["rowptr"], g["col"])
+            g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
+            self._state = g
+        return self._state
+
+    def __getitem__(self, i: int) -> SampledBatch:
+        epoch, step = divmod(int(i), self.steps)
+        if self._epoch is None or self._epoch[0] != epoch:
+            seeds = epoch_seeds(
+                self.train_idx, self.seed, epoch, self.rank, self.world_size, self.batch_size
+            )
+            self._epoch = (epoch, seeds)
+        seeds = self._epoch[1][step]
+        g = self._graph()
+        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
+        b: SampledBatch = g["sampler"].sample(seeds, gen)
+        b.x, b.y = g["x"][b.n_id], g["y"][seeds]
+        return b
+
+
+def _worker_init(worker_id: int) -> None:
+    # One thread per sampler process: W workers x R ranks on C cores must not each start C
+    # OpenMP threads (oversubscription turns into minutes-long stalls that look like hangs).
+    torch.set_num_threads(1)
+    owner = torch.utils.data.get_worker_info().dataset.owner_pid
+    threading.Thread(target=_exit_with_owner, args=(owner,), daemon=True).start()
+
+
+def _exit_with_owner(pid: int, every_s: float = 1.0) -> None:
+    """End this worker when the training process ``pid`` is gone.
+
+    A forkserver worker is a child of the fork server, not of the rank, so DataLoader's own
+    watchdog (is my parent alive?) does not fire when the rank is killed; and the fork server
+    lives as long as its children hold its pipe. Without this, a killed rank leaves its workers
+    and fork server behind for good.
+    """
+    while True:
+        time.sleep(every_s)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            alive = state not in ("Z", "X")  # a zombie has exited; its parent just has not reaped
+        except FileNotFoundError:
+            alive = False
+        except OSError:  # no /proc: fall back on signal 0
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+        if not alive:
+            os._exit(0)
+
+
+def build_loader(
+    dataset: SampledBatches,
+    epochs: int,
+    workers: int,
+    timeout_s: float,
+    start_method: str = "forkserver",
+    start: int = 0,
+) -> torch.utils.data.DataLoader:
+    """A DataLoader over batches ``0 .. epochs * steps - 1`` of ``dataset`` with ``workers``
+    persistent worker processes (0: sample in the training process). One pass covers the whole
+    run, so workers keep prefetching across epoch boundaries instead of idling while a new
+    epoch's iterator is set up. See :mod:`gnnpar.strategies.sampled` for why ``forkserver``.
+    As with ``spawn``, workers import the main module: a script that trains with loader workers
+    needs the usual ``if __name__ == "__main__":`` guard (``python -m gnnpar`` has it)."""
+    # batch i = epoch i // steps, step i % steps; a resumed run starts at its checkpoint's batch
+    order = range(start, epochs * dataset.steps)
+    if workers == 0:
+        return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=order)
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # the fork server imports these once; each worker is then a cheap fork of a process
+        # that has no threads, no OpenMP pool and no process group
+        ctx.set_forkserver_preload(["torch", __name__])
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        sampler=order,
+        num_workers=workers,
+        persistent_workers=True,
+        multiprocessing_context=ctx,
+        worker_init_fn=_worker_init,
+        timeout=timeout_s,  # a stuck or dead worker ends in an error, not a hang
+        prefetch_factor=2,
+    )
+    return loader
