@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from gnnpar.config import default_data_root
+from gnnpar.config.parse import default_data_root
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.sampling import CSRGraph, NeighborSampler, reference_sample
 

@@ -24,7 +24,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from gnnpar.cli import main
-from gnnpar.config import Config, ModelConfig
+from gnnpar.config.schema import Config, ModelConfig
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.models import build_model
 from gnnpar.parallel.parallel_dims import ParallelDims

@@ -1,5 +1,5 @@
-"""Datasets (registry, readers, synthetic generators), partitions, sampling, micro-batches."""
+"""Datasets (names, registry, readers, synthetic generators), partitions, sampling, micro-batches.
 
-from gnnpar.data.datasets import REGISTRY, GraphDataset, ImageDataset, load_dataset
-
-__all__ = ["REGISTRY", "GraphDataset", "ImageDataset", "load_dataset"]
+Nothing is imported here, so that the torch-free parts (:mod:`gnnpar.data.registry`, read by the
+config checks) stay so: import the module you need, e.g. ``gnnpar.data.datasets``.
+"""

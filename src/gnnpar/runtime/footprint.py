@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from gnnpar import UsageError
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 
 FLOAT_BYTES = 4
 # What one rank holds before it loads any data: Python, torch, PyG. Measured 2026-11-22 on the CI

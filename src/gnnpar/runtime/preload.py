@@ -19,15 +19,23 @@ import os
 
 SERVER_ENV = dict(os.environ)
 
+# gnnpar.strategies.registry imports the specs only (no torch); what their builds import when a
+# rank runs one (partitions, gossip, pipelines, sources, sync) is named here too
 try:  # an import that fails here fails again, with its message, in the rank that needs it
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
     import torch_geometric  # noqa: F401
 
+    import gnnpar.data.partition  # noqa: F401
     import gnnpar.data.sampling  # noqa: F401
+    import gnnpar.parallel.gossip  # noqa: F401
+    import gnnpar.parallel.pipeline.step  # noqa: F401
     import gnnpar.predict  # noqa: F401
     import gnnpar.run  # noqa: F401
-    import gnnpar.strategies  # noqa: F401
+    import gnnpar.strategies.registry  # noqa: F401
+    import gnnpar.training.final_model  # noqa: F401
+    import gnnpar.training.sources  # noqa: F401
+    import gnnpar.training.sync  # noqa: F401
 except Exception:  # pragma: no cover - the rank reports it
     pass
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gnnpar import UsageError
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.data.datasets import GraphDataset, ImageDataset
 from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
 from gnnpar.training.metrics import score
