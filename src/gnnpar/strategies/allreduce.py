@@ -153,7 +153,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
 SPEC = StrategySpec(
     name="allreduce",
-    help="synchronous data-parallel Cluster-GCN, averaging every --sync-every steps",
+    help="synchronous data-parallel Cluster-GCN",
     degrees=data_parallel,
     reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **STEP_CHECKPOINTS},
     build=build,

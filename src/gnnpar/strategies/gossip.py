@@ -112,7 +112,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
 
 SPEC = StrategySpec(
     name="gossip",
-    help="asynchronous Cluster-GCN from a shared work pool, averaging with a random partner",
+    help="asynchronous Cluster-GCN, averaging with one partner at a time",
     degrees=data_parallel,
     # no --checkpoint-every-steps: gossip ranks reach no common step, only epoch ends
     reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS},

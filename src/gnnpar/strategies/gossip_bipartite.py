@@ -27,7 +27,7 @@ def check(cfg: Config, dims: ParallelDims) -> None:
 SPEC = replace(
     gossip.SPEC,
     name="gossip-bipartite",
-    help="gossip whose active ranks pair only with passive ones (study 003, algorithm 5)",
+    help="gossip whose active ranks pair with passive ones only",
     build=partial(gossip.build, bipartite=True),
     check=check,
 )

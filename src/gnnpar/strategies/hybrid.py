@@ -26,7 +26,7 @@ from gnnpar.strategies.spec import reads, replicated_pipeline
 SPEC = replace(
     pipeline.SPEC,
     name="hybrid",
-    help="--replicas data-parallel copies of a --stages pipeline (study 000)",
+    help="--replicas data-parallel copies of a pipeline",
     degrees=replicated_pipeline,
     reads={**pipeline.SPEC.reads, **reads("replicas")},
 )

@@ -159,7 +159,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
 SPEC = StrategySpec(
     name="pipeline",
-    help="GPipe: the model's blocks in --stages stages, --chunks micro-batches per step",
+    help="a GPipe pipeline of --stages stages",
     degrees=pipelined,
     reads={**PIPELINE, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
     build=build,

@@ -159,7 +159,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
 
 SPEC = StrategySpec(
     name="sampled",
-    help="neighbour-sampled mini-batches under DDP (study 002)",
+    help="neighbour-sampled mini-batches under DDP",
     degrees=data_parallel,
     reads={
         **reads("fanouts", "batch-size", "loader-workers"),

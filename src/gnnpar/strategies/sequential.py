@@ -85,7 +85,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
 SPEC = StrategySpec(
     name="sequential",
-    help="one process, the baseline: full batch, Cluster-GCN subgraphs or image batches",
+    help="one process, the baseline",
     degrees=one_process,  # --workers > 1 would train identical copies: an error
     reads={**CLUSTER_GCN, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
     build=build,
