@@ -38,7 +38,7 @@ from torch_geometric.datasets import Planetoid
 from torch_geometric.nn import GATConv
 
 import gnnpar
-from gnnpar.config import build_config
+from gnnpar.config.validate import build_config
 from gnnpar.data.datasets import BUNDLED
 from gnnpar.run import run
 

@@ -96,7 +96,7 @@ def build_graph(name: str, folder: Path, batches: int, batch_size: int) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     if name == "synthetic-reddit":
-        from gnnpar.config import default_data_root
+        from gnnpar.config.parse import default_data_root
         from gnnpar.data.datasets import load_dataset
         from gnnpar.data.sampling.sampler import CSRGraph
 
@@ -179,7 +179,7 @@ def main() -> None:
     p.add_argument("--workdir", default=None, help="saved graphs (default: $GNNPAR_DATA/peers)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args()
-    from gnnpar.config import default_data_root
+    from gnnpar.config.parse import default_data_root
 
     workdir = Path(args.workdir) if args.workdir else default_data_root() / "peers"
     wanted = set(args.sides.split(",")) if args.sides else None

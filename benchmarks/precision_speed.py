@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import gnnpar
-from gnnpar.config import build_config
+from gnnpar.config.validate import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.models import build_model
 from gnnpar.training.losses import graph_loss, image_loss, seed_loss

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from gnnpar.config import default_data_root
+from gnnpar.config.parse import default_data_root
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.sampling.reference import reference_sample
 from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler

@@ -37,7 +37,8 @@ def child(batch: int, chunks: int, variant: str, threads: int) -> None:
     import torch.nn.functional as F
 
     import gnnpar.models.vig as vig
-    from gnnpar.config import Config, resolve
+    from gnnpar.config.schema import Config
+    from gnnpar.config.validate import resolve
     from gnnpar.models import build_model
 
     torch.set_num_threads(threads)

@@ -18,11 +18,12 @@ import torch
 from torch_geometric.data import Data
 
 from gnnpar.cli import main
-from gnnpar.config import Config, resolve
+from gnnpar.config.schema import Config
+from gnnpar.config.validate import resolve
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partitioned, partition_nodes
 from gnnpar.models import build_model
-from gnnpar.run import train_rank
+from gnnpar.run import prepare, train_rank
 from gnnpar.runtime.launch import launch
 from gnnpar.training.losses import graph_loss
 from gnnpar.training.seeding import seed_everything
@@ -68,7 +69,8 @@ def _train_ranks(log_dir: str) -> dict:
     ctx = setup(60)
     out = {}
     for name, (parts, average) in SCENARIOS.items():
-        outcome = train_rank(config(parts, average), random_graph(), ctx)
+        cfg = config(parts, average)
+        outcome = train_rank(cfg, random_graph(), ctx, prepare(cfg))
         weights = {k: v.tolist() for k, v in outcome.model.state_dict().items()}
         out[name] = {"weights": weights, "batches": outcome.per_worker_batches, **outcome.extra}
     teardown()

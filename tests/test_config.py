@@ -11,17 +11,9 @@ import typing
 import pytest
 
 from gnnpar import UsageError
-from gnnpar.config import (
-    FIELD_TYPES,
-    KEYS,
-    USED_BY,
-    Config,
-    build_config,
-    coerce,
-    parse_int_list,
-    parse_slowdown,
-    resolve,
-)
+from gnnpar.config.parse import FIELD_TYPES, KEYS, coerce, parse_int_list, parse_slowdown
+from gnnpar.config.schema import Config
+from gnnpar.config.validate import build_config, resolve, used_by
 from gnnpar.models.presets import study_defaults
 
 
@@ -76,12 +68,13 @@ TOML_VALUES = {
 
 
 def context_for(key: str) -> dict[str, str]:
-    """Settings of a run that reads ``key`` (the first Use in USED_BY), as TOML text."""
-    uses = USED_BY.get(key)
+    """Settings of a run that reads ``key`` (the first Use in used_by()), as TOML text."""
+    uses = used_by().get(key)
     if not uses:
         return {}
     use = uses[0]
-    ctx = {"strategy": f'"{use.strategies[0]}"', "model": f'"{use.models[0]}"'}
+    strategy = use.strategies[0] if use.strategies else "sequential"
+    ctx = {"strategy": f'"{strategy}"', "model": f'"{use.models[0]}"'}
     if "graph" not in use.kinds:
         ctx.update(dataset='"synthetic-cifar10"', model='"vig"')
     elif use.generated:
@@ -109,10 +102,12 @@ def _toml_value(text: str):
 
 
 def test_the_flag_table_covers_every_key_and_names_known_choices():
-    from gnnpar.config import COMMON_KEYS, MODELS, STRATEGY_NAMES
+    from gnnpar.config.validate import MODELS, common_keys
+    from gnnpar.strategies import registry
 
+    USED_BY = used_by()
     assert set(USED_BY) <= set(KEYS)
-    assert set(COMMON_KEYS) == {
+    assert set(common_keys()) == {
         "dataset", "data-root", "model", "hidden", "layers", "dropout", "strategy", "workers",
         "optimizer", "lr", "weight-decay", "epochs", "seed", "out", "quiet", "eval-every",
         "max-steps", "threads", "timeout", "tensorboard", "checkpoint-every", "resume",
@@ -120,7 +115,8 @@ def test_the_flag_table_covers_every_key_and_names_known_choices():
     }  # fmt: skip
     for uses in USED_BY.values():
         for use in uses:
-            assert set(use.strategies) <= set(STRATEGY_NAMES) and set(use.models) <= set(MODELS)
+            assert set(use.strategies or ()) <= set(registry.names())
+            assert set(use.models) <= set(MODELS)
     assert USED_BY["fanouts"][0].strategies == ("sampled",)
     assert USED_BY["replicas"][0].strategies == ("hybrid",)
     assert set(USED_BY["slowdown"][0].strategies) == {
@@ -410,7 +406,7 @@ def test_non_finite_and_huge_values_from_a_toml_file(tmp_path):
 
 
 def test_a_config_built_in_python_is_checked_for_non_finite_values_too():
-    from gnnpar.config import validate
+    from gnnpar.config.validate import validate
 
     cfg = Config()
     cfg.strategy.jitter = math.nan  # nan < 0 is False: a range check alone lets it through
@@ -435,14 +431,21 @@ def test_list_and_slowdown_syntax():
 
 
 # ---------------------------------------------------------------- imports
-def test_config_and_presets_import_neither_torch_nor_the_strategies():
+def test_config_the_strategy_specs_and_presets_import_no_torch():
+    """Checking a config reads the strategies' specs and the dataset names, never torch (nor
+    a strategy's build, which imports it when a rank runs it)."""
     code = (
         "import sys\n"
         "import gnnpar.config, gnnpar.models, gnnpar.models.presets\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
-        "from gnnpar.config import build_config\n"
-        "build_config(None, {'strategy': 'allreduce', 'model': 'gcn'})\n"
-        "assert not any(m.startswith('gnnpar.strategies') for m in sys.modules), 'strategies'\n"
+        "from gnnpar.config.validate import build_config\n"
+        "from gnnpar.cli import build_parser\n"
+        "build_parser().format_help()\n"
+        "build_config(None, {'strategy': 'allreduce', 'model': 'gcn', 'partitions': '4'})\n"
+        "build_config(None, {'strategy': 'pipeline', 'dataset': 'synthetic-cifar10',"
+        " 'model': 'vig', 'batch-size': '8'})\n"
+        "assert 'torch' not in sys.modules, 'torch imported by build_config'\n"
+        "assert 'gnnpar.training.loop' not in sys.modules, 'a build imported'\n"
         "from gnnpar.models import MODELS, BlockModel, build_model\n"
         "assert set(MODELS) == {'gcn', 'gat', 'gat3', 'sage', 'vig'}\n"
         "assert BlockModel.__name__ == 'BlockModel'\n"

@@ -11,7 +11,8 @@ from gnnpar.runtime import footprint
 
 
 def _vig_cfg(batch: int, recompute: bool = False):
-    from gnnpar.config import Config, resolve
+    from gnnpar.config.schema import Config
+    from gnnpar.config.validate import resolve
 
     cfg = Config()
     cfg.data.dataset, cfg.model.name = "synthetic-cifar10", "vig"
@@ -67,7 +68,8 @@ def test_a_vig_batch_that_fits_in_neither_way_is_refused_with_both_figures(monke
 STEP = """
 import json, sys, torch, torch.nn.functional as F
 from pathlib import Path
-from gnnpar.config import Config, resolve
+from gnnpar.config.schema import Config
+from gnnpar.config.validate import resolve
 from gnnpar.models import build_model
 from gnnpar.runtime.footprint import vig_activation_bytes
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import rank_pids, start_cli, wait_for_steps
 from gnnpar import UsageError
-from gnnpar.config import build_config
+from gnnpar.config.validate import build_config
 from gnnpar.run import prepare
 
 BASE = ["train", "--dataset", "karate", "--model", "gcn", "--partitions", "4", "--quiet"]

@@ -9,7 +9,7 @@ from torch_geometric.utils import to_undirected
 
 from conftest import tiny_graph
 from gnnpar import UsageError
-from gnnpar.config import ModelConfig
+from gnnpar.config.schema import ModelConfig
 from gnnpar.data.microbatch import IGNORE, build_plan, receptive_hops
 from gnnpar.models import build_model
 from gnnpar.parallel.pipeline.stages import summed_loss

@@ -10,7 +10,8 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
 from conftest import tiny_graph
-from gnnpar.config import Config, resolve
+from gnnpar.config.schema import Config
+from gnnpar.config.validate import resolve
 from gnnpar.models import BlockModel, build_model
 from gnnpar.models.gat import (
     CSRPlan,

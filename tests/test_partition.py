@@ -8,7 +8,7 @@ from torch_geometric.data import Data
 
 from conftest import tiny_graph
 from gnnpar import UsageError
-from gnnpar.config import build_config
+from gnnpar.config.validate import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.partition import (
     build_partitioned,

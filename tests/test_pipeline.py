@@ -24,8 +24,8 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from gnnpar.cli import main
-from gnnpar.config import Config, ModelConfig
-from gnnpar.data.datasets import GraphDataset, ImageDataset
+from gnnpar.config.schema import Config, ModelConfig
+from gnnpar.data.types import GraphDataset, ImageDataset
 from gnnpar.models import build_model
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace

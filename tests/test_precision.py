@@ -20,7 +20,7 @@ import torch
 import gnnpar
 from conftest import run_cli
 from gnnpar.cli import main
-from gnnpar.config import Config, ModelConfig
+from gnnpar.config.schema import Config, ModelConfig
 from gnnpar.models import build_model
 from gnnpar.parallel.pipeline.stages import StageModule, boundary_shapes
 from gnnpar.predict import predict

@@ -11,8 +11,9 @@ import torch
 
 from conftest import run_cli, tiny_graph
 from gnnpar import UsageError
-from gnnpar.config import build_config
+from gnnpar.config.validate import build_config
 from gnnpar.data.datasets import GraphDataset
+from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.run import prepare, run_rank, train_rank
 from gnnpar.runtime.dist import DistContext
 
@@ -34,7 +35,7 @@ def test_single_process_learns_cora_and_cleans_up(tmp_path):
         },
     )
     assert cfg.strategy.fanouts == [25, 10, 10]
-    result = run_rank(cfg)
+    result = run_rank(cfg, prepare(cfg))
     assert result["test_score"] > 0.6  # 10 epochs of 5 sampled batches (0.79 seen)
     assert result["per_worker_batches"] == [10 * 5]
     assert result["loss_curve"][-1] < result["loss_curve"][0]
@@ -62,8 +63,9 @@ def test_bad_input_is_a_usage_error():
     data.train_mask = torch.zeros(6, dtype=torch.bool)
     data.train_mask[2] = True
     cfg = build_config(None, {"strategy": "sampled", "model": "sage"})
+    dims = ParallelDims(replicas=2, stages=1, world=2)
     with pytest.raises(UsageError, match="fewer than the 2 ranks"):
-        train_rank(cfg, GraphDataset("tiny", data, 2), DistContext(world_size=2))
+        train_rank(cfg, GraphDataset("tiny", data, 2), DistContext(world_size=2), dims)
 
 
 @pytest.mark.timeout(120)

@@ -286,7 +286,7 @@ def test_kernel_is_built():
 
 @pytest.mark.parametrize("model", ["sage", "gat3"])
 def test_full_fanout_batch_gives_seeds_full_graph_outputs(model):
-    from gnnpar.config import ModelConfig
+    from gnnpar.config.schema import ModelConfig
     from gnnpar.models import build_model
 
     torch.manual_seed(0)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import tiny_graph
-from gnnpar.config import build_config
+from gnnpar.config.validate import build_config
 from gnnpar.data.datasets import GraphDataset, ImageDataset, load_dataset
-from gnnpar.run import train_rank
+from gnnpar.run import prepare, train_rank
 from gnnpar.runtime.dist import DistContext
 
 
@@ -28,7 +28,7 @@ def cora():
 
 def train(ds, data_root, **flags):
     cfg = build_config(None, {"quiet": True, "eval-every": 0, "data-root": str(data_root), **flags})
-    return train_rank(cfg, ds, DistContext())
+    return train_rank(cfg, ds, DistContext(), prepare(cfg))
 
 
 def tiny_images(n: int = 24, size: int = 8, seed: int = 0) -> ImageDataset:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch_geometric.nn import MessagePassing
 
-from gnnpar.config import Config, resolve
+from gnnpar.config.schema import Config
+from gnnpar.config.validate import resolve
 from gnnpar.models import build_model
 from gnnpar.models.vig import MRConv, ViGBlock, knn_graph, max_relative
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar.config import build_config, default_data_root
+from gnnpar.config.parse import default_data_root
+from gnnpar.config.validate import build_config
 from gnnpar.result import atomic_save, load_model
 
 

@@ -11,7 +11,9 @@ import argparse
 import sys
 
 from gnnpar import RankFailedError, UsageError
-from gnnpar.config import KEYS, USED_BY, describe_uses
+from gnnpar.config.parse import KEYS
+from gnnpar.config.validate import Use, build_config, describe_uses, used_by
+from gnnpar.strategies import registry
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +41,6 @@ FLAG_HELP = {
     "dropout": "dropout probability; default: the model's study preset",
     "recompute": "keep only each block's input for the backward pass and recompute the rest "
     "(GPipe's re-materialisation; same gradients, ~1/3 more compute, far less memory)",
-    "strategy": "sequential, allreduce, gossip, gossip-bipartite, pipeline, hybrid, sampled",
     "workers": "number of local ranks to start (ignored under torchrun)",
     "partitions": "Cluster-GCN: number of subgraph mini-batches",
     "partitioner": "random or metis",
@@ -78,12 +79,19 @@ FLAG_HELP = {
 }
 
 
-def flag_help(key: str) -> str:
-    """The flag's meaning, and who reads it when that is not every run (config.USED_BY)."""
-    text = FLAG_HELP.get(key, "")
-    if key in USED_BY:
-        text += f" [used by {describe_uses(key)} only]"
+def flag_help(key: str, uses: dict[str, tuple[Use, ...]] | None = None) -> str:
+    """The flag's meaning, and who reads it when that is not every run (``uses``:
+    :func:`gnnpar.config.validate.used_by`, derived from the strategies' specs)."""
+    uses = used_by() if uses is None else uses
+    text = strategy_help() if key == "strategy" else FLAG_HELP.get(key, "")
+    if key in uses:
+        text += f" [used by {describe_uses(key, uses)} only]"
     return text
+
+
+def strategy_help() -> str:
+    """--strategy's help: every registered strategy with its one line."""
+    return "; ".join(f"{spec.name}: {spec.help}" for spec in registry.specs())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,12 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         "not use is an error (exit 2); each flag's help says who uses it.",
     )
     t.add_argument("--config", help=FLAG_HELP["config"])
+    uses = used_by()
     for key in KEYS:
         if key in ("quiet", "tensorboard", "resume", "recompute"):
             what = {"quiet": "no progress display"}.get(key, FLAG_HELP.get(key))
             t.add_argument(f"--{key}", action="store_true", default=None, help=what)
             continue
-        t.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key))
+        t.add_argument(
+            f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key, uses)
+        )
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
     b.add_argument(
         "suite",
@@ -131,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
-            from gnnpar.config import build_config
             from gnnpar.run import run
 
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

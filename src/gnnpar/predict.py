@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from gnnpar import UsageError
-from gnnpar.config import Config, default_data_root
+from gnnpar.config.parse import default_data_root
+from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.types import ImageDataset
 from gnnpar.result import atomic_save, build_from, read_model_file

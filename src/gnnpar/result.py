@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from gnnpar import UsageError
-from gnnpar.config import ModelConfig
+from gnnpar.config.schema import ModelConfig
 from gnnpar.data import safe_load
 
 FORMAT = "gnnpar-model-1"

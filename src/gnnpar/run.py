@@ -6,8 +6,9 @@
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 \\
         -m gnnpar train --strategy gossip ...                        # 2 machines
 
-:func:`prepare` builds the run's :class:`~gnnpar.parallel.parallel_dims.ParallelDims` and runs the
-strategy's checks once, before any process starts. ``--workers N`` (when not already under
+:func:`prepare` builds the run's :class:`~gnnpar.parallel.parallel_dims.ParallelDims` from the
+strategy's spec (:mod:`gnnpar.strategies.registry`) and runs its checks once, before any process
+starts; every rank is handed those degrees. ``--workers N`` (when not already under
 torchrun) then starts N local ranks through torch's elastic launcher; each runs
 :func:`run_rank`, which is also what torchrun's ranks run: the strategy builds its
 :class:`~gnnpar.training.loop.Plan` and :func:`gnnpar.training.loop.train` trains it.
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from gnnpar import UsageError
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
@@ -33,7 +34,7 @@ from gnnpar.result import save_model
 from gnnpar.runtime import dist, launch, slurm
 from gnnpar.runtime.footprint import check_memory
 from gnnpar.runtime.heartbeat import Heartbeat
-from gnnpar.strategies import STRATEGIES
+from gnnpar.strategies import registry
 from gnnpar.training.checkpoint import Checkpointer, complete_checkpoints
 from gnnpar.training.checkpoint import clear as clear_checkpoints
 from gnnpar.training.loop import Outcome, train
@@ -41,9 +42,12 @@ from gnnpar.training.metrics import machine, score_name, summarize, versions, wr
 
 
 def prepare(cfg: Config) -> ParallelDims:
-    """The run's parallel degrees, and every check of the strategy that needs no data."""
-    dims = ParallelDims.for_run(cfg)
-    STRATEGIES[cfg.strategy.name].check(cfg, dims)
+    """The run's parallel degrees, and every check of the strategy that needs no data: once,
+    before any rank starts (each rank of torchrun runs it for itself, before joining the group).
+    """
+    spec = registry.get(cfg.strategy.name)
+    dims = spec.parallel_dims(cfg, dist.env_world_size())
+    spec.check(cfg, dims)
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise UsageError(
             "--tensorboard needs the tensorboard package, which is not installed: "
@@ -97,21 +101,37 @@ def run(cfg: Config) -> dict[str, Any] | None:
         launch.check_ranks(dims.world)
         outputs = launch.launch(
             _rank_main,
-            (cfg.to_dict(),),
+            (cfg.to_dict(), dims),
             dims.world,
             cfg.strategy.timeout_s,
             cfg.run.threads,
             cfg.run.max_restarts,
+            warm=RANK_MODULES,
         )
         return outputs.get(0)
-    return run_rank(cfg, default_folder=True)
+    return run_rank(cfg, dims, default_folder=True)
 
 
-def _rank_main(cfg_dict: dict[str, Any], log_dir: str) -> dict[str, Any] | None:
+# What the strategies' builds import when a rank runs one (strategies/*.py import them inside
+# build(), so that the specs stay torch-free): the fork server imports them before it forks the
+# ranks, which then share their pages (runtime/preload.py).
+RANK_MODULES = (
+    "gnnpar.data.partition",
+    "gnnpar.data.sampling.loader",
+    "gnnpar.parallel.gossip.sync",
+    "gnnpar.parallel.pipeline.step",
+    "gnnpar.training.evaluation",
+    "gnnpar.training.final_model",
+    "gnnpar.training.sources",
+    "gnnpar.training.sync",
+)
+
+
+def _rank_main(cfg_dict: dict[str, Any], dims: ParallelDims, log_dir: str) -> dict[str, Any] | None:
     """What every local rank runs (module level so that ``spawn`` can pickle it)."""
     # An exception propagates to torch's @record wrapper, which writes "<Type>: <message>" and
     # the traceback into the agent's per-rank error file, where the launcher reads it back.
-    return run_rank(Config.from_dict(cfg_dict))
+    return run_rank(Config.from_dict(cfg_dict), dims)
 
 
 def set_threads(cfg: Config, local_world: int) -> None:
@@ -119,9 +139,12 @@ def set_threads(cfg: Config, local_world: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None:
-    """One rank of the run: join the group, load the data, train, write result.json and
-    model.pt (rank 0). ``default_folder``: without --out, use rank 0's :func:`default_out`."""
+def run_rank(
+    cfg: Config, dims: ParallelDims, default_folder: bool = False
+) -> dict[str, Any] | None:
+    """One rank of the run (``dims``: :func:`prepare`'s): join the group, load the data, train,
+    write result.json and model.pt (rank 0). ``default_folder``: without --out, use rank 0's
+    :func:`default_out`."""
     ctx = dist.setup(cfg.strategy.timeout_s)
     beats = None
     if ctx.heartbeat_store is not None:  # a stalled peer is named within --timeout
@@ -135,7 +158,7 @@ def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None
         set_threads(cfg, ctx.local_world_size)
         d = cfg.data
         ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
-        outcome = train_rank(cfg, ds, ctx)
+        outcome = train_rank(cfg, ds, ctx, dims)
         result = build_result(cfg, outcome, ds, ctx.world_size)
         if ctx.is_main and cfg.run.out:
             out = Path(cfg.run.out)
@@ -148,12 +171,11 @@ def run_rank(cfg: Config, default_folder: bool = False) -> dict[str, Any] | None
         dist.teardown()
 
 
-def train_rank(cfg: Config, ds, ctx: dist.DistContext) -> Outcome:
+def train_rank(cfg: Config, ds, ctx: dist.DistContext, dims: ParallelDims) -> Outcome:
     """The strategy's plan for this rank, trained by the one loop."""
-    dims = prepare(cfg)
     # before the model is allocated; may turn --recompute on for a ViG batch that fits only so
     check_memory(cfg, ds, ctx.local_world_size, ctx.device, announce=ctx.is_main)
-    plan = STRATEGIES[cfg.strategy.name].build(cfg, ds, ctx, dims)
+    plan = registry.get(cfg.strategy.name).build(cfg, ds, ctx, dims)
     plan.device = plan.device or ctx.device
     return train(cfg, plan, checkpointer(cfg, ctx))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan, write_report
-from gnnpar.config import default_data_root
+from gnnpar.config.parse import default_data_root
 from gnnpar.data.datasets import REGISTRY
 
 CHUNKS = (1, 2, 3, 4)

@@ -1,10 +1,10 @@
 """Dataset registry: bundled Planetoid graphs, user-placed real datasets, synthetic generators.
 
-Every dataset is a :class:`DatasetSpec` in :data:`REGISTRY` (one explicit dict). Loading returns a
-:class:`~gnnpar.data.types.GraphDataset` (a PyG ``Data`` with ``x, edge_index, y, train_mask,
-val_mask, test_mask``) or an :class:`~gnnpar.data.types.ImageDataset` (types.py). Missing files
-raise :class:`gnnpar.UsageError` naming the files, the folder, and where to obtain them (the CLI
-exits 2).
+Every dataset is a :class:`DatasetSpec` in :data:`REGISTRY` (one explicit dict, over the names and
+kinds of :mod:`gnnpar.data.registry`, which the config checks read without torch). Loading returns a
+:class:`~gnnpar.data.types.GraphDataset` (a PyG ``Data`` with ``x, edge_index, y, train_mask, val_mask, test_mask``)
+or an :class:`~gnnpar.data.types.ImageDataset`. Missing files raise :class:`gnnpar.UsageError` naming the files,
+the folder, and where to obtain them (the CLI exits 2).
 
 - bundled: cora, citeseer (raw Planetoid files in ``planetoid/``, PyG's reader, public split),
   karate (built into PyG).
@@ -38,6 +38,8 @@ from torch_geometric.data import Data
 from gnnpar import UsageError
 from gnnpar.data import readers, safe_load, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
+from gnnpar.data.registry import DATASETS as NAMED
+from gnnpar.data.registry import unknown_dataset
 from gnnpar.data.types import GraphDataset, ImageDataset, Loaded
 
 BUNDLED = Path(__file__).parent / "planetoid"
@@ -276,113 +278,88 @@ def _generated_images(root: Path, scale: float, seed: int, timeout_s: float) -> 
     return _images_from_tensors("synthetic-cifar10", tensors, meta)
 
 
-def _planetoid_spec(name: str, source: str, size: str) -> DatasetSpec:
+def _spec(name: str, size: str, files: tuple[str, ...], obtain: str, loader) -> DatasetSpec:
+    """A dataset of :data:`gnnpar.data.registry.DATASETS`, whose kind and source it takes."""
+    return DatasetSpec(name, NAMED[name].kind, NAMED[name].source, size, files, obtain, loader)
+
+
+def _planetoid_spec(name: str, size: str) -> DatasetSpec:
     lower = name.lower()
+    source = NAMED[lower].source
     files = tuple(
         f"{name}/raw/ind.{lower}.{s}" if source == "bundled" else f"ind.{lower}.{s}"
         for s in PLANETOID_FILES
     )
-    return DatasetSpec(
-        lower,
-        "graph",
-        source,
-        size,
-        files,
-        "https://github.com/kimiyoung/planetoid (folder data/)",
-        _planetoid(name),
-    )
+    obtain = "https://github.com/kimiyoung/planetoid (folder data/)"
+    return _spec(lower, size, files, obtain, _planetoid(name))
 
 
 REGISTRY: dict[str, DatasetSpec] = {
-    "cora": _planetoid_spec(
-        "Cora", "bundled", "2,708 nodes, 10,556 edges, 1,433 features, 7 classes"
-    ),
-    "citeseer": _planetoid_spec(
-        "CiteSeer", "bundled", "3,327 nodes, 9,104 edges, 3,703 features, 6 classes"
-    ),
-    "karate": DatasetSpec(
+    "cora": _planetoid_spec("Cora", "2,708 nodes, 10,556 edges, 1,433 features, 7 classes"),
+    "citeseer": _planetoid_spec("CiteSeer", "3,327 nodes, 9,104 edges, 3,703 features, 6 classes"),
+    "karate": _spec(
         "karate",
-        "graph",
-        "bundled",
         "34 nodes, 156 edges, 34 features, 4 classes",
         (),
         "built into PyG (torch_geometric.datasets.KarateClub)",
         _karate,
     ),
-    "pubmed": _planetoid_spec(
-        "PubMed", "user files", "19,717 nodes, 88,648 edges, 500 features, 3 classes"
-    ),
-    "reddit": DatasetSpec(
+    "pubmed": _planetoid_spec("PubMed", "19,717 nodes, 88,648 edges, 500 features, 3 classes"),
+    "reddit": _spec(
         "reddit",
-        "graph",
-        "user files",
         "232,965 nodes, 114,615,892 edges, 602 features, 41 classes",
         readers.REDDIT_FILES,
         "https://data.dgl.ai/dataset/reddit.zip (unzip; PyG's Reddit raw files)",
         _user_graph("reddit", readers.read_reddit),
     ),
-    "amazon": DatasetSpec(
+    "amazon": _spec(
         "amazon",
-        "graph",
-        "user files",
         "1,569,960 nodes, 264,339,468 edges, 200 features, 107 classes (multi-label)",
         readers.AMAZON_FILES,
         "GraphSAINT's AmazonProducts folder, https://github.com/GraphSAINT/GraphSAINT "
         "(Google Drive link in its README; the files PyG's AmazonProducts downloads)",
         _user_graph("amazon", readers.read_graphsaint),
     ),
-    "ogbn-arxiv": DatasetSpec(
+    "ogbn-arxiv": _spec(
         "ogbn-arxiv",
-        "graph",
-        "user files",
         "169,343 nodes, 2,315,598 edges (symmetric), 128 features, 40 classes",
         readers.ogb_files("ogbn-arxiv"),
         "http://snap.stanford.edu/ogb/data/nodeproppred/arxiv.zip (unzip; put its raw/ and "
         "split/ folders here)",
         _user_graph("ogbn-arxiv", lambda folder: readers.read_ogb(folder, "ogbn-arxiv")),
     ),
-    "ogbn-products": DatasetSpec(
+    "ogbn-products": _spec(
         "ogbn-products",
-        "graph",
-        "user files",
         "2,449,029 nodes, 123,718,280 edges (symmetric), 100 features, 47 classes",
         readers.ogb_files("ogbn-products"),
         "http://snap.stanford.edu/ogb/data/nodeproppred/products.zip (unzip; put its raw/ and "
         "split/ folders here)",
         _user_graph("ogbn-products", lambda folder: readers.read_ogb(folder, "ogbn-products")),
     ),
-    "cifar10": DatasetSpec(
+    "cifar10": _spec(
         "cifar10",
-        "image",
-        "user files",
         "60,000 3x32x32 images (45,000 train, 5,000 val, 10,000 test), 10 classes",
         readers.CIFAR_FILES,
         "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (untar here: it creates "
         "cifar-10-batches-py/)",
         _user_images,
     ),
-    "synthetic-reddit": DatasetSpec(
+    "synthetic-reddit": _spec(
         "synthetic-reddit",
-        "graph",
-        "generated",
         "232,965 nodes, 114,848,856 edges, 602 features, 41 classes (x scale)",
         (),
         "generated on first use (stochastic block model, gnnpar.data.synthetic)",
         _generated_graph(synthetic.REDDIT),
     ),
-    "synthetic-amazon": DatasetSpec(
+    "synthetic-amazon": _spec(
         "synthetic-amazon",
-        "graph",
-        "generated",
         "1,598,960 nodes, 132,169,734 edges, 200 features, 107 classes multi-label (x scale)",
         (),
         "generated on first use (stochastic block model, gnnpar.data.synthetic)",
         _generated_graph(synthetic.AMAZON),
     ),
-    "synthetic-cifar10": DatasetSpec(
+    "synthetic-cifar10": _spec(
         "synthetic-cifar10",
-        "image",
-        "generated",
         "60,000 3x32x32 images (45,000 train, 5,000 val, 10,000 test), 10 classes (x scale)",
         (),
         "generated on first use (class tint + oriented grating + noise, gnnpar.data.synthetic)",
@@ -391,23 +368,7 @@ REGISTRY: dict[str, DatasetSpec] = {
 }
 
 
-def unknown_dataset(name: str, flag: str = "dataset") -> str:
-    return (
-        f"Unknown {flag} '{name}'. Choose one of: {', '.join(REGISTRY)}; or give your own graph: "
-        f"{user.FORMS} (see `gnnpar datasets`)."
-    )
-
-
-def dataset_kind(name: str) -> tuple[str, bool]:
-    """(kind, generated) of ``--dataset name`` without loading it: ("graph" | "image", whether
-    gnnpar generates it). Checks that a user's file or folder exists (or that the module of
-    ``module:function`` can be found); UsageError for those and for unknown names."""
-    if name in REGISTRY:
-        return REGISTRY[name].kind, REGISTRY[name].source == "generated"
-    if user.is_user_source(name):
-        user.check_source(name)
-        return "graph", False
-    raise UsageError(unknown_dataset(name, "--dataset"))
+assert list(REGISTRY) == list(NAMED), "data/registry.py's DATASETS and REGISTRY name the same"
 
 
 def load_dataset(
@@ -426,4 +387,4 @@ def load_dataset(
         return REGISTRY[name].loader(Path(root), scale, seed, timeout_s)
     if user.is_user_source(name):
         return user.load_user_graph(name, Path(root), seed, timeout_s)
-    raise UsageError(unknown_dataset(name))
+    raise UsageError(unknown_dataset(name, "dataset", user.FORMS))

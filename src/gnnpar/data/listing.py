@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnnpar.config import check_data_root, default_data_root
+from gnnpar.config.parse import check_data_root, default_data_root
 from gnnpar.data.datasets import REGISTRY, DatasetSpec
 
 

@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gnnpar.config import ModelConfig
+    from gnnpar.config.schema import ModelConfig
     from gnnpar.models.base import BlockModel
 
 # model name -> (module, builder function)

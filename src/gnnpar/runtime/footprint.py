@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from gnnpar import UsageError
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 
 FLOAT_BYTES = 4
 GIB = 2**30

@@ -135,8 +135,8 @@ def check_ranks(nprocs: int) -> None:
 
 def _start_fork_server(warm: str) -> None:
     """Start multiprocessing's fork server (once per process) with the ranks' imports: torch and
-    PyG (:mod:`gnnpar.runtime.preload`), then the module ``warm`` (the rank function's: for
-    ``gnnpar train`` :mod:`gnnpar.run`, and with it everything a rank runs), named in
+    PyG (:mod:`gnnpar.runtime.preload`), then the modules ``warm`` (comma-separated: the rank
+    function's, for ``gnnpar train`` :mod:`gnnpar.run`, and what its ranks import later), named in
     :data:`PRELOAD_MODULES_ENV` for the server alone (this process does not import the preload
     module: it freezes the collector). Called while SIGINT is ignored
     (:func:`_ranks_ignore_ctrl_c`): the server inherits that, and so do the ranks forked from it."""
@@ -205,12 +205,14 @@ def launch(
     timeout_s: float,
     threads: int | None = None,
     max_restarts: int = 0,
+    warm: tuple[str, ...] = (),
 ) -> dict[int, Any]:
     """Run ``fn(*args, log_dir)`` on ``nprocs`` local ranks; return {rank: return value}.
 
     ``fn`` must be importable by name (module level): ranks are started with :func:`start_method`.
-    The fork server imports ``fn``'s module before any rank is forked from it, so the ranks share
-    its pages (and those of everything it imports) instead of importing it each.
+    The fork server imports ``fn``'s module and the modules named in ``warm`` (what the ranks
+    import later, e.g. inside a function) before any rank is forked from it, so the ranks share
+    their pages (and those of everything they import) instead of importing them each.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -256,7 +258,7 @@ def launch(
     try:
         with _ranks_ignore_ctrl_c(nprocs):
             if method == "forkserver":
-                _start_fork_server(fn.__module__)
+                _start_fork_server(",".join((fn.__module__, *warm)))
             outputs = elastic_launch(launch_cfg, entry)(*entry_args)
     except ChildFailedError as e:
         error = _describe(e, log_dir)

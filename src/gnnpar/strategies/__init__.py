@@ -1,28 +1,10 @@
-"""Strategies by CLI name: one explicit dict, no registry magic.
+"""The training strategies: one module per strategy, each defining its ``SPEC``.
 
-A strategy is a class with two static (or class) methods:
+A :class:`~gnnpar.strategies.spec.StrategySpec` says, without torch, which settings the strategy
+reads, how the ranks split into data-parallel copies and pipeline stages, its defaults, its
+checks, and how a rank builds its :class:`~gnnpar.training.loop.Plan`.
+:mod:`gnnpar.strategies.registry` lists them by ``--strategy`` name; adding a strategy is one
+module here and one line there.
 
-* ``check(cfg, dims)``: checks that need no data, run once before any process is launched
-  (:func:`gnnpar.run.prepare`); raise :class:`gnnpar.UsageError`.
-* ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
-  training loop (:mod:`gnnpar.training.loop`): model, optimizer, source, step, sync policy, finish.
+Nothing is imported here: import :mod:`gnnpar.strategies.registry` (or a strategy's module).
 """
-
-from __future__ import annotations
-
-from gnnpar.strategies.allreduce import AllReduce
-from gnnpar.strategies.gossip import GossipBipartite, GossipGCN
-from gnnpar.strategies.hybrid import Hybrid
-from gnnpar.strategies.pipeline import Pipeline
-from gnnpar.strategies.sampled import Sampled
-from gnnpar.strategies.sequential import Sequential
-
-STRATEGIES: dict[str, type] = {
-    "sequential": Sequential,
-    "allreduce": AllReduce,
-    "pipeline": Pipeline,
-    "hybrid": Hybrid,
-    "sampled": Sampled,
-    "gossip": GossipGCN,
-    "gossip-bipartite": GossipBipartite,
-}

@@ -27,31 +27,31 @@ are scored on validation and the better is kept (:func:`~gnnpar.training.final_m
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 from gnnpar import UsageError
-from gnnpar.config import Config
-from gnnpar.data.partition import load_partitions
-from gnnpar.models import build_model
-from gnnpar.parallel import collectives
+from gnnpar.config.schema import Config
+from gnnpar.data.registry import DATASETS
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.runtime.dist import DistContext
-from gnnpar.training.evaluation import evaluate_graph
-from gnnpar.training.final_model import choose_final_model
-from gnnpar.training.loop import Final, Plan
-from gnnpar.training.losses import LocalStep, graph_loss
-from gnnpar.training.optim import build_optimizer
-from gnnpar.training.seeding import seed_everything, seed_rank_dropout
-from gnnpar.training.sources import DealtPartitions
-from gnnpar.training.straggler import Straggler
-from gnnpar.training.sync import GradAllReduce, ParamAverage
+from gnnpar.strategies.spec import (
+    AVERAGING,
+    CLUSTER_GCN,
+    STEP_CHECKPOINTS,
+    STRAGGLERS,
+    StrategySpec,
+    check_stragglers,
+    data_parallel,
+)
+
+if TYPE_CHECKING:
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.loop import Plan
 
 
 def check_partitioned(cfg: Config, dims: ParallelDims, name: str) -> None:
     """Cluster-GCN data parallelism: a graph, ``--partitions`` >= ranks, stragglers that exist."""
-    from gnnpar.data.datasets import REGISTRY
-
-    d, s = cfg.data, cfg.strategy
-    if d.dataset in REGISTRY and REGISTRY[d.dataset].kind == "image":
+    d = cfg.data
+    if d.dataset in DATASETS and DATASETS[d.dataset].kind == "image":
         raise UsageError(
             f"--strategy {name} trains Cluster-GCN subgraphs of a graph; '{d.dataset}' holds "
             "images. Use a graph dataset."
@@ -66,70 +66,97 @@ def check_partitioned(cfg: Config, dims: ParallelDims, name: str) -> None:
             f"--partitions {d.partitions} is fewer than the {dims.world} ranks: every rank needs "
             "at least one subgraph. Raise --partitions or lower --workers."
         )
-    bad = sorted(r for r in s.slowdown if r >= dims.world)
-    if bad:
-        raise UsageError(
-            f"--slowdown names rank {bad[0]}, but the run has ranks 0..{dims.world - 1} only."
-        )
+    check_stragglers(cfg, dims)
 
 
-class AllReduce:
-    @staticmethod
-    def check(cfg: Config, dims: ParallelDims) -> None:
-        check_partitioned(cfg, dims, "allreduce")
+def check(cfg: Config, dims: ParallelDims) -> None:
+    check_partitioned(cfg, dims, "allreduce")
 
-    @staticmethod
-    def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
-        s, r = cfg.strategy, cfg.run
-        graph, partition_time, cache_hit = load_partitions(cfg, ds)
-        seed_everything(r.seed)
-        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
-        model.to(ctx.device)
-        collectives.broadcast_parameters(model)  # one starting point, whatever each init did
-        seed_rank_dropout(r.seed, ctx.rank)
-        params = list(model.parameters())
-        opt = build_optimizer(cfg, params)
-        Policy = ParamAverage if s.average == "params" else GradAllReduce
-        source = DealtPartitions(
-            graph, ctx.rank, ctx.world_size, r.epochs, r.seed, r.max_steps, ctx.device
-        )
 
-        def evaluate() -> tuple[dict | None, list[float]]:
-            if not ctx.is_main:  # the others wait at the next epoch's (untimed) barrier
-                return None, []
+def defaults(cfg: Config) -> None:
+    """Gradients at K = 1 (synchronous data parallelism, DDP's maths); parameters at K > 1,
+    because averaging gradients never pulls the models back together, so between K > 1
+    averagings they drift apart (synthetic-amazon, BENCHMARKS.md)."""
+    s = cfg.strategy
+    if s.average is None:
+        s.average = "params" if s.sync_every > 1 else "grads"
+
+
+def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
+    from gnnpar.data.partition import load_partitions
+    from gnnpar.models import build_model
+    from gnnpar.parallel import collectives
+    from gnnpar.training.evaluation import evaluate_graph
+    from gnnpar.training.final_model import choose_final_model
+    from gnnpar.training.loop import Final, Plan
+    from gnnpar.training.losses import LocalStep, graph_loss
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.seeding import seed_everything, seed_rank_dropout
+    from gnnpar.training.sources import DealtPartitions
+    from gnnpar.training.straggler import Straggler
+    from gnnpar.training.sync import GradAllReduce, ParamAverage
+
+    s, r = cfg.strategy, cfg.run
+    graph, partition_time, cache_hit = load_partitions(cfg, ds)
+    seed_everything(r.seed)
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model.to(ctx.device)
+    collectives.broadcast_parameters(model)  # one starting point, whatever each init did
+    seed_rank_dropout(r.seed, ctx.rank)
+    params = list(model.parameters())
+    opt = build_optimizer(cfg, params)
+    Policy = ParamAverage if s.average == "params" else GradAllReduce
+    source = DealtPartitions(
+        graph, ctx.rank, ctx.world_size, r.epochs, r.seed, r.max_steps, ctx.device
+    )
+
+    def evaluate() -> tuple[dict | None, list[float]]:
+        if not ctx.is_main:  # the others wait at the next epoch's (untimed) barrier
+            return None, []
+        scores, t = evaluate_graph(model, ds)
+        return scores, [t]
+
+    def finish() -> Final:
+        if s.sync_every > 1 and ctx.world_size > 1:
+            choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
+            return Final(choice.scores, choice.eval_times, choice.report())
+        scores, times = {"val": float("nan"), "test": float("nan"), "train": None}, []
+        if ctx.is_main:
             scores, t = evaluate_graph(model, ds)
-            return scores, [t]
+            times.append(t)
+        return Final(scores, times, {"final_model": "rank0"})
 
-        def finish() -> Final:
-            if s.sync_every > 1 and ctx.world_size > 1:
-                choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-                return Final(choice.scores, choice.eval_times, choice.report())
-            scores, times = {"val": float("nan"), "test": float("nan"), "train": None}, []
-            if ctx.is_main:
-                scores, t = evaluate_graph(model, ds)
-                times.append(t)
-            return Final(scores, times, {"final_model": "rank0"})
+    return Plan(
+        f"allreduce {cfg.model.name} x{ctx.world_size}",
+        model,
+        opt,
+        source,
+        LocalStep(model, partial(graph_loss, multilabel=ds.multilabel)),
+        finish,
+        sync=Policy(params, s.sync_every),
+        straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
+        evaluate=evaluate,
+        reporter=ctx.is_main,
+        partition_time_s=partition_time,
+        extra={
+            "slowdown": {str(k): v for k, v in sorted(s.slowdown.items())},
+            "jitter": s.jitter,
+            "sync_every": s.sync_every,
+            "average": s.average,
+            "partitioner": cfg.data.partitioner,
+            "partitions": graph.num_parts,
+            "partition_cache_hit": cache_hit,
+            "steps_per_epoch": source.steps,
+        },
+    )
 
-        return Plan(
-            f"allreduce {cfg.model.name} x{ctx.world_size}",
-            model,
-            opt,
-            source,
-            LocalStep(model, partial(graph_loss, multilabel=ds.multilabel)),
-            finish,
-            sync=Policy(params, s.sync_every),
-            straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
-            evaluate=evaluate,
-            reporter=ctx.is_main,
-            partition_time_s=partition_time,
-            extra={
-                "slowdown": {str(k): v for k, v in sorted(s.slowdown.items())},
-                "jitter": s.jitter,
-                "sync_every": s.sync_every,
-                "average": s.average,
-                "partitioner": cfg.data.partitioner,
-                "partitions": graph.num_parts,
-                "partition_cache_hit": cache_hit,
-                "steps_per_epoch": source.steps,
-            },
-        )
+
+SPEC = StrategySpec(
+    name="allreduce",
+    help="synchronous data-parallel Cluster-GCN",
+    degrees=data_parallel,
+    reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **STEP_CHECKPOINTS},
+    build=build,
+    check=check,
+    defaults=defaults,
+)

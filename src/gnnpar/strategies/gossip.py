@@ -21,98 +21,102 @@ scored on validation and the better one is kept (:func:`~gnnpar.training.final_m
     gnnpar train --dataset cora --model gcn --strategy gossip --partitions 8 --workers 2
     gnnpar train --dataset synthetic-reddit --scale 0.05 --model sage --strategy gossip \\
         --partitions 40 --workers 2 --sync-every 20 --slowdown 1=3
-    gnnpar train ... --strategy gossip-bipartite --workers 4     # ranks 0,1 active; 2,3 passive
+
+gossip-bipartite (strategies/gossip_bipartite.py) is this with another pairing topology.
 """
 
 from __future__ import annotations
 
 import random
 from functools import partial
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
-
-from gnnpar import UsageError
-from gnnpar.config import Config
-from gnnpar.data.partition import load_partitions
-from gnnpar.models import build_model
-from gnnpar.parallel.gossip import AnyPeer, Bipartite, GossipSync, Pairing, Topology, WorkPool
+from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.runtime.dist import DistContext
 from gnnpar.strategies.allreduce import check_partitioned
-from gnnpar.training.final_model import choose_final_model
-from gnnpar.training.loop import Final, Plan
-from gnnpar.training.losses import LocalStep, graph_loss
-from gnnpar.training.optim import build_optimizer
-from gnnpar.training.seeding import seed_everything, seed_rank_dropout
-from gnnpar.training.sources import PoolSource
-from gnnpar.training.straggler import Straggler
+from gnnpar.strategies.spec import AVERAGING, CLUSTER_GCN, STRAGGLERS, StrategySpec, data_parallel
+
+if TYPE_CHECKING:
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.loop import Plan
 
 
-class GossipGCN:
-    name = "gossip"
-    topology: type[Topology] = AnyPeer
-
-    @classmethod
-    def check(cls, cfg: Config, dims: ParallelDims) -> None:
-        check_partitioned(cfg, dims, cls.name)
-
-    @classmethod
-    def build(cls, cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
-        s, r = cfg.strategy, cfg.run
-        seed_everything(r.seed)  # the same initial model on every rank, as gossip assumes
-        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
-        model.to(ctx.device)
-        opt = build_optimizer(cfg, model.parameters())
-        seed_rank_dropout(r.seed, ctx.rank)
-        graph, partition_time, _ = load_partitions(cfg, ds)
-        batches = [b.to(ctx.device) for b in graph.batches()]
-        pool = WorkPool(ctx.store, "gossip/pool", len(batches), r.epochs, r.seed)
-        rng = random.Random(r.seed * 7919 + ctx.rank)
-        pairing = Pairing(
-            ctx.store, "gossip", cls.topology(ctx.rank, ctx.world_size), rng, s.timeout_s
-        )
-        pairing.open()
-        if ctx.is_distributed:
-            dist.barrier()  # every state key exists before anybody claims; common start time
-        params = [p for p in model.parameters() if p.requires_grad]
-
-        def finish() -> Final:
-            choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-            return Final(choice.scores, choice.eval_times, choice.report())
-
-        return Plan(
-            f"{cls.name} {cfg.model.name} x{ctx.world_size}",
-            model,
-            opt,
-            PoolSource(pool, batches),
-            LocalStep(model, partial(graph_loss, multilabel=ds.multilabel)),
-            finish,
-            sync=GossipSync(pairing, params, s.average, s.sync_every, s.timeout_s),
-            straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
-            lockstep=False,
-            reporter=ctx.is_main,
-            partition_time_s=partition_time,
-            extra={
-                "sync_every": s.sync_every,
-                "average": s.average,
-                "topology": cls.topology.name,
-                "slowdown": {str(k): v for k, v in s.slowdown.items()},
-                "jitter": s.jitter,
-            },
-        )
+def check(cfg: Config, dims: ParallelDims) -> None:
+    check_partitioned(cfg, dims, cfg.strategy.name)
 
 
-class GossipBipartite(GossipGCN):
-    """Study 003 algorithm 5: active ranks pick partners only among passive ranks."""
+def defaults(cfg: Config) -> None:
+    """Parameters: gossip ranks are always out of step, so averaging gradients would let their
+    models drift apart (module docstring)."""
+    if cfg.strategy.average is None:
+        cfg.strategy.average = "params"
 
-    name = "gossip-bipartite"
-    topology = Bipartite
 
-    @classmethod
-    def check(cls, cfg: Config, dims: ParallelDims) -> None:
-        super().check(cfg, dims)
-        if dims.world < 2:
-            raise UsageError(
-                "--strategy gossip-bipartite needs at least 2 ranks (an active and "
-                "a passive one): pass --workers 2 or more."
-            )
+def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool = False) -> Plan:
+    """``bipartite``: active ranks pick partners among passive ones only (gossip-bipartite)."""
+    import torch.distributed as dist
+
+    from gnnpar.data.partition import load_partitions
+    from gnnpar.models import build_model
+    from gnnpar.parallel.gossip import AnyPeer, Bipartite, GossipSync, Pairing, WorkPool
+    from gnnpar.training.final_model import choose_final_model
+    from gnnpar.training.loop import Final, Plan
+    from gnnpar.training.losses import LocalStep, graph_loss
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.seeding import seed_everything, seed_rank_dropout
+    from gnnpar.training.sources import PoolSource
+    from gnnpar.training.straggler import Straggler
+
+    topology = Bipartite if bipartite else AnyPeer
+    s, r = cfg.strategy, cfg.run
+    seed_everything(r.seed)  # the same initial model on every rank, as gossip assumes
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model.to(ctx.device)
+    opt = build_optimizer(cfg, model.parameters())
+    seed_rank_dropout(r.seed, ctx.rank)
+    graph, partition_time, _ = load_partitions(cfg, ds)
+    batches = [b.to(ctx.device) for b in graph.batches()]
+    pool = WorkPool(ctx.store, "gossip/pool", len(batches), r.epochs, r.seed)
+    rng = random.Random(r.seed * 7919 + ctx.rank)
+    pairing = Pairing(ctx.store, "gossip", topology(ctx.rank, ctx.world_size), rng, s.timeout_s)
+    pairing.open()
+    if ctx.is_distributed:
+        dist.barrier()  # every state key exists before anybody claims; common start time
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def finish() -> Final:
+        choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
+        return Final(choice.scores, choice.eval_times, choice.report())
+
+    return Plan(
+        f"{cfg.strategy.name} {cfg.model.name} x{ctx.world_size}",
+        model,
+        opt,
+        PoolSource(pool, batches),
+        LocalStep(model, partial(graph_loss, multilabel=ds.multilabel)),
+        finish,
+        sync=GossipSync(pairing, params, s.average, s.sync_every, s.timeout_s),
+        straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
+        lockstep=False,
+        reporter=ctx.is_main,
+        partition_time_s=partition_time,
+        extra={
+            "sync_every": s.sync_every,
+            "average": s.average,
+            "topology": topology.name,
+            "slowdown": {str(k): v for k, v in s.slowdown.items()},
+            "jitter": s.jitter,
+        },
+    )
+
+
+SPEC = StrategySpec(
+    name="gossip",
+    help="asynchronous Cluster-GCN, averaging with one partner at a time",
+    degrees=data_parallel,
+    # no --checkpoint-every-steps: gossip ranks reach no common step, only epoch ends
+    reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS},
+    build=build,
+    check=check,
+    defaults=defaults,
+)

@@ -18,10 +18,15 @@ result.json's loss_curve holds each copy's own mean loss: {"replica0": [...], "r
 
 from __future__ import annotations
 
-from gnnpar.strategies.pipeline import Pipeline
+from dataclasses import replace
 
+from gnnpar.strategies import pipeline
+from gnnpar.strategies.spec import reads, replicated_pipeline
 
-class Hybrid(Pipeline):
-    """The pipeline strategy with ``--replicas`` copies (ParallelDims reads them)."""
-
-    name = "hybrid"
+SPEC = replace(
+    pipeline.SPEC,
+    name="hybrid",
+    help="--replicas data-parallel copies of a pipeline",
+    degrees=replicated_pipeline,
+    reads={**pipeline.SPEC.reads, **reads("replicas")},
+)

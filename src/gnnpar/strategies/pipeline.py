@@ -22,27 +22,20 @@ plan with its halo_overhead (nodes computed / nodes in the graph). The hybrid st
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from gnnpar import UsageError
-from gnnpar.config import Config
-from gnnpar.data.datasets import REGISTRY
-from gnnpar.models import build_model
-from gnnpar.parallel import collectives
+from gnnpar.config.schema import Config
+from gnnpar.data.registry import DATASETS
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
-from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound, split_by_cost
-from gnnpar.parallel.pipeline.step import PipelineStep
-from gnnpar.runtime.dist import DistContext
-from gnnpar.training.loop import Final, Plan
-from gnnpar.training.optim import build_optimizer
-from gnnpar.training.precision import autocast
-from gnnpar.training.seeding import seed_everything
-from gnnpar.training.sync import NoSync, ReplicaGradSum
+from gnnpar.strategies.spec import PIPELINE, STEP_CHECKPOINTS, StrategySpec, pipelined, reads
+
+if TYPE_CHECKING:
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.loop import Plan
 
 
-def check_pipeline(cfg: Config, dims: ParallelDims) -> None:
+def check(cfg: Config, dims: ParallelDims) -> None:
     """Checks shared by pipeline and hybrid, before anything is launched."""
     s, m = cfg.strategy, cfg.model
     blocks = m.layers  # every gnnpar model has one block per layer (models/__init__.py)
@@ -52,6 +45,8 @@ def check_pipeline(cfg: Config, dims: ParallelDims) -> None:
             f"use --stages {blocks} or fewer (or more --layers)."
         )
     if s.balance is not None and (len(s.balance) != s.stages or sum(s.balance) != blocks):
+        from gnnpar.parallel.pipeline.stages import split_by_cost  # for the example only
+
         raise UsageError(
             f"--balance {','.join(map(str, s.balance))} must give {s.stages} stage sizes "
             f"(one per --stages) that add up to the model's {blocks} blocks, e.g. "
@@ -62,7 +57,7 @@ def check_pipeline(cfg: Config, dims: ParallelDims) -> None:
             f"--schedule 1f1b needs at least as many --chunks as --stages "
             f"(got {s.chunks} < {s.stages}); use more chunks or --schedule gpipe."
         )
-    if cfg.data.dataset in REGISTRY and REGISTRY[cfg.data.dataset].kind == "image":
+    if cfg.data.dataset in DATASETS and DATASETS[cfg.data.dataset].kind == "image":
         if s.chunks > s.batch_size:
             raise UsageError(
                 f"--chunks {s.chunks} is more than the {s.batch_size} images of a mini-batch "
@@ -75,82 +70,97 @@ def check_pipeline(cfg: Config, dims: ParallelDims) -> None:
             )
 
 
-class Pipeline:
-    name = "pipeline"
+def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
+    """This rank's stage of its pipeline (and replica, with hybrid's --replicas)."""
+    import torch
+    import torch.distributed as dist
 
-    @staticmethod
-    def check(cfg: Config, dims: ParallelDims) -> None:
-        check_pipeline(cfg, dims)
+    from gnnpar.models import build_model
+    from gnnpar.parallel import collectives
+    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+    from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound
+    from gnnpar.parallel.pipeline.step import PipelineStep
+    from gnnpar.training.loop import Final, Plan
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.precision import autocast
+    from gnnpar.training.seeding import seed_everything
+    from gnnpar.training.sync import NoSync, ReplicaGradSum
 
-    @classmethod
-    def build(cls, cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
-        r, s = cfg.run, cfg.strategy
-        place = StagePlace.create(dims, ctx.device.type)
-        seed_everything(r.seed)
-        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
-        torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
-        Job = ImageMicroBatches if ds.kind == "image" else GraphMicroBatches
-        job = Job(cfg, ds, place)
-        with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
-            balance, block_times = choose_balance(cfg, model, job)
-        if dist.get_rank() == 0 and not r.quiet:
-            how = "--balance" if block_times is None else "profiled fwd+bwd s per block: "
-            how += " ".join(f"{t:.3g}" for t in block_times or [])
-            print(f"{cls.name}: blocks per stage {balance} ({how.strip()})", flush=True)
-        step = PipelineStep(cfg, model, job, place, balance, ctx.device)
-        params = step.parameters()
-        opt = build_optimizer(cfg, params)
-        evals: list[list[float]] = []  # every evaluation's test-step times, this rank
+    r, s = cfg.run, cfg.strategy
+    place = StagePlace.create(dims, ctx.device.type)
+    seed_everything(r.seed)
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
+    Job = ImageMicroBatches if ds.kind == "image" else GraphMicroBatches
+    job = Job(cfg, ds, place)
+    with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
+        balance, block_times = choose_balance(cfg, model, job)
+    if dist.get_rank() == 0 and not r.quiet:
+        how = "--balance" if block_times is None else "profiled fwd+bwd s per block: "
+        how += " ".join(f"{t:.3g}" for t in block_times or [])
+        print(f"{s.name}: blocks per stage {balance} ({how.strip()})", flush=True)
+    step = PipelineStep(cfg, model, job, place, balance, ctx.device)
+    params = step.parameters()
+    opt = build_optimizer(cfg, params)
+    evals: list[list[float]] = []  # every evaluation's test-step times, this rank
 
-        def evaluate() -> tuple[dict | None, list[float]]:
-            evals.append(step.evaluate(job)[1])
-            return None, []
+    def evaluate() -> tuple[dict | None, list[float]]:
+        evals.append(step.evaluate(job)[1])
+        return None, []
 
-        def finish() -> Final:
-            payload, times = step.evaluate(job)
-            evals.append(times)
-            # every stage's trained weights (replica 0's: the copies are identical), so that
-            # each rank ends holding the whole trained model (model.pt, gnnpar.load)
-            weights = step.stage_state() if place.replica == 0 else {}
-            everyone = collectives.gather_to_all(
-                (place.replica, place.last, payload, evals, weights)
-            )
-            joined = {k: v for e in everyone for k, v in e[4].items()}
-            model.load_state_dict(joined)
-            lasts = sorted((e for e in everyone if e[1]), key=lambda e: e[0])
-            scores = job.scores([e[2] for e in lasts])
-            # an evaluation lasts until the slowest stage of replica 0 (which splits it) is done
-            mine = [e[3] for e in everyone if e[0] == 0]
-            times = [max(t) for call in zip(*mine) for t in zip(*call)]
-            return Final(scores, times)
+    def finish() -> Final:
+        payload, times = step.evaluate(job)
+        evals.append(times)
+        # every stage's trained weights (replica 0's: the copies are identical), so that
+        # each rank ends holding the whole trained model (model.pt, gnnpar.load)
+        weights = step.stage_state() if place.replica == 0 else {}
+        everyone = collectives.gather_to_all((place.replica, place.last, payload, evals, weights))
+        joined = {k: v for e in everyone for k, v in e[4].items()}
+        model.load_state_dict(joined)
+        lasts = sorted((e for e in everyone if e[1]), key=lambda e: e[0])
+        scores = job.scores([e[2] for e in lasts])
+        # an evaluation lasts until the slowest stage of replica 0 (which splits it) is done
+        mine = [e[3] for e in everyone if e[0] == 0]
+        times = [max(t) for call in zip(*mine) for t in zip(*call)]
+        return Final(scores, times)
 
-        S, M = s.stages, s.chunks
-        return Plan(
-            f"{cls.name} {cfg.model.name}",
-            model,
-            opt,
-            job,
-            step,
-            finish,
-            sync=ReplicaGradSum(params, place.reduce_group) if place.replicas > 1 else NoSync(),
-            evaluate=evaluate if job.eval_each_epoch else None,
-            curve="replica-step" if place.replicas > 1 else "step",
-            reporter=place.is_reporter,
-            replica=place.replica,
-            batches_per_step=M,
-            partition_time_s=job.plan_time_s,
-            extra={
-                "stages": S,
-                "chunks": M,
-                "replicas": place.replicas,
-                "schedule": s.schedule,
-                "balance": balance,
-                "balance_source": "--balance"
-                if block_times is None
-                else "profiled (fwd+bwd per block)",
-                "block_time_s": block_times,
-                "gpipe_bound": gpipe_bound(S, M),
-                "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
-                **job.extra(),
-            },
-        )
+    S, M = s.stages, s.chunks
+    return Plan(
+        f"{s.name} {cfg.model.name}",
+        model,
+        opt,
+        job,
+        step,
+        finish,
+        sync=ReplicaGradSum(params, place.reduce_group) if place.replicas > 1 else NoSync(),
+        evaluate=evaluate if job.eval_each_epoch else None,
+        curve="replica-step" if place.replicas > 1 else "step",
+        reporter=place.is_reporter,
+        replica=place.replica,
+        batches_per_step=M,
+        partition_time_s=job.plan_time_s,
+        extra={
+            "stages": S,
+            "chunks": M,
+            "replicas": place.replicas,
+            "schedule": s.schedule,
+            "balance": balance,
+            "balance_source": "--balance"
+            if block_times is None
+            else "profiled (fwd+bwd per block)",
+            "block_time_s": block_times,
+            "gpipe_bound": gpipe_bound(S, M),
+            "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
+            **job.extra(),
+        },
+    )
+
+
+SPEC = StrategySpec(
+    name="pipeline",
+    help="a GPipe pipeline of --stages stages",
+    degrees=pipelined,
+    reads={**PIPELINE, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
+    build=build,
+    check=check,
+)

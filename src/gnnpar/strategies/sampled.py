@@ -53,91 +53,120 @@ from __future__ import annotations
 
 import time
 from functools import partial
-
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from typing import TYPE_CHECKING
 
 from gnnpar import UsageError
-from gnnpar.config import Config
-from gnnpar.data.datasets import GraphDataset
-from gnnpar.models import build_model
+from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.runtime.dist import DistContext
-from gnnpar.training.evaluation import evaluate_graph
-from gnnpar.training.loop import Final, Plan
-from gnnpar.training.losses import LocalStep, seed_loss
-from gnnpar.training.optim import build_optimizer
-from gnnpar.training.precision import autocast
-from gnnpar.training.seeding import seed_everything
-from gnnpar.training.sources import SampledSource
-from gnnpar.training.straggler import Straggler
-from gnnpar.training.sync import DDPHooks, NoSync
+from gnnpar.strategies.spec import (
+    STEP_CHECKPOINTS,
+    STRAGGLERS,
+    StrategySpec,
+    check_stragglers,
+    data_parallel,
+    reads,
+)
+
+if TYPE_CHECKING:
+    from gnnpar.data.types import GraphDataset
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.loop import Plan
 
 
-class Sampled:
-    @staticmethod
-    def check(cfg: Config, dims: ParallelDims) -> None:
-        s, m = cfg.strategy, cfg.model
-        if m.name == "vig":
-            raise UsageError("--strategy sampled trains graph models; use --model sage or gat3.")
-        if len(s.fanouts) != m.layers:
-            raise UsageError(
-                f"--fanouts gives {len(s.fanouts)} fan-outs ({','.join(map(str, s.fanouts))}) but "
-                f"--model {m.name} has {m.layers} layers: give one fan-out per layer, "
-                f"e.g. --fanouts {','.join(['10'] * m.layers)}."
-            )
-        bad = sorted(r for r in s.slowdown if r >= dims.world)
-        if bad:
-            raise UsageError(
-                f"--slowdown names rank {bad[0]}, but the run has ranks 0..{dims.world - 1} only."
-            )
-
-    @staticmethod
-    def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -> Plan:
-        s, r = cfg.strategy, cfg.run
-        train_idx = ds.data.train_mask.nonzero().view(-1)
-        if train_idx.numel() < ctx.world_size:
-            raise UsageError(
-                f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
-                f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
-            )
-        seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
-        source = SampledSource(cfg, ds, ctx, train_idx)
-        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
-        model.to(ctx.device)
-        sync: NoSync = NoSync()
-        net: nn.Module = model
-        if ctx.is_distributed:
-            sync = DDPHooks()
-            cuda = ctx.device.type == "cuda"
-            net = DistributedDataParallel(model, device_ids=[ctx.device.index] if cuda else None)
-            net.register_comm_hook(None, sync.hook)
-        opt = build_optimizer(cfg, net.parameters())
-        source.start()
-
-        def finish() -> Final:
-            source.close()  # stops the workers before evaluation
-            t0 = time.perf_counter()
-            scores = {"val": 0.0, "test": 0.0, "train": 0.0}
-            if ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
-                with autocast(cfg.run.precision, "cpu"):  # the loop's is the training device's
-                    scores = evaluate_graph(model.cpu(), ds)[0]
-            return Final(scores, [time.perf_counter() - t0])
-
-        return Plan(
-            f"sampled {cfg.model.name}",
-            model,
-            opt,
-            source,
-            LocalStep(net, partial(seed_loss, multilabel=ds.multilabel)),
-            finish,
-            sync=sync,
-            straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
-            reporter=ctx.is_main,
-            extra={
-                "steps_per_epoch": source.steps,
-                "seeds_per_rank": source.per_rank,
-                "loader_workers": s.loader_workers,
-                "graph_setup_time_s": source.setup_s,
-            },
+def check(cfg: Config, dims: ParallelDims) -> None:
+    s, m = cfg.strategy, cfg.model
+    if m.name == "vig":
+        raise UsageError("--strategy sampled trains graph models; use --model sage or gat3.")
+    if len(s.fanouts) != m.layers:
+        raise UsageError(
+            f"--fanouts gives {len(s.fanouts)} fan-outs ({','.join(map(str, s.fanouts))}) but "
+            f"--model {m.name} has {m.layers} layers: give one fan-out per layer, "
+            f"e.g. --fanouts {','.join(['10'] * m.layers)}."
         )
+    check_stragglers(cfg, dims)
+
+
+def defaults(cfg: Config) -> None:
+    """Study 002's fan-outs 25,10,10 (10 for every further layer)."""
+    s, layers = cfg.strategy, cfg.model.layers
+    if s.fanouts is None:
+        s.fanouts = [25, 10, 10][:layers] + [10] * max(0, layers - 3)
+
+
+def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -> Plan:
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gnnpar.models import build_model
+    from gnnpar.training.evaluation import evaluate_graph
+    from gnnpar.training.loop import Final, Plan
+    from gnnpar.training.losses import LocalStep, seed_loss
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.precision import autocast
+    from gnnpar.training.seeding import seed_everything
+    from gnnpar.training.sources import SampledSource
+    from gnnpar.training.straggler import Straggler
+    from gnnpar.training.sync import DDPHooks, NoSync
+
+    s, r = cfg.strategy, cfg.run
+    train_idx = ds.data.train_mask.nonzero().view(-1)
+    if train_idx.numel() < ctx.world_size:
+        raise UsageError(
+            f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
+            f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
+        )
+    seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
+    source = SampledSource(cfg, ds, ctx, train_idx)
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model.to(ctx.device)
+    sync: NoSync = NoSync()
+    net: nn.Module = model
+    if ctx.is_distributed:
+        sync = DDPHooks()
+        cuda = ctx.device.type == "cuda"
+        net = DistributedDataParallel(model, device_ids=[ctx.device.index] if cuda else None)
+        net.register_comm_hook(None, sync.hook)
+    opt = build_optimizer(cfg, net.parameters())
+    source.start()
+
+    def finish() -> Final:
+        source.close()  # stops the workers before evaluation
+        t0 = time.perf_counter()
+        scores = {"val": 0.0, "test": 0.0, "train": 0.0}
+        if ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
+            with autocast(cfg.run.precision, "cpu"):  # the loop's is the training device's
+                scores = evaluate_graph(model.cpu(), ds)[0]
+        return Final(scores, [time.perf_counter() - t0])
+
+    return Plan(
+        f"sampled {cfg.model.name}",
+        model,
+        opt,
+        source,
+        LocalStep(net, partial(seed_loss, multilabel=ds.multilabel)),
+        finish,
+        sync=sync,
+        straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
+        reporter=ctx.is_main,
+        extra={
+            "steps_per_epoch": source.steps,
+            "seeds_per_rank": source.per_rank,
+            "loader_workers": s.loader_workers,
+            "graph_setup_time_s": source.setup_s,
+        },
+    )
+
+
+SPEC = StrategySpec(
+    name="sampled",
+    help="neighbour-sampled mini-batches under DDP",
+    degrees=data_parallel,
+    reads={
+        **reads("fanouts", "batch-size", "loader-workers"),
+        **STRAGGLERS,
+        **STEP_CHECKPOINTS,
+    },
+    build=build,
+    check=check,
+    defaults=defaults,
+)

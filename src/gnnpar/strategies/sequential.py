@@ -12,71 +12,80 @@ Regimes: full-batch node classification (Planetoid; study 001), Cluster-GCN subg
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
-from gnnpar.config import Config
-from gnnpar.data.datasets import GraphDataset, ImageDataset
-from gnnpar.data.partition import load_partitions
-from gnnpar.models import build_model
+from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.runtime.dist import DistContext
-from gnnpar.training.evaluation import evaluate_graph, evaluate_images
-from gnnpar.training.loop import Final, Plan
-from gnnpar.training.losses import LocalStep, graph_loss, image_loss
-from gnnpar.training.optim import build_optimizer
-from gnnpar.training.seeding import seed_everything
-from gnnpar.training.sources import ImageBatches, ShuffledBatches
+from gnnpar.strategies.spec import CLUSTER_GCN, STEP_CHECKPOINTS, StrategySpec, one_process, reads
+
+if TYPE_CHECKING:
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.loop import Plan
 
 
-class Sequential:
-    @staticmethod
-    def check(cfg: Config, dims: ParallelDims) -> None:
-        pass  # one process: ParallelDims already refused --workers > 1
+def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
+    """The plan of the one process."""
+    from gnnpar.data.partition import load_partitions
+    from gnnpar.models import build_model
+    from gnnpar.training.evaluation import evaluate_graph, evaluate_images
+    from gnnpar.training.loop import Final, Plan
+    from gnnpar.training.losses import LocalStep, graph_loss, image_loss
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.seeding import seed_everything
+    from gnnpar.training.sources import ImageBatches, ShuffledBatches
 
-    @staticmethod
-    def build(cfg: Config, ds: GraphDataset | ImageDataset, ctx: DistContext, dims) -> Plan:
-        r = cfg.run
-        seed_everything(r.seed)
-        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
-        model.to(ctx.device)
-        opt = build_optimizer(cfg, model.parameters())
-        name = f"sequential {cfg.model.name}"
-        if ds.kind == "image":
-            bs = cfg.strategy.batch_size
-            source = ImageBatches(ds, bs, r.epochs, r.seed, r.max_steps)
-            step = LocalStep(model, partial(image_loss, device=ctx.device))
+    r = cfg.run
+    seed_everything(r.seed)
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model.to(ctx.device)
+    opt = build_optimizer(cfg, model.parameters())
+    name = f"sequential {cfg.model.name}"
+    if ds.kind == "image":
+        bs = cfg.strategy.batch_size
+        source = ImageBatches(ds, bs, r.epochs, r.seed, r.max_steps)
+        step = LocalStep(model, partial(image_loss, device=ctx.device))
 
-            def finish_images() -> Final:
-                scores, times = evaluate_images(model, ds, bs, r.max_steps)
-                return Final(scores, times)
+        def finish_images() -> Final:
+            scores, times = evaluate_images(model, ds, bs, r.max_steps)
+            return Final(scores, times)
 
-            return Plan(name, model, opt, source, step, finish_images, curve="step")
-        partition_time = 0.0
-        if cfg.data.partitions is not None and cfg.data.partitions > 1:
-            graph, partition_time, _ = load_partitions(cfg, ds)
-            batches = graph.batches()
-        else:
-            batches = [ds.data]
-        if ctx.device.type != "cpu":  # once, in place (on CPU the tensors stay the same objects)
-            ds.data.to(ctx.device)
-            batches = [b.to(ctx.device) for b in batches]
-        source = ShuffledBatches(batches, r.epochs, r.seed, r.max_steps)
-        step = LocalStep(model, partial(graph_loss, multilabel=ds.multilabel))
+        return Plan(name, model, opt, source, step, finish_images, curve="step")
+    partition_time = 0.0
+    if cfg.data.partitions is not None and cfg.data.partitions > 1:
+        graph, partition_time, _ = load_partitions(cfg, ds)
+        batches = graph.batches()
+    else:
+        batches = [ds.data]
+    if ctx.device.type != "cpu":  # once, in place (on CPU the tensors stay the same objects)
+        ds.data.to(ctx.device)
+        batches = [b.to(ctx.device) for b in batches]
+    source = ShuffledBatches(batches, r.epochs, r.seed, r.max_steps)
+    step = LocalStep(model, partial(graph_loss, multilabel=ds.multilabel))
 
-        def evaluate() -> tuple[dict, list[float]]:
-            scores, t = evaluate_graph(model, ds)
-            return scores, [t]
+    def evaluate() -> tuple[dict, list[float]]:
+        scores, t = evaluate_graph(model, ds)
+        return scores, [t]
 
-        def finish() -> Final:
-            scores, t = evaluate_graph(model, ds)
-            return Final(scores, [t])
+    def finish() -> Final:
+        scores, t = evaluate_graph(model, ds)
+        return Final(scores, [t])
 
-        return Plan(
-            name,
-            model,
-            opt,
-            source,
-            step,
-            finish,
-            evaluate=evaluate,
-            partition_time_s=partition_time,
-        )
+    return Plan(
+        name,
+        model,
+        opt,
+        source,
+        step,
+        finish,
+        evaluate=evaluate,
+        partition_time_s=partition_time,
+    )
+
+
+SPEC = StrategySpec(
+    name="sequential",
+    help="one process, the baseline",
+    degrees=one_process,  # --workers > 1 would train identical copies: an error
+    reads={**CLUSTER_GCN, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
+    build=build,
+)

@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # a BaseExcept
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from gnnpar import UsageError
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.data import safe_load
 from gnnpar.parallel.collectives import barrier, gather_to_all
 from gnnpar.runtime.dist import restart_count

@@ -17,7 +17,7 @@ from torch_geometric.nn import GCNConv, MessagePassing
 from torch_geometric.utils import remove_self_loops
 
 from gnnpar.csr import indptr
-from gnnpar.data.datasets import GraphDataset, ImageDataset
+from gnnpar.data.types import GraphDataset, ImageDataset
 from gnnpar.training.metrics import score
 from gnnpar.training.sources import image_batches
 

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.parallel import collectives
 from gnnpar.runtime.allocator import release_free_memory
 from gnnpar.training.checkpoint import Checkpointer, Resumed

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 
 
 def build_optimizer(cfg: Config, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -31,7 +31,7 @@ import contextlib
 
 import torch
 
-from gnnpar.config import PRECISIONS
+from gnnpar.config.schema import PRECISIONS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 assert set(DTYPES) == set(PRECISIONS)

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch_geometric.data import Data
 
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.data.sampling.loader import (
     SampledBatches,
     build_loader,

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from gnnpar import UsageError
-from gnnpar.config import Config
-from gnnpar.data.datasets import GraphDataset, ImageDataset
+from gnnpar.config.schema import Config
 from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
+from gnnpar.data.types import GraphDataset, ImageDataset
 from gnnpar.training.metrics import score
 from gnnpar.training.sources import Resumable, image_batches
 

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.parallel.pipeline.batches import Batch, StagePlace
 from gnnpar.parallel.pipeline.stages import (
     StageModule,

@@ -1,0 +1,120 @@
+"""What a strategy is, as one torch-free object: :class:`StrategySpec`.
+
+A spec says everything the rest of gnnpar needs to know about a strategy before any process
+starts, and how a rank builds it:
+
+* ``reads``: the settings whose use depends on the strategy that it reads (and for which kinds
+  of dataset). :func:`gnnpar.config.validate.used_by` derives from the specs which runs read
+  each such setting, for the "is used by ... only" errors and ``gnnpar train --help``.
+* ``degrees``: how the world size splits into data-parallel copies x pipeline stages
+  (:class:`~gnnpar.parallel.parallel_dims.ParallelDims`, built once by
+  :func:`gnnpar.run.prepare` through :meth:`StrategySpec.parallel_dims`).
+* ``defaults``: fills the strategy's settings the user left unset
+  (:func:`gnnpar.config.validate.resolve`), e.g. what is averaged.
+* ``check(cfg, dims)``: the strategy's checks that need no data, once before launch.
+* ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
+  training loop (:mod:`gnnpar.training.loop`). It imports torch and the training parts when it
+  runs, so that the spec, and the config checks that read it, do not.
+
+Each strategy is one module of this package that defines its ``SPEC``;
+:mod:`gnnpar.strategies.registry` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gnnpar import UsageError
+from gnnpar.config.schema import DATASET_KINDS, Config, StrategyConfig
+from gnnpar.parallel.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.loop import Plan
+
+
+# ---------------------------------------------------------------- the settings a strategy reads
+def reads(*keys: str, kinds: tuple[str, ...] = DATASET_KINDS) -> dict[str, tuple[str, ...]]:
+    """``{key: kinds}``: settings (flag names) read when the dataset is of one of ``kinds``."""
+    return dict.fromkeys(keys, kinds)
+
+
+# Groups that several strategies read
+CLUSTER_GCN = reads("partitions", "partitioner", kinds=("graph",))  # subgraphs of a graph
+AVERAGING = reads("sync-every", "average")  # periodic averaging (gnnpar.training.sync)
+STRAGGLERS = reads("slowdown", "jitter")  # emulated stragglers (gnnpar.training.straggler)
+PIPELINE = {
+    **reads("stages", "chunks", "balance", "schedule"),
+    **reads("microbatch", kinds=("graph",)),  # image batches are cut evenly
+}
+STEP_CHECKPOINTS = reads("checkpoint-every-steps")  # the ranks reach common steps
+
+
+def check_stragglers(cfg: Config, dims: ParallelDims) -> None:
+    """--slowdown names ranks that the run has (for the strategies that read STRAGGLERS)."""
+    bad = sorted(r for r in cfg.strategy.slowdown if r >= dims.world)
+    if bad:
+        raise UsageError(
+            f"--slowdown names rank {bad[0]}, but the run has ranks 0..{dims.world - 1} only."
+        )
+
+
+# ---------------------------------------------------------------- parallel degrees
+Degrees = Callable[[StrategyConfig, int], tuple[int, int]]  # (settings, world) -> (copies, stages)
+
+
+def one_process(s: StrategyConfig, world: int) -> tuple[int, int]:
+    return 1, 1
+
+
+def data_parallel(s: StrategyConfig, world: int) -> tuple[int, int]:
+    return world, 1
+
+
+def pipelined(s: StrategyConfig, world: int) -> tuple[int, int]:
+    return 1, s.stages
+
+
+def replicated_pipeline(s: StrategyConfig, world: int) -> tuple[int, int]:
+    return s.replicas, s.stages
+
+
+def _no_check(cfg: Config, dims: ParallelDims) -> None:
+    pass
+
+
+def _no_defaults(cfg: Config) -> None:
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class StrategySpec:
+    name: str  # --strategy NAME
+    help: str  # one line for ``gnnpar train --help``
+    degrees: Degrees
+    build: Callable[[Config, Any, DistContext, ParallelDims], Plan]
+    reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    check: Callable[[Config, ParallelDims], None] = _no_check
+    defaults: Callable[[Config], None] = _no_defaults
+
+    def parallel_dims(self, cfg: Config, launched: int | None = None) -> ParallelDims:
+        """The degrees ``cfg`` asks for, checked against the world size it will run with:
+        ``launched`` (torchrun's WORLD_SIZE) if given, else ``--workers``."""
+        world = launched if launched is not None else cfg.strategy.workers
+        replicas, stages = self.degrees(cfg.strategy, world)
+        if replicas * stages == world:
+            return ParallelDims(replicas, stages, world)
+        if self.degrees is one_process:
+            how = "torchrun started" if launched is not None else "--workers asks for"
+            raise UsageError(
+                f"--strategy {self.name} trains in one process, but {how} {world}: that "
+                "would train identical copies. Use --workers 1, or a parallel strategy "
+                "(allreduce, gossip, sampled: data parallel; pipeline: stages)."
+            )
+        what = f"{replicas} replicas x {stages} stages" if replicas > 1 else f"{stages} stages"
+        raise UsageError(
+            f"--strategy {self.name} with {what} needs {replicas * stages} ranks, but the run "
+            f"has {world}; pass --workers {replicas * stages}."
+        )
