@@ -22,6 +22,7 @@ from gnnpar.config import Config, resolve
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partitioned, partition_nodes
 from gnnpar.models import build_model
+from gnnpar.result import build_result
 from gnnpar.run import train_rank
 from gnnpar.runtime.launch import launch
 from gnnpar.training.losses import graph_loss
@@ -68,9 +69,11 @@ def _train_ranks(log_dir: str) -> dict:
     ctx = setup(60)
     out = {}
     for name, (parts, average) in SCENARIOS.items():
-        outcome = train_rank(config(parts, average), random_graph(), ctx)
+        cfg, ds = config(parts, average), random_graph()
+        outcome = train_rank(cfg, ds, ctx)
         weights = {k: v.tolist() for k, v in outcome.model.state_dict().items()}
-        out[name] = {"weights": weights, "batches": outcome.per_worker_batches, **outcome.extra}
+        result = build_result(cfg, outcome, ds, ctx.world_size)
+        out[name] = {"weights": weights, "batches": outcome.per_worker_batches, **result}
     teardown()
     return out
 

@@ -78,7 +78,7 @@ class GossipGCN:
 
         def finish() -> Final:
             choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-            return Final(choice.scores, choice.eval_times, choice.report())
+            return Final(choice.scores, choice.eval_times, choice)
 
         return Plan(
             f"{cls.name} {cfg.model.name} x{ctx.world_size}",
