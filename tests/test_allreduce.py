@@ -23,6 +23,7 @@ from gnnpar.config.validate import resolve
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partitioned, partition_nodes
 from gnnpar.models import build_model
+from gnnpar.result import build_result
 from gnnpar.run import prepare, train_rank
 from gnnpar.runtime.launch import launch
 from gnnpar.training.losses import graph_loss
@@ -69,10 +70,11 @@ def _train_ranks(log_dir: str) -> dict:
     ctx = setup(60)
     out = {}
     for name, (parts, average) in SCENARIOS.items():
-        cfg = config(parts, average)
-        outcome = train_rank(cfg, random_graph(), ctx, prepare(cfg))
+        cfg, ds = config(parts, average), random_graph()
+        outcome = train_rank(cfg, ds, ctx, prepare(cfg))
         weights = {k: v.tolist() for k, v in outcome.model.state_dict().items()}
-        out[name] = {"weights": weights, "batches": outcome.per_worker_batches, **outcome.extra}
+        result = build_result(cfg, outcome, ds, ctx.world_size)
+        out[name] = {"weights": weights, "batches": outcome.per_worker_batches, **result}
     teardown()
     return out
 

@@ -8,14 +8,9 @@ import math
 import pytest
 import torch
 
-from gnnpar.training.metrics import (
-    REQUIRED_KEYS,
-    loss_fn,
-    score,
-    score_name,
-    summarize,
-    write_result,
-)
+from gnnpar.result import REQUIRED_KEYS, write_result
+from gnnpar.training.losses import loss_fn
+from gnnpar.training.metrics import score, score_name, summarize
 
 
 def test_accuracy_by_hand():

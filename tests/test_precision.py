@@ -27,8 +27,7 @@ from gnnpar.predict import predict
 from gnnpar.result import read_model_file
 from gnnpar.training.checkpoint import config_differences
 from gnnpar.training.evaluation import graph_logits
-from gnnpar.training.losses import LocalStep, graph_loss
-from gnnpar.training.metrics import loss_fn
+from gnnpar.training.losses import LocalStep, graph_loss, loss_fn
 from gnnpar.training.precision import autocast
 
 

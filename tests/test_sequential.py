@@ -88,5 +88,5 @@ def test_sequential_fits_a_tiny_graph(tmp_path):
     """GCN separates the two triangles of the 6-node graph: all four training nodes right."""
     ds = GraphDataset("cora", tiny_graph(), num_classes=2)
     out = train(ds, tmp_path, dataset="cora", model="gcn", epochs=100, dropout=0.0, lr=0.05)
-    assert out.extra["train_score"] == 1.0
+    assert out.scores["train"] == 1.0
     assert out.loss_curve[-1] < 0.5 * out.loss_curve[0]

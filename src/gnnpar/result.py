@@ -1,5 +1,23 @@
-"""``<out>/model.pt``: the final model of a run, with everything needed to rebuild it.
+"""What a run leaves in ``<out>/``: ``result.json`` (its one schema, and the one function that
+writes it) and ``model.pt`` (the final model, rebuildable).
 
+result.json
+-----------
+:func:`build_result` turns the loop's :class:`~gnnpar.training.loop.Outcome` (with the run's
+config, dataset and world size) into the dict, and :func:`write_result` writes it. Every key is
+declared below with what it means, grouped by what provides its value, in the order written:
+
+* :data:`CONTRACT`: the keys every result.json has (ARCHITECTURE.md; :data:`REQUIRED_KEYS`);
+* :data:`LOOP`: the loop's measurements, every run (per-rank lists: one entry per rank);
+* :data:`RANK_INFO`: per-rank lists from a source's or sync policy's ``rank_info()``;
+* :data:`STRATEGY_KEYS`: a strategy's settings and measurements (``Plan.extra``);
+* :data:`FINAL_MODEL`: how the final model was chosen (``Final``: allreduce, gossip);
+* :data:`CHECKPOINT`: checkpoints and restarts (runs with a checkpointer).
+
+A key that no group declares is refused (a programming error): add it here first.
+
+model.pt
+--------
 The file is one ``torch.save``d dict of plain values and tensors (so :func:`load_model` reads it
 with ``weights_only=True``, :mod:`gnnpar.data.safe_load`: loading a model file runs no code from it;
 one naming any function or class is refused)::
@@ -23,8 +41,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +51,239 @@ from torch import nn
 from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
 from gnnpar.data import safe_load
+from gnnpar.training.metrics import score_name, summarize
+
+if TYPE_CHECKING:
+    from gnnpar.config import Config
+    from gnnpar.training.loop import Outcome
+
+# ------------------------------------------------------------------------------ result.json
+CONTRACT: dict[str, str] = {
+    "dataset": "--dataset as given (a name, or a user graph's path / module:function)",
+    "model": "--model",
+    "strategy": "--strategy",
+    "workers": "number of ranks (world size)",
+    "epochs": "--epochs",
+    "seed": "--seed",
+    "config": "every resolved setting (Config.to_dict)",
+    "train_time_s": "wall time of training only: the longest rank's summed epoch time "
+    "(no data loading, partitioning, set-up or final evaluation)",
+    "partition_time_s": "time to partition (or plan micro-batches); 0 where nothing is",
+    "step_time_s": "summarize() of the step times (lock-step ranks: each step's slowest rank)",
+    "test_step_time_s": "summarize() of every evaluation step's time (mid-run and final)",
+    "score_name": '"accuracy" (single-label) or "micro_f1" (multi-label)',
+    "test_score": "the final model's test score",
+    "val_score": "the final model's validation score",
+    "per_worker_batches": "batches each rank trained (pipelines: micro-batches)",
+    "loss_curve": 'training loss: per epoch (mean over every rank), per step ("step"), or '
+    '{"replica<R>": per step} (Plan.curve)',
+    "versions": "torch, torch_geometric, gnnpar, python",
+    "machine": "cpu_count, accelerator (name or null), platform, hostname",
+}
+LOOP: dict[str, str] = {
+    "dataset_info": "the dataset's own description (user graphs: fingerprint, source)",
+    "train_score": "the final model's score on the training nodes (null where not computed)",
+    "per_worker_train_s": "per rank: summed epoch wall time",
+    "per_worker_wait_s": "per rank: seconds blocked on other ranks in the sync policy",
+    "per_worker_exchanges": "per rank: averagings (all-reduce or gossip) taken part in",
+    "per_worker_delay_s": "per rank: seconds slept as an emulated straggler (--slowdown, --jitter)",
+    "time_breakdown_s": "per rank: {data_wait, compute, sync} seconds summed over the steps",
+    "data_wait_share": "data_wait over the sum of every rank's breakdown (0 when empty)",
+    "rank_train_time_s": "per rank: summed epoch wall time (as per_worker_train_s)",
+    "max_rank_train_time_s": "the longest rank's training time (study 002's headline)",
+    "peak_rss_bytes": "per rank: peak resident memory of the process",
+    "first_batch_wait_s": "per rank: part of data_wait, the first batch (cannot be prefetched)",
+    "cuda_peak_bytes": "per rank: peak CUDA allocation (only on CUDA)",
+    "step_times_s": "every step's time, in order (the first includes warm-up)",
+    "per_worker_step_time_s": "per rank: summarize() of its own step times",
+}
+RANK_INFO: dict[str, str] = {
+    "pool_log": "gossip (PoolSource), per rank: [epoch, subgraph] in the order taken",
+    "exchange_log": "gossip (GossipSync), per rank: [step, partner, exchange id, initiated]",
+    "loader_start_time_s": "sampled (SampledSource), per rank: seconds to start the loader",
+}
+STRATEGY_KEYS: dict[str, str] = {
+    # allreduce, gossip
+    "slowdown": '--slowdown as {"rank": factor}',
+    "jitter": "--jitter",
+    "sync_every": "--sync-every K",
+    "average": "--average: grads or params",
+    "topology": "gossip: who may pair with whom (any, bipartite)",
+    "partitioner": "allreduce: --partitioner",
+    "partitions": "allreduce: number of Cluster-GCN subgraphs",
+    "partition_cache_hit": "allreduce: the partitioning came from the cache",
+    "steps_per_epoch": "allreduce, sampled: steps every rank runs per epoch",
+    # sampled
+    "seeds_per_rank": "sampled: training nodes per rank per epoch",
+    "loader_workers": "sampled: --loader-workers",
+    "graph_setup_time_s": "sampled: time to write the shared graph",
+    # pipeline, hybrid
+    "stages": "--stages",
+    "chunks": "--chunks (micro-batches per step)",
+    "replicas": "--replicas (copies of the pipeline)",
+    "schedule": "--schedule: gpipe or 1f1b",
+    "balance": "blocks per stage",
+    "balance_source": "--balance, or profiled (fwd+bwd per block)",
+    "block_time_s": "profiled seconds per block (null with --balance)",
+    "gpipe_bound": "GPipe's ideal speed-up S*M/(M+S-1)",
+    "boundary_dtypes": "dtypes of the activations sent between stages",
+    "microbatch": "graphs: --microbatch (exact or index)",
+    "halo_overhead": "graphs: nodes computed per step / nodes in the graph (training plan)",
+    "halo_duplication": "graphs: nodes computed / distinct nodes of the training plan",
+    "eval_halo_overhead": "graphs: halo_overhead of the evaluation plan",
+    "plan_train": "graphs: summary of the training micro-batch plan",
+    "plan_eval": "graphs: summary of the evaluation micro-batch plan",
+    "global_batch_size": "images: replicas x --batch-size",
+    "micro_batch_size": "images: --batch-size / --chunks",
+}
+FINAL_MODEL: dict[str, str] = {
+    "final_model": '"rank0" (every rank holds it), "average" or "best-local:rank<N>"',
+    "candidates": "both candidates' val_score/test_score (and the best local model's rank)",
+    "local_scores": "per rank: its own model's {val, test}",
+    "per_worker_divergence": "per rank: ||its model - average|| / ||average||",
+}
+CHECKPOINT: dict[str, str] = {
+    "checkpoints_written": "checkpoints this attempt wrote",
+    "checkpoint_time_s": "summarize() of the seconds each took to write",
+    "restarts": "restarts of the ranks before this attempt (--max-restarts, torchrun)",
+    "resumed_from": "the checkpoint this attempt continued from (only when resumed)",
+    "lost_time_s": "from that checkpoint's writing to its restoring (only when resumed)",
+}
+REQUIRED_KEYS = tuple(CONTRACT)
+KEYS: dict[str, str] = {
+    **CONTRACT,
+    **LOOP,
+    **RANK_INFO,
+    **STRATEGY_KEYS,
+    **FINAL_MODEL,
+    **CHECKPOINT,
+}
+
+
+def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:
+    """result.json of a run, the same on every rank. Raises for a key no group declares."""
+    ranks = o.ranks
+    result: dict[str, Any] = {
+        "dataset": cfg.data.dataset,
+        "model": cfg.model.name,
+        "strategy": cfg.strategy.name,
+        "workers": world_size,
+        "epochs": cfg.run.epochs,
+        "seed": cfg.run.seed,
+        "config": cfg.to_dict(),
+        "train_time_s": o.train_time_s,
+        "partition_time_s": o.partition_time_s,
+        "step_time_s": summarize(o.step_times),
+        "test_step_time_s": summarize(o.test_step_times),
+        "score_name": score_name(ds.multilabel),
+        "test_score": o.scores["test"],
+        "val_score": o.scores["val"],
+        "per_worker_batches": o.per_worker_batches,
+        "loss_curve": o.loss_curve,
+        "versions": versions(),
+        "machine": machine(),
+    }
+    # LOOP
+    breakdown = [
+        {"data_wait": r.data_wait_s, "compute": r.compute_s, "sync": r.sync_wait_s} for r in ranks
+    ]
+    total = sum(sum(b.values()) for b in breakdown)
+    train_s = [r.train_s for r in ranks]
+    result |= {
+        "dataset_info": getattr(ds, "info", {}),
+        "train_score": o.scores.get("train"),
+        "per_worker_train_s": train_s,
+        "per_worker_wait_s": [r.sync_wait_s for r in ranks],
+        "per_worker_exchanges": [r.exchanges for r in ranks],
+        "per_worker_delay_s": [r.delay_s for r in ranks],
+        "time_breakdown_s": breakdown,
+        "data_wait_share": sum(b["data_wait"] for b in breakdown) / total if total else 0.0,
+        "rank_train_time_s": train_s,
+        "max_rank_train_time_s": max(train_s),
+        "peak_rss_bytes": [r.peak_rss_bytes for r in ranks],
+        "first_batch_wait_s": [r.first_batch_wait_s for r in ranks],
+    }
+    if ranks[0].cuda_peak_bytes is not None:
+        result["cuda_peak_bytes"] = [r.cuda_peak_bytes for r in ranks]
+    result["step_times_s"] = o.step_times
+    result["per_worker_step_time_s"] = [summarize(r.step_times) for r in ranks]
+    # RANK_INFO, STRATEGY_KEYS
+    result |= {key: [r.info[key] for r in ranks] for key in ranks[0].info}
+    _check(o.strategy, STRATEGY_KEYS, "Plan.extra")
+    result |= o.strategy
+    # FINAL_MODEL
+    if o.final_model is not None:
+        result["final_model"] = o.final_model
+    if o.choice is not None:
+        result["candidates"] = o.choice.candidates
+        result["local_scores"] = [
+            {"val": s["val"], "test": s["test"]} for s in o.choice.local_scores
+        ]
+        result["per_worker_divergence"] = o.choice.divergence
+    # CHECKPOINT
+    c = o.checkpoints
+    if c is not None:
+        result["checkpoints_written"] = len(c.save_times)
+        result["checkpoint_time_s"] = summarize(c.save_times)
+        result["restarts"] = c.restarts
+        if c.resumed_from is not None:
+            result["resumed_from"] = c.resumed_from
+            result["lost_time_s"] = c.lost_time_s
+    _check(result, KEYS, "result.json")
+    return result
+
+
+def _check(keys, declared: dict[str, str], what: str) -> None:
+    unknown = [k for k in keys if k not in declared]
+    if unknown:  # a programming error, not user input
+        raise RuntimeError(f"{what} has keys that gnnpar.result does not declare: {unknown}")
+
+
+def versions() -> dict[str, str]:
+    import torch_geometric
+
+    import gnnpar
+
+    return {
+        "torch": str(torch.__version__),
+        "torch_geometric": torch_geometric.__version__,
+        "gnnpar": gnnpar.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def machine() -> dict[str, Any]:
+    accel = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu_count": os.cpu_count(),
+        "accelerator": accel,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+    }
+
+
+def write_result(result: dict[str, Any], out_dir: str | os.PathLike) -> Path:
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:  # a programming error, not user input
+        raise RuntimeError(f"result.json is missing required keys: {missing}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "result.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=_jsonable))
+    tmp.replace(path)
+    return path
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+# --------------------------------------------------------------------------------- model.pt
 
 FORMAT = "gnnpar-model-1"
 

@@ -30,7 +30,7 @@ from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.result import save_model
+from gnnpar.result import build_result, save_model, write_result
 from gnnpar.runtime import dist, launch, slurm
 from gnnpar.runtime.footprint import check_memory
 from gnnpar.runtime.heartbeat import Heartbeat
@@ -38,7 +38,6 @@ from gnnpar.strategies import registry
 from gnnpar.training.checkpoint import Checkpointer, complete_checkpoints
 from gnnpar.training.checkpoint import clear as clear_checkpoints
 from gnnpar.training.loop import Outcome, train
-from gnnpar.training.metrics import machine, score_name, summarize, versions, write_result
 
 
 def prepare(cfg: Config) -> ParallelDims:
@@ -192,29 +191,3 @@ def checkpointer(cfg: Config, ctx: dist.DistContext) -> Checkpointer | None:
     )
     ckpt.config = cfg.to_dict()
     return ckpt
-
-
-def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:
-    result: dict[str, Any] = {
-        "dataset": cfg.data.dataset,
-        "model": cfg.model.name,
-        "strategy": cfg.strategy.name,
-        "workers": world_size,
-        "epochs": cfg.run.epochs,
-        "seed": cfg.run.seed,
-        "config": cfg.to_dict(),
-        "train_time_s": o.train_time_s,
-        "partition_time_s": o.partition_time_s,
-        "step_time_s": summarize(o.step_times),
-        "test_step_time_s": summarize(o.test_step_times),
-        "score_name": score_name(ds.multilabel),
-        "test_score": o.test_score,
-        "val_score": o.val_score,
-        "per_worker_batches": o.per_worker_batches,
-        "loss_curve": o.loss_curve,
-        "versions": versions(),
-        "machine": machine(),
-        "dataset_info": getattr(ds, "info", {}),
-    }
-    result.update(o.extra)
-    return result

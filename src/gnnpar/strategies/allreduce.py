@@ -119,12 +119,12 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     def finish() -> Final:
         if s.sync_every > 1 and ctx.world_size > 1:
             choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-            return Final(choice.scores, choice.eval_times, choice.report())
+            return Final(choice.scores, choice.eval_times, choice)
         scores, times = {"val": float("nan"), "test": float("nan"), "train": None}, []
         if ctx.is_main:
             scores, t = evaluate_graph(model, ds)
             times.append(t)
-        return Final(scores, times, {"final_model": "rank0"})
+        return Final(scores, times, final_model="rank0")
 
     return Plan(
         f"allreduce {cfg.model.name} x{ctx.world_size}",

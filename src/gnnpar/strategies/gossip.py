@@ -86,7 +86,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
 
     def finish() -> Final:
         choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-        return Final(choice.scores, choice.eval_times, choice.report())
+        return Final(choice.scores, choice.eval_times, choice)
 
     return Plan(
         f"{cfg.strategy.name} {cfg.model.name} x{ctx.world_size}",

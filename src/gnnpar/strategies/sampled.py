@@ -43,7 +43,7 @@ The usual culprits, all multiplied by ranks x workers:
 5. Waits without a deadline: the DataLoader has ``timeout=--timeout`` and the process group the
    same timeout, so a stuck worker or peer ends the run with an error that names it.
 
-Result keys (the loop's, :mod:`gnnpar.training.loop`): ``time_breakdown_s`` (per rank: data_wait,
+Result keys (the loop's, :mod:`gnnpar.result`): ``time_breakdown_s`` (per rank: data_wait,
 compute, sync seconds summed over the run), ``max_rank_train_time_s`` (study 002's headline: the
 longest training time of any rank), ``per_worker_batches``, ``data_wait_share``. ``sync`` is the
 gradient all-reduce time that backward did not hide (:class:`gnnpar.training.sync.DDPHooks`).
@@ -129,8 +129,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
     opt = build_optimizer(cfg, net.parameters())
     source.start()
 
-    def finish() -> Final:
-        source.close()  # stops the workers before evaluation
+    def finish() -> Final:  # the loop has closed the source: its workers are stopped
         t0 = time.perf_counter()
         scores = {"val": 0.0, "test": 0.0, "train": 0.0}
         if ctx.is_main:  # exact full-graph scores, on the CPU where the graph is

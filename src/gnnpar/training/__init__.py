@@ -7,8 +7,10 @@ and the local step (:mod:`~gnnpar.training.losses`), the optimizer
 (:mod:`~gnnpar.training.seeding`), emulated stragglers (:mod:`~gnnpar.training.straggler`),
 checkpoints (:mod:`~gnnpar.training.checkpoint`), evaluation
 (:mod:`~gnnpar.training.evaluation`), the choice of the final model
-(:mod:`~gnnpar.training.final_model`) and metrics and result.json
-(:mod:`~gnnpar.training.metrics`). The strategies that build the plans are in
+(:mod:`~gnnpar.training.final_model`), statistics and scores (:mod:`~gnnpar.training.metrics`),
+the progress bar and ``metrics.jsonl`` (:mod:`~gnnpar.training.progress`). What the loop calls
+on a source and a sync policy is declared in :mod:`~gnnpar.training.protocols`; result.json is
+built from the loop's outcome in :mod:`gnnpar.result`. The strategies that build the plans are in
 :mod:`gnnpar.strategies`; processes, process groups and launching are in :mod:`gnnpar.runtime`;
 gossip and pipeline machinery is in :mod:`gnnpar.parallel`.
 """

@@ -96,6 +96,16 @@ class Resumed:
     saved_at: float  # time.time() when it was written
 
 
+@dataclass
+class CheckpointStats:
+    """This rank's checkpointing over the run (:meth:`Checkpointer.stats`)."""
+
+    save_times: list[float]  # seconds each checkpoint took to write
+    restarts: int  # restarts of the elastic agent before this attempt
+    resumed_from: str | None = None  # the checkpoint this attempt continued from
+    lost_time_s: float | None = None  # from that checkpoint's writing to its restoring
+
+
 class Checkpointer:
     """Writes and finds the checkpoints of one run (every rank holds one)."""
 
@@ -110,21 +120,14 @@ class Checkpointer:
         self.saved: list[float] = []  # seconds each save took (result.json)
         self.resumed_at = 0.0
 
-    def report(self, resumed: Resumed | None) -> dict[str, Any]:
-        """result.json keys: checkpoints written and their cost, restarts, time lost."""
-        from gnnpar.training.metrics import summarize
-
-        out: dict[str, Any] = {
-            "checkpoints_written": len(self.saved),
-            "checkpoint_time_s": summarize(self.saved),
-            "restarts": restart_count(),
-        }
-        if resumed is not None:
-            out["resumed_from"] = str(resumed.path)
-            # from the checkpoint's writing to this attempt's restoring it: the work done after
-            # it and lost, finding the failure, restarting the ranks and setting them up again
-            out["lost_time_s"] = max(0.0, self.resumed_at - resumed.saved_at)
-        return out
+    def stats(self, resumed: Resumed | None) -> CheckpointStats:
+        """Checkpoints written and their cost, restarts, time lost (for result.json)."""
+        if resumed is None:
+            return CheckpointStats(list(self.saved), restart_count())
+        # from the checkpoint's writing to this attempt's restoring it: the work done after
+        # it and lost, finding the failure, restarting the ranks and setting them up again
+        lost = max(0.0, self.resumed_at - resumed.saved_at)
+        return CheckpointStats(list(self.saved), restart_count(), str(resumed.path), lost)
 
     @property
     def enabled(self) -> bool:

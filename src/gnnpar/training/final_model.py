@@ -29,16 +29,6 @@ class FinalChoice:
     divergence: list[float]  # per rank: ||its model - average|| / ||average||
     eval_times: list[float] = field(default_factory=list)
 
-    def report(self) -> dict[str, Any]:
-        """result.json keys."""
-        return {
-            "final_model": self.name,
-            "candidates": self.candidates,
-            "local_scores": [{"val": s["val"], "test": s["test"]} for s in self.local_scores],
-            # how far apart the local models ended: ||local - average|| / ||average|| per rank
-            "per_worker_divergence": self.divergence,
-        }
-
 
 def relative_distance(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     """``||a - b|| / ||b||`` over all tensors together: how far a rank's model is from another

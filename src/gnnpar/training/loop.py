@@ -3,7 +3,9 @@
 A strategy (``strategies/*.py``) does not loop. It builds a :class:`Plan`: the model and its
 optimizer, a *source* of this rank's batches (:mod:`gnnpar.training.sources`), a *step* (forward and
 backward of one batch, or one pipeline schedule), and a *sync policy* that acts between steps
-(:mod:`gnnpar.training.sync`). :func:`train` then runs, on every rank::
+(:mod:`gnnpar.training.sync`). What the loop calls on a source and a sync policy is declared in
+:mod:`gnnpar.training.protocols` (every member; the base classes supply the defaults), and it
+calls them directly. :func:`train` then runs, on every rank::
 
     for epoch in range(epochs):
         sync.start_epoch()                         # lock-step ranks: a common start
@@ -17,9 +19,12 @@ backward of one batch, or one pipeline schedule), and a *sync policy* that acts 
         sync.end_epoch()                           # lock-step ranks: wait for every rank
         every --eval-every epochs: plan.evaluate()
     sync.finish()                                  # gossip: serve the last claims
+    source.close()                                 # e.g. stop the loader's workers
     plan.finish()                                  # final scores (and final-model choice)
 
-and gathers what every rank did into one :class:`Outcome` (result.json). Timing: a step is
+and gathers what every rank did into one :class:`Outcome`, which
+:func:`gnnpar.result.build_result` turns into result.json. Checkpoints (``--checkpoint-every``)
+are written between steps or epochs and, on resume, restored before the first. Timing: a step is
 from asking the source for a batch to the end of its sync; ``data_wait`` is the first part,
 ``sync`` what the policy spent blocked on other ranks, ``compute`` the rest (straggler delays
 included). ``train_time_s`` is the longest rank's summed epoch wall time (evaluation,
@@ -31,38 +36,39 @@ all), so the scores in result.json are those of the run's arithmetic.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from gnnpar.config.schema import Config
 from gnnpar.parallel import collectives
 from gnnpar.runtime.allocator import release_free_memory
-from gnnpar.training.checkpoint import Checkpointer, Resumed
-from gnnpar.training.metrics import MetricsLog, Progress, epoch_line, peak_memory, summarize
+from gnnpar.training.checkpoint import Checkpointer, CheckpointStats, Resumed
+from gnnpar.training.final_model import FinalChoice
+from gnnpar.training.metrics import peak_memory
 from gnnpar.training.precision import autocast
+from gnnpar.training.progress import MetricsLog, Progress, epoch_line
+from gnnpar.training.protocols import Source, Sync
 from gnnpar.training.straggler import Straggler
-from gnnpar.training.sync import NoSync, Sync
-
-
-class Source(Protocol):
-    """What a rank trains on: ``epoch(e)`` yields its batches (None: no batch at this step)."""
-
-    total_steps: int  # for the progress display
-    position: int  # steps done so far (by every rank, where the source knows)
-
-    def epoch(self, epoch: int) -> Iterator[Any]: ...
+from gnnpar.training.sync import NoSync
 
 
 @dataclass
 class Final:
-    """What :attr:`Plan.finish` returns: the final model's scores."""
+    """What :attr:`Plan.finish` returns: the final model's scores, and how it was chosen."""
 
     scores: dict[str, float | None]  # val, test (and train where known)
     eval_times: list[float]
-    extra: dict[str, Any] = field(default_factory=dict)
+    # where ranks end with different models: both candidates scored, the better kept
+    choice: FinalChoice | None = None
+    # which model is final: "rank0" (every rank holds it), or the choice's name
+    final_model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            self.final_model = self.choice.name
 
 
 @dataclass
@@ -85,21 +91,58 @@ class Plan:
     device: torch.device | None = None  # for the accelerator's peak memory
     batches_per_step: int = 1  # per_worker_batches unit (pipelines: micro-batches)
     partition_time_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)  # strategy-specific result.json keys
+    # the strategy's settings and measurements for result.json; every key is declared in
+    # gnnpar.result.STRATEGY_KEYS (an undeclared one fails the run's result)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RankStats:
+    """What one rank did over the run, gathered from every rank (the per-worker lists)."""
+
+    train_s: float  # summed epoch wall time
+    data_wait_s: float  # asking the source for batches
+    compute_s: float  # the rest of the steps (straggler delays included)
+    sync_wait_s: float  # blocked on other ranks in the sync policy
+    exchanges: int  # averagings taken part in
+    delay_s: float  # slept as an emulated straggler
+    first_batch_wait_s: float  # part of data_wait_s: the first batch (not prefetched)
+    step_times: list[float]  # every step, in order
+    batches: int  # batches trained (pipelines: micro-batches)
+    peak_rss_bytes: int
+    cuda_peak_bytes: int | None  # None: not on CUDA
+    info: dict[str, Any]  # Source.rank_info() | Sync.rank_info() (gnnpar.result.RANK_INFO)
 
 
 @dataclass
 class Outcome:
-    train_time_s: float
-    step_times: list[float]
-    test_step_times: list[float]
+    """What :func:`train` returns, the same on every rank; :func:`gnnpar.result.build_result`
+    turns it into result.json."""
+
+    train_time_s: float  # the longest rank's summed epoch wall time
+    step_times: list[float]  # lock-step ranks: each step's slowest rank; else rank 0's
+    test_step_times: list[float]  # every evaluation step (mid-run and final)
     loss_curve: list[float] | dict[str, list[float]]
-    per_worker_batches: list[int]
-    val_score: float
-    test_score: float
+    scores: dict[str, float | None]  # the final model's val, test (and train where known)
+    ranks: list[RankStats]
     partition_time_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    final_model: str | None = None  # Final.final_model
+    choice: FinalChoice | None = None  # Final.choice
+    checkpoints: CheckpointStats | None = None  # None: no checkpointer
+    strategy: dict[str, Any] = field(default_factory=dict)  # Plan.extra
     model: torch.nn.Module | None = None
+
+    @property
+    def val_score(self) -> float:
+        return self.scores["val"]
+
+    @property
+    def test_score(self) -> float:
+        return self.scores["test"]
+
+    @property
+    def per_worker_batches(self) -> list[int]:
+        return [r.batches for r in self.ranks]
 
 
 @dataclass
@@ -172,9 +215,9 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
             return {
                 "log": {**vars(log), "train_s": log.train_s + partial_s},
                 "eval_times": eval_times,
-                "source": _state(source),
+                "source": source.state(),
                 "sync": sync.state(),
-                "straggler": (plan.straggler.rng.getstate(), plan.straggler.delay_s),
+                "straggler": plan.straggler.state(),
             }
 
         sync.pause()  # gossip: finish pending exchanges, accept no more, before the barrier
@@ -232,18 +275,15 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
         t_end = time.perf_counter()
         sync.finish()
         log.train_s += time.perf_counter() - t_end
+        source.close()  # e.g. the loader's workers, before the final evaluation
         release_free_memory()  # rank 0 evaluates now, and the others wait for it
         with precision():
             final = plan.finish()
         metrics.final(final.scores, log.train_s)
     outcome = _outcome(plan, log, eval_times + final.eval_times, final)
     if ckpt is not None:
-        outcome.extra.update(ckpt.report(resumed))
+        outcome.checkpoints = ckpt.stats(resumed)
     return outcome
-
-
-def _state(part: Any) -> Any:
-    return part.state() if hasattr(part, "state") else None
 
 
 def _resume(cfg: Config, plan: Plan, ckpt: Checkpointer) -> Resumed | None:
@@ -254,69 +294,46 @@ def _resume(cfg: Config, plan: Plan, ckpt: Checkpointer) -> Resumed | None:
     if resumed is None:
         return None
     loop = resumed.loop
-    if loop["source"] is not None:
-        plan.source.load_state(loop["source"])
-    if hasattr(plan.source, "skip"):  # epochs made from (seed, epoch): pass over what was done
-        plan.source.skip = resumed.step
+    plan.source.load_state(loop["source"])
+    plan.source.skip(resumed.step)  # epochs made from (seed, epoch): pass over what was done
     plan.sync.load_state(loop["sync"])
-    plan.straggler.rng.setstate(loop["straggler"][0])
-    plan.straggler.delay_s = loop["straggler"][1]
+    plan.straggler.load_state(loop["straggler"])
     warn(f"gnnpar: resuming from {resumed.path} (epoch {resumed.epoch + 1}, step {resumed.step})")
     collectives.barrier()  # e.g. the work pool's counter is restored before anybody takes
     return resumed
 
 
 def _outcome(plan: Plan, log: RankLog, eval_times: list[float], final: Final) -> Outcome:
-    """Every rank's log gathered into result.json's shape (identical on every rank)."""
-    mine = {
-        "log": vars(log),
-        "wait_s": plan.sync.wait_s,
-        "exchanges": plan.sync.exchanges,
-        "delay_s": plan.straggler.delay_s,
-        "peak": peak_memory(plan.device),
-        "info": {**getattr(plan.source, "rank_info", dict)(), **plan.sync.rank_info()},
-    }
-    everyone = collectives.gather_to_all(mine)
+    """Every rank's log gathered into one :class:`Outcome` (identical on every rank)."""
+    peak = peak_memory(plan.device)
+    mine = RankStats(
+        train_s=log.train_s,
+        data_wait_s=log.data_wait_s,
+        compute_s=log.compute_s,
+        sync_wait_s=plan.sync.wait_s,
+        exchanges=plan.sync.exchanges,
+        delay_s=plan.straggler.delay_s,
+        first_batch_wait_s=log.first_wait_s,
+        step_times=log.step_times,
+        batches=log.batches * plan.batches_per_step,
+        peak_rss_bytes=peak["peak_rss_bytes"],
+        cuda_peak_bytes=peak.get("cuda_peak_bytes"),
+        info={**plan.source.rank_info(), **plan.sync.rank_info()},
+    )
+    everyone = collectives.gather_to_all({"stats": mine, "log": vars(log)})
     logs = [e["log"] for e in everyone]
-    breakdown = [
-        {"data_wait": g["data_wait_s"], "compute": g["compute_s"], "sync": e["wait_s"]}
-        for g, e in zip(logs, everyone)
-    ]
-    total = sum(sum(b.values()) for b in breakdown)
-    train_s = [g["train_s"] for g in logs]
-    extra: dict[str, Any] = {
-        "train_score": final.scores.get("train"),
-        "per_worker_train_s": train_s,
-        "per_worker_wait_s": [e["wait_s"] for e in everyone],
-        "per_worker_exchanges": [e["exchanges"] for e in everyone],
-        "per_worker_delay_s": [e["delay_s"] for e in everyone],
-        "time_breakdown_s": breakdown,
-        "data_wait_share": sum(b["data_wait"] for b in breakdown) / total if total else 0.0,
-        "rank_train_time_s": train_s,
-        "max_rank_train_time_s": max(train_s),
-        "peak_rss_bytes": [e["peak"]["peak_rss_bytes"] for e in everyone],
-        # part of data_wait: the first batch cannot be prefetched (pipeline fill)
-        "first_batch_wait_s": [g["first_wait_s"] for g in logs],
-    }
-    if "cuda_peak_bytes" in everyone[0]["peak"]:
-        extra["cuda_peak_bytes"] = [e["peak"].get("cuda_peak_bytes") for e in everyone]
-    step_times = _step_times(plan, logs)
-    extra["step_times_s"] = step_times  # every step, in order (the first includes warm-up)
-    extra["per_worker_step_time_s"] = [summarize(g["step_times"]) for g in logs]
-    for key in everyone[0]["info"]:
-        extra[key] = [e["info"][key] for e in everyone]
-    extra.update(plan.extra)
-    extra.update(final.extra)
+    ranks = [e["stats"] for e in everyone]
     return Outcome(
-        train_time_s=max(train_s),
-        step_times=step_times,
+        train_time_s=max(r.train_s for r in ranks),
+        step_times=_step_times(plan, logs),
         test_step_times=eval_times,
         loss_curve=_loss_curve(plan, logs),
-        per_worker_batches=[g["batches"] * plan.batches_per_step for g in logs],
-        val_score=final.scores["val"],
-        test_score=final.scores["test"],
+        scores=final.scores,
+        ranks=ranks,
         partition_time_s=plan.partition_time_s,
-        extra=extra,
+        final_model=final.final_model,
+        choice=final.choice,
+        strategy=plan.extra,
         model=plan.model,
     )
 

@@ -8,7 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar.training.metrics import loss_fn
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> torch.Tensor:
+    """Cross-entropy for single-label data, BCE-with-logits for multi-label (study 003).
+
+    Always on fp32 logits (``--precision bf16`` computes them in bfloat16)."""
+    logits = logits.float()  # a no-op (the same tensor) in fp32
+    if multilabel:
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, y.float())
+    return torch.nn.functional.cross_entropy(logits, y)
 
 
 def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:

@@ -16,7 +16,7 @@ run's arithmetic. A backward pass inside autocast gives the same gradients, bit 
 after it (tests/test_precision.py checks gcn, gat, sage and vig). ``gnnpar predict`` uses the precision recorded in model.pt's config and
 reproduces ``test_score``; ``gnnpar.load`` returns the plain fp32 module (wrap calls in
 :func:`autocast` to get the run's numbers). Losses are computed from fp32 logits
-(:func:`gnnpar.training.metrics.loss_fn`, the pipeline's loss). Between pipeline stages activations travel
+(:func:`gnnpar.training.losses.loss_fn`, the pipeline's loss). Between pipeline stages activations travel
 in the dtype the stage produced under autocast (bfloat16 after a linear layer: half the bytes;
 gloo sends and receives bfloat16, checked with torch 2.13).
 

@@ -12,9 +12,11 @@ source                       batches                                           s
 :mod:`gnnpar.parallel.pipeline.batches`            pipeline micro-batches      pipeline
 ===========================  ================================================  ==============
 
-A source yields ``None`` for a step at which this rank has no batch but must still take part
-in the step's collective (the uneven last step of a static split). ``position`` counts the
-steps done, by every rank where the source knows it (the work pool), for the progress bar.
+Every source is a :class:`~gnnpar.training.protocols.BaseSource` (the protocol the loop calls:
+:mod:`gnnpar.training.protocols`). A source yields ``None`` for a step at which this rank has no
+batch but must still take part in the step's collective (the uneven last step of a static
+split). ``position`` counts the steps done, by every rank where the source knows it (the work
+pool), for the progress bar.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from gnnpar.data.sampling.sampler import CSRGraph
 from gnnpar.parallel import collectives
 from gnnpar.parallel.gossip import WorkPool
 from gnnpar.runtime.dist import DistContext
+from gnnpar.training.protocols import BaseSource
 
 
 def image_batches(
@@ -57,7 +60,7 @@ def image_batches(
         yield x[idx], y[idx]
 
 
-class ShuffledBatches:
+class ShuffledBatches(BaseSource):
     """Every batch once per epoch in an order drawn from one generator seeded once (at most
     ``max_steps`` of them). One batch: full-batch training, one step per epoch."""
 
@@ -92,13 +95,13 @@ class ShuffledBatches:
         self.order, self.done, self.position = state["order"], state["done"], state["pos"]
 
 
-class Resumable:
+class Resumable(BaseSource):
     """A source whose epochs are functions of (seed, epoch) alone: resuming midway skips the
     batches the checkpoint had done."""
 
     position = 0
     done = 0  # steps of the current epoch done
-    skip = 0  # on resume: steps of the resumed epoch to pass over (the loop sets it)
+    _skip = 0  # on resume: steps of the resumed epoch to pass over (:meth:`skip`)
 
     def state(self) -> dict:
         return {"pos": self.position}
@@ -106,8 +109,12 @@ class Resumable:
     def load_state(self, state: dict) -> None:
         self.position = state["pos"]
 
+    def skip(self, steps: int) -> None:
+        """The next epoch is the resumed one: pass over its first ``steps`` batches."""
+        self._skip = steps
+
     def _counted(self, items: Iterator) -> Iterator:
-        skip, self.skip, self.done = self.skip, 0, 0
+        skip, self._skip, self.done = self._skip, 0, 0
         for item in items:
             self.done += 1
             if self.done > skip:
@@ -164,7 +171,7 @@ class DealtPartitions(Resumable):
         )
 
 
-class PoolSource:
+class PoolSource(BaseSource):
     """GossipGCN's work pool (study 003 section 4.3.2): each rank takes the next subgraph
     whenever it is free, so fast ranks train more. The pool holds every subgraph once per
     epoch, epochs back to back; a rank's epoch ``e`` is what it takes while the pool hands out
@@ -218,7 +225,7 @@ class PoolSource:
             self.pool.restore(state["counter"])
 
 
-class SampledSource:
+class SampledSource(BaseSource):
     """This rank's neighbour-sampled mini-batches: one loader pass for the whole run (so the
     workers keep prefetching across epochs), ``steps`` batches per epoch."""
 

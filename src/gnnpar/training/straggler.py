@@ -31,3 +31,11 @@ class Straggler:
         if pause > 0:
             time.sleep(pause)
             self.delay_s += pause
+
+    def state(self) -> tuple:
+        """What a checkpoint keeps: the generator's state and the delay so far."""
+        return (self.rng.getstate(), self.delay_s)
+
+    def load_state(self, state: tuple) -> None:
+        self.rng.setstate(state[0])
+        self.delay_s = state[1]

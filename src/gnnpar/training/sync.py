@@ -13,8 +13,10 @@ policy                   what                                                   
 
 The loop calls, per step, ``after_backward(has_batch)`` (returns whether the optimizer steps)
 and ``after_step(has_batch)``; per epoch ``start_epoch()`` and ``end_epoch()``; once at the
-end ``finish()``. ``wait_s`` is the time the policy spent blocked on other ranks
-(``per_worker_wait_s``), ``exchanges`` how many averagings this rank took part in.
+end ``finish()``; around a checkpoint ``pause()``/``unpause()`` (the whole protocol:
+:class:`gnnpar.training.protocols.Sync`). ``wait_s`` is the time the policy spent blocked on
+other ranks (``per_worker_wait_s``), ``exchanges`` how many averagings this rank took part in.
+Every policy derives from :class:`NoSync`, which supplies a default for each member.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from gnnpar.parallel.collectives import WaitClock
 
 
 class NoSync:
+    """Nothing between steps; the base class of every policy (the defaults of the protocol)."""
+
     def __init__(self) -> None:
         self.clock = WaitClock()
         self.exchanges = 0
@@ -78,9 +82,6 @@ class NoSync:
     def load_state(self, state: dict) -> None:
         self.clock.seconds, self.clock.calls = state["wait_s"], state["calls"]
         self.exchanges = state["exchanges"]
-
-
-Sync = NoSync  # the interface: every policy is a NoSync that overrides some of its hooks
 
 
 class LockStep(NoSync):
