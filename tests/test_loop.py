@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from gnnpar.config import Config
+from gnnpar.config.schema import Config
 from gnnpar.result import KEYS, REQUIRED_KEYS, build_result
 from gnnpar.training import loop as loop_module
 from gnnpar.training import sources, sync

@@ -58,4 +58,5 @@ SPEC = StrategySpec(
     reads=reads("jitter", kinds=("graph",)),
     build=build,
     check=check,
+    result_keys={"toy": "always true: the run was the toy strategy's"},
 )

@@ -14,7 +14,8 @@ declared below with what it means, grouped by what provides its value, in the or
 * :data:`FINAL_MODEL`: how the final model was chosen (``Final``: allreduce, gossip);
 * :data:`CHECKPOINT`: checkpoints and restarts (runs with a checkpointer).
 
-A key that no group declares is refused (a programming error): add it here first.
+A key that no group declares is refused (a programming error): add it here first (a strategy
+defined outside gnnpar declares its own in its spec, ``StrategySpec.result_keys``).
 
 model.pt
 --------
@@ -51,10 +52,11 @@ from torch import nn
 from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
 from gnnpar.data import safe_load
+from gnnpar.strategies import registry
 from gnnpar.training.metrics import score_name, summarize
 
 if TYPE_CHECKING:
-    from gnnpar.config import Config
+    from gnnpar.config.schema import Config
     from gnnpar.training.loop import Outcome
 
 # ------------------------------------------------------------------------------ result.json
@@ -209,7 +211,9 @@ def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]
     result["per_worker_step_time_s"] = [summarize(r.step_times) for r in ranks]
     # RANK_INFO, STRATEGY_KEYS
     result |= {key: [r.info[key] for r in ranks] for key in ranks[0].info}
-    _check(o.strategy, STRATEGY_KEYS, "Plan.extra")
+    # a strategy from outside gnnpar declares its own keys in its spec (StrategySpec.result_keys)
+    own = registry.get(cfg.strategy.name).result_keys
+    _check(o.strategy, {**STRATEGY_KEYS, **own}, "Plan.extra")
     result |= o.strategy
     # FINAL_MODEL
     if o.final_model is not None:
@@ -229,7 +233,7 @@ def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]
         if c.resumed_from is not None:
             result["resumed_from"] = c.resumed_from
             result["lost_time_s"] = c.lost_time_s
-    _check(result, KEYS, "result.json")
+    _check(result, {**KEYS, **own}, "result.json")
     return result
 
 

@@ -98,6 +98,8 @@ class StrategySpec:
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     check: Callable[[Config, ParallelDims], None] = _no_check
     defaults: Callable[[Config], None] = _no_defaults
+    # result.json keys its Plan.extra adds beyond gnnpar.result.STRATEGY_KEYS: {key: meaning}
+    result_keys: Mapping[str, str] = field(default_factory=dict)
 
     def parallel_dims(self, cfg: Config, launched: int | None = None) -> ParallelDims:
         """The degrees ``cfg`` asks for, checked against the world size it will run with:
