@@ -9,7 +9,8 @@ import pytest
 from conftest import run_cli
 from gnnpar.cli import main
 
-# The result.json contract of ARCHITECTURE.md, written out here on purpose (not imported).
+# The result.json contract of ../shared/ARCHITECTURE.md, written out here on purpose (not
+# imported from gnnpar.result).
 CONTRACT_KEYS = {
     "dataset",
     "model",
