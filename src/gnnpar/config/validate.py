@@ -45,7 +45,7 @@ from gnnpar.config.schema import (
     SCHEDULES,
     Config,
 )
-from gnnpar.data.registry import DATASETS, unknown_dataset
+from gnnpar.data.registry import DATASETS, kind_of, unknown_dataset
 from gnnpar.models.presets import STUDY_DEFAULTS, study_defaults
 from gnnpar.strategies import registry
 
@@ -169,7 +169,7 @@ def dataset_kind(name: str) -> tuple[str, bool]:
     gnnpar generates it). Checks that a user's file or folder exists (or that the module of
     ``module:function`` can be found); UsageError for those and for unknown names."""
     if name in DATASETS:
-        return DATASETS[name].kind, DATASETS[name].generated
+        return kind_of(name), DATASETS[name].generated
     from gnnpar.data import user  # only for a name that is no dataset of gnnpar's (torch)
 
     if user.is_user_source(name):

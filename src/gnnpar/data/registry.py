@@ -41,6 +41,12 @@ DATASETS: dict[str, Named] = {
 }
 
 
+def kind_of(name: str) -> str:
+    """ "image" or "graph": what ``--dataset name`` holds, asked before it is loaded (once it
+    is, ``ds.kind`` says the same). A name gnnpar does not know is the user's own graph."""
+    return DATASETS[name].kind if name in DATASETS else "graph"
+
+
 def unknown_dataset(name: str, flag: str, user_forms: str) -> str:
     """The message for a --dataset that is neither a known name nor the user's own graph
     (``user_forms``: what else --dataset accepts, :data:`gnnpar.data.user.FORMS`)."""

@@ -5,7 +5,8 @@ with its name and class count; :class:`ImageDataset` holds train/val/test images
 Every loader (:mod:`gnnpar.data.datasets` for the named datasets, :mod:`gnnpar.data.user` for a
 user's own graph) returns one of them.
 
-"Is this an image dataset?" is asked one way: ``ds.kind == "image"`` (``"graph"`` otherwise),
+"Is this an image dataset?" is asked one way: ``ds.kind == "image"`` (``"graph"`` otherwise;
+before loading, by name: :func:`gnnpar.data.registry.kind_of`),
 the same word :data:`gnnpar.data.datasets.REGISTRY` uses for a dataset known by name before it
 is loaded.
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
-from gnnpar.data.registry import DATASETS
+from gnnpar.data.registry import kind_of
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
     AVERAGING,
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 def check_partitioned(cfg: Config, dims: ParallelDims, name: str) -> None:
     """Cluster-GCN data parallelism: a graph, ``--partitions`` >= ranks, stragglers that exist."""
     d = cfg.data
-    if d.dataset in DATASETS and DATASETS[d.dataset].kind == "image":
+    if kind_of(d.dataset) == "image":
         raise UsageError(
             f"--strategy {name} trains Cluster-GCN subgraphs of a graph; '{d.dataset}' holds "
             "images. Use a graph dataset."

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
-from gnnpar.data.registry import DATASETS
+from gnnpar.data.registry import kind_of
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import PIPELINE, STEP_CHECKPOINTS, StrategySpec, pipelined, reads
 
@@ -57,7 +57,7 @@ def check(cfg: Config, dims: ParallelDims) -> None:
             f"--schedule 1f1b needs at least as many --chunks as --stages "
             f"(got {s.chunks} < {s.stages}); use more chunks or --schedule gpipe."
         )
-    if cfg.data.dataset in DATASETS and DATASETS[cfg.data.dataset].kind == "image":
+    if kind_of(cfg.data.dataset) == "image":
         if s.chunks > s.batch_size:
             raise UsageError(
                 f"--chunks {s.chunks} is more than the {s.batch_size} images of a mini-batch "
