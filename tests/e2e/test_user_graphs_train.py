@@ -66,9 +66,9 @@ def forms(tmp_path_factory) -> dict[str, tuple[str, dict]]:
     torch.save(make_graph(masks=False), root / "graph.pt")  # no masks: stratified split
     write_ogb(root / "ogb-like", make_graph(seed=1))
     (root / "mygraphs.py").write_text(
-        "from test_user_graphs_train import make_graph\n\ndef build():\n    return make_graph(seed=2)\n"
+        "from e2e.test_user_graphs_train import make_graph\n\ndef build():\n    return make_graph(seed=2)\n"
     )
-    path = f"{root}:{ROOT / 'tests'}"  # the module, and make_graph that it imports
+    path = f"{root}:{ROOT / 'tests'}"  # the module, and make_graph (tests/e2e/) that it imports
     return {
         "pt": (str(root / "graph.pt"), {}),
         "ogb": (str(root / "ogb-like"), {}),
