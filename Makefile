@@ -21,4 +21,4 @@ test: lint
 	$(PY) -m pytest -q tests
 
 test-cpu-levels: setup
-	$(AVX2_CPU) $(PY) -m pytest -q -m "not slow" -k "not small_change" tests/test_same_seed_same_loss.py
+	$(AVX2_CPU) $(PY) -m pytest -q -m "not multirank" -k "not small_change" tests/e2e/test_same_seed_same_loss.py

@@ -1,5 +1,5 @@
 """A strategy defined outside gnnpar: what adding one takes (one module like this, one
-``registry.register`` line). test_strategy_registry.py registers it and trains it.
+``registry.register`` line). tests/strategies/test_registry.py registers it and trains it.
 
 "toy": one process, full-batch training of a graph model, scored at the end only. It reads
 --jitter (emulated straggler pauses), to show that a setting's readers come from the specs.

@@ -112,7 +112,7 @@ VIG_STEP_BYTES = 64 << 20
 def vig_activation_bytes(images: int, pixels: int, m, recompute: bool) -> int:
     """Estimated peak of one ViG training step's activations, in bytes, for ``images`` images
     of ``pixels`` pixels, ``m.layers`` blocks of width ``m.hidden`` (within 30% of the peak
-    resident memory measured above the process's own, tests/test_footprint.py).
+    resident memory measured above the process's own, tests/runtime/test_footprint.py).
 
     Without ``recompute`` every block keeps its saved activations for the backward pass (~50 MB
     per CIFAR image at the study's C = 107, 8 blocks). With it, each block keeps only its input

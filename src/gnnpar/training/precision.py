@@ -13,7 +13,7 @@ Written once: the loop (:mod:`gnnpar.training.loop`) enters :func:`autocast` aro
 (forward, loss and backward: pipelines cannot split a schedule step, torchtitan does the same),
 every evaluation and the final scoring, so the val/test scores in result.json are those of the
 run's arithmetic. A backward pass inside autocast gives the same gradients, bit for bit, as one
-after it (tests/test_precision.py checks gcn, gat, sage and vig). ``gnnpar predict`` uses the precision recorded in model.pt's config and
+after it (tests/training/test_precision.py checks gcn, gat, sage and vig). ``gnnpar predict`` uses the precision recorded in model.pt's config and
 reproduces ``test_score``; ``gnnpar.load`` returns the plain fp32 module (wrap calls in
 :func:`autocast` to get the run's numbers). Losses are computed from fp32 logits
 (:func:`gnnpar.training.losses.loss_fn`, the pipeline's loss). Between pipeline stages activations travel

@@ -35,10 +35,10 @@
  *   faults: it checks that no wait ever needs a timeout to end.
  * - The step-time keys (record_step, _not_faster's reads) never change a state key.
  * - Pool positions stand for subgraphs: a position's subgraph is order(epoch)[offset], a
- *   permutation per epoch (tests/test_gossip.py), so "each position once" is "each subgraph
+ *   permutation per epoch (tests/parallel/test_gossip.py), so "each position once" is "each subgraph
  *   once per epoch".
  *
- * What is checked (tests/test_gossip_model.py, 2, 3 and 4 ranks, both topologies, with and
+ * What is checked (tests/parallel/test_gossip_model.py, 2, 3 and 4 ranks, both topologies, with and
  * without checkpoints):
  * - safety (pan compiled with -DSAFETY -DNOCLAIM): no assertion fails and no invalid end state
  *   (a deadlock). The assertions: a claim pairs two distinct ranks, neither in an exchange; the

@@ -59,7 +59,7 @@ partner crashes or stalls, the exchange or the wait for ``ready`` times out (``-
 an error naming the partner: a fault ends the run instead of hanging it.
 
 Model check. ``protocol.pml`` (next to this file) is this protocol, the work pool and the loop's
-use of them as a Promela model; ``tests/test_gossip_model.py`` has SPIN check it for 2, 3 and 4
+use of them as a Promela model; ``tests/parallel/test_gossip_model.py`` has SPIN check it for 2, 3 and 4
 ranks (no deadlock, every rank terminates, no rank paired with itself or with two partners at
 once, every pool position trained exactly once) and check that mutated models fail. Each store
 operation is one atomic step of the model. Code step -> model label:

@@ -1,0 +1,175 @@
+"""Generated datasets: sizes, dtypes, determinism, splits, structure, learnability, caching."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gnnpar.data.datasets import load_dataset
+from gnnpar.data.synthetic import (
+    AMAZON,
+    REDDIT,
+    cifar_sizes,
+    generate_cifar,
+    generate_graph,
+    graph_size,
+)
+from helpers import run_cli
+
+
+def test_full_size_matches_study_003_table_3_1():
+    n, m = graph_size(REDDIT, 1.0)
+    assert n == 232_965 and abs(2 * m - 114_848_857) <= 1
+    n, m = graph_size(AMAZON, 1.0)
+    assert n == 1_598_960 and abs(2 * m - 132_169_734) <= 1
+
+
+def test_scale_keeps_degree_where_it_fits():
+    n, m = graph_size(AMAZON, 0.1)
+    assert n == 159_896 and abs(2 * m - 13_216_973) <= 2  # nodes and edges both x 0.1
+    n, m = graph_size(REDDIT, 0.01)  # degree 493 cannot fit in 57-node class blocks
+    assert n == 2330 and 2 * m / n < 0.25 * (n / 41) / REDDIT.homophily + 1
+
+
+@pytest.mark.parametrize("recipe,scale", [(REDDIT, 0.005), (AMAZON, 0.002)])
+def test_graph_shapes_dtypes_splits(recipe, scale):
+    t, meta = generate_graph(recipe, scale, seed=1)
+    n, m = graph_size(recipe, scale)
+    x, ei, y = t["x"], t["edge_index"], t["y"]
+    assert x.shape == (n, recipe.num_features) and x.dtype == torch.float32
+    assert ei.shape == (2, 2 * m) and ei.dtype == torch.long and int(ei.max()) < n
+    if recipe.multilabel:
+        assert y.shape == (n, recipe.num_classes) and y.dtype == torch.uint8
+        assert int(y.max()) == 1 and bool((y.sum(1) >= 1).all())
+    else:
+        assert y.shape == (n,) and y.dtype == torch.long
+        assert torch.unique(y).numel() == recipe.num_classes
+    # symmetric, no self-loops, no duplicates, sorted by (row, col)
+    assert not bool((ei[0] == ei[1]).any())
+    key = ei[0] * n + ei[1]
+    assert bool((key[1:] > key[:-1]).all())
+    assert torch.equal(torch.sort(ei[1] * n + ei[0]).values, key)
+    # disjoint splits that cover every node, with the table's fractions
+    masks = [t[f"{s}_mask"] for s in ("train", "val", "test")]
+    assert torch.equal(sum(mk.long() for mk in masks), torch.ones(n, dtype=torch.long))
+    for mk, frac in zip(masks, recipe.split):
+        assert abs(int(mk.sum()) - frac * n) <= 1
+    assert meta["num_classes"] == recipe.num_classes and meta["multilabel"] == recipe.multilabel
+
+
+def test_graph_is_homophilous():
+    t, _ = generate_graph(REDDIT, 0.01, seed=0)
+    y, ei = t["y"], t["edge_index"]
+    same = float((y[ei[0]] == y[ei[1]]).float().mean())
+    assert same > 0.6  # vs 1/41 for a graph that ignores the classes
+
+
+def test_same_seed_same_data_other_seed_other_data():
+    a, _ = generate_graph(AMAZON, 0.001, seed=5)
+    b, _ = generate_graph(AMAZON, 0.001, seed=5)
+    c, _ = generate_graph(AMAZON, 0.001, seed=6)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert not torch.equal(a["x"], c["x"]) and not torch.equal(a["edge_index"], c["edge_index"])
+    i1, _ = generate_cifar(0.001, seed=5)
+    i2, _ = generate_cifar(0.001, seed=5)
+    assert all(torch.equal(i1[k], i2[k]) for k in i1)
+
+
+def _fit_linear(x, y, train, test, num_classes, multilabel):
+    """A ridge-regression classifier on one-hot / 0-1 targets (closed form, cheap on 2 cores);
+    accuracy, or precision@1 for multi-label targets, on ``test``."""
+    x = x.double()
+    mu, sd = x[train].mean(0), x[train].std(0) + 1e-6
+    x = torch.cat([(x - mu) / sd, torch.ones(x.size(0), 1, dtype=x.dtype)], 1)
+    target = y.double() if multilabel else torch.nn.functional.one_hot(y, num_classes).double()
+    a = x[train]
+    w = torch.linalg.solve(
+        a.T @ a + 10.0 * torch.eye(a.size(1), dtype=a.dtype), a.T @ target[train]
+    )
+    out = x[test] @ w
+    if not multilabel:
+        return float((out.argmax(1) == y[test]).double().mean())
+    # precision@1: is the highest-scored class one of the node's labels?
+    return float(y[test].gather(1, out.argmax(1, keepdim=True)).double().mean())
+
+
+def _neighbour_mean(x, ei):
+    out = torch.zeros_like(x).index_add_(0, ei[1], x[ei[0]])
+    return out / torch.bincount(ei[1], minlength=x.size(0)).clamp(min=1).unsqueeze(1)
+
+
+@pytest.mark.parametrize("recipe,scale,floor", [(REDDIT, 0.01, 0.8), (AMAZON, 0.002, 0.6)])
+def test_labels_learnable_from_features_and_graph(recipe, scale, floor):
+    t, _ = generate_graph(recipe, scale, seed=0)
+    x, ei, y = t["x"], t["edge_index"], t["y"]
+    args = (y, t["train_mask"], t["test_mask"], recipe.num_classes, recipe.multilabel)
+    feat = _fit_linear(x, *args)
+    graph = _fit_linear(torch.cat([x, _neighbour_mean(x, ei)], 1), *args)
+    # chance: the most frequent class of the training nodes, predicted for every node
+    if recipe.multilabel:
+        chance = float(y[t["train_mask"]].double().mean(0).max())
+    else:
+        chance = float(torch.bincount(y[t["train_mask"]]).max()) / int(t["train_mask"].sum())
+    assert feat > 3 * chance  # features alone: clearly better than chance
+    assert graph > floor and graph > feat + 0.1  # the graph adds what a GNN can use
+
+
+def test_cifar_shapes_and_learnable():
+    t, meta = generate_cifar(0.04, seed=0)
+    sizes = cifar_sizes(0.04)
+    for split, size in zip(("train", "val", "test"), sizes):
+        assert t[f"{split}_x"].shape == (size, 3, 32, 32) and t[f"{split}_x"].dtype == torch.uint8
+        assert torch.bincount(t[f"{split}_y"], minlength=10).min() >= size // 10
+    assert cifar_sizes(1.0) == (45_000, 5_000, 10_000)
+    x = torch.cat([t["train_x"], t["test_x"]]).float().flatten(1)
+    y = torch.cat([t["train_y"], t["test_y"]])
+    n = t["train_x"].size(0)
+    train = torch.arange(x.size(0)) < n
+    acc = _fit_linear(x, y, train, ~train, 10, False)
+    assert acc > 0.3  # chance is 0.1
+
+
+def test_cache_hit_returns_identical_tensors(tmp_path):
+    a = load_dataset("synthetic-amazon", tmp_path, scale=0.001, seed=2)
+    folder = tmp_path / "cache" / "synthetic-amazon-scale0.001-seed2"
+    meta = json.loads((folder / "meta.json").read_text())
+    mtime = (folder / "tensors.pt").stat().st_mtime_ns
+    b = load_dataset("synthetic-amazon", tmp_path, scale=0.001, seed=2)
+    assert (folder / "tensors.pt").stat().st_mtime_ns == mtime  # loaded, not regenerated
+    for key in ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask"):
+        assert torch.equal(a.data[key], b.data[key])
+    assert b.multilabel and b.num_classes == 107 and meta["num_nodes"] == b.num_nodes
+    fresh, _ = generate_graph(AMAZON, 0.001, seed=2)
+    assert torch.equal(fresh["x"], b.data.x)
+    imgs = load_dataset("synthetic-cifar10", tmp_path, scale=0.002, seed=0)
+    again = load_dataset("synthetic-cifar10", tmp_path, scale=0.002, seed=0)
+    assert torch.equal(imgs.train_x, again.train_x) and imgs.train_x.dtype == torch.float32
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.slow
+def test_sage_learns_synthetic_reddit_at_scale_001(tmp_path):
+    out = tmp_path / "out"
+    r = run_cli(
+        "train",
+        "--dataset",
+        "synthetic-reddit",
+        "--scale",
+        "0.01",
+        "--model",
+        "sage",
+        "--epochs",
+        "5",
+        "--data-root",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--quiet",
+    )
+    assert r.returncode == 0, r.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["score_name"] == "accuracy"
+    assert result["test_score"] > 0.5  # chance is about 1/41

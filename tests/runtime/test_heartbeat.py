@@ -1,0 +1,144 @@
+"""runtime/heartbeat.py: a rank that stops answering is found within --timeout, and named.
+
+In this process (ranks as Heartbeat threads on one in-memory store, the exit replaced by a
+record): a silent rank is named with its host and pid after 0.9 x timeout, live or finished
+ranks never are, a store that stops answering is reported. End to end (slow, issue 11: every
+wait bounded, the right rank blamed): a rank stopped with SIGSTOP under allreduce, pipeline,
+sampled or gossip ends the run with exit 1 within 1.2 x --timeout, with a message that names the
+stopped rank (its heartbeat went silent), not the rank that was waiting for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch.distributed as tdist
+
+from gnnpar.runtime.heartbeat import Heartbeat
+from helpers import rank_pids, start_cli, wait_for_steps
+
+TIMEOUT = 15
+RUNS = {
+    "allreduce": ["--model", "gcn", "--partitions", "8"],
+    "pipeline": ["--model", "gat", "--chunks", "2"],
+    "sampled": ["--model", "sage", "--batch-size", "16"],
+    "gossip": ["--model", "gcn", "--partitions", "8"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strategy, stopped", [(s, 1) for s in RUNS] + [("allreduce", 0)])
+def test_a_stopped_rank_is_named_within_the_timeout(tmp_path, strategy, stopped):
+    out = tmp_path / "run"
+    args = ["train", "--dataset", "cora", "--strategy", strategy, "--workers", "2"]
+    args += [*RUNS[strategy], "--epochs", "5000", "--threads", "1", "--quiet"]
+    proc = start_cli(*args, "--timeout", str(TIMEOUT), "--out", str(out))
+    pid = None
+    try:
+        wait_for_steps(out / "metrics.jsonl", 5, proc, deadline_s=90)
+        pid = rank_pids(proc.pid, 2)[stopped]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=4 * TIMEOUT)
+        elapsed = time.monotonic() - t0
+    finally:
+        proc.kill()
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 1, err[-2000:]
+    assert f"rank {stopped} (host" in err and "stopped answering" in err, err[-2000:]
+    assert elapsed <= 1.2 * TIMEOUT, elapsed
+
+
+# ------------------------------------------------- in this process: ranks as threads, one store
+class _Recorded(Heartbeat):
+    """A Heartbeat whose failure is recorded instead of reported and exited (os._exit)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.failures: list[tuple[str, str, int]] = []
+
+    def _fail(self, message: str, host: str = "", pid: int = 0) -> None:
+        self.failures.append((message, host, pid))
+        self.stop_event.set()
+
+
+def _wait_for(cond, deadline_s: float) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_a_rank_whose_beat_stops_is_named_with_its_host_and_pid():
+    """Rank 1 beats once and then stops (as a SIGSTOPped rank would): rank 0's watcher names it,
+    with the host and pid from its last beat, after 0.9 x timeout and well before 2 x timeout."""
+    store = tdist.HashStore()
+    timeout = 1.0
+    watcher = _Recorded(store, 0, 2, timeout)
+    store.set("heartbeat/1", "1 hostB 4242")  # rank 1's one and only beat
+    t0 = time.monotonic()
+    watcher.start()
+    assert _wait_for(lambda: watcher.failures, 5 * timeout)
+    elapsed = time.monotonic() - t0
+    watcher.stop_event.set()
+    watcher.thread.join(2)
+    (message, host, pid), *_ = watcher.failures
+    assert (host, pid) == ("hostB", 4242)
+    assert message.startswith("rank 1 (host hostB, pid 4242) stopped answering: no heartbeat for")
+    assert "--timeout 1" in message
+    assert 0.9 * timeout <= elapsed < 2 * timeout
+    assert store.get("heartbeat/0").decode().startswith(tuple("123456789"))  # rank 0 beat
+
+
+def test_ranks_that_beat_or_are_done_are_never_blamed():
+    """Two live ranks beating into one store watch each other quietly for 1.5 x timeout; then
+    rank 1 stops cleanly (writes done) and rank 0 goes on without blaming it."""
+    store = tdist.HashStore()
+    timeout = 0.6
+    ranks = [_Recorded(store, r, 2, timeout).start() for r in range(2)]
+    time.sleep(1.5 * timeout)
+    ranks[1].stop()
+    assert store.get("heartbeat/1") == b"done"
+    time.sleep(1.5 * timeout)
+    ranks[0].stop()
+    assert [r.failures for r in ranks] == [[], []]
+    assert store.get("heartbeat/0") == b"done"
+
+
+def test_a_rank_that_never_beat_is_named_without_host():
+    store = tdist.HashStore()
+    watcher = _Recorded(store, 0, 2, 0.5).start()
+    assert _wait_for(lambda: watcher.failures, 3)
+    watcher.stop_event.set()
+    message, host, pid = watcher.failures[0]
+    assert message.startswith("rank 1 stopped answering") and (host, pid) == ("", 0)
+
+
+def test_a_store_that_stops_answering_is_reported_after_the_silence():
+    class DeadStore:
+        def set(self, *_):
+            raise RuntimeError("connection reset")
+
+    watcher = _Recorded(DeadStore(), 0, 2, 0.5).start()
+    assert _wait_for(lambda: watcher.failures, 3)
+    watcher.stop_event.set()
+    assert (
+        "the run's key-value store stopped answering (connection reset)" in watcher.failures[0][0]
+    )
+
+
+def test_the_beat_interval_follows_the_timeout():
+    store = tdist.HashStore()
+    assert Heartbeat(store, 0, 2, 0.5).interval == 0.05  # at least 50 ms
+    assert Heartbeat(store, 0, 2, 10).interval == 0.5  # timeout / 20
+    assert Heartbeat(store, 0, 2, 600).interval == 1.0  # at most 1 s
+    assert Heartbeat(store, 0, 2, 10).silence_s == 9.0

@@ -1,0 +1,245 @@
+"""Crash safety (issue 11): checkpoints, --resume, --max-restarts.
+
+Specification: a deterministic run interrupted and resumed from its newest checkpoint ends with
+exactly the weights of the uninterrupted run; a damaged checkpoint is reported and the one before
+it used; a killed rank under --max-restarts is restarted and the run completes; gossip, resumed,
+trains every subgraph of every epoch exactly once across the two attempts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from gnnpar.cli import main
+from helpers import rank_pids, run_cli, start_cli, wait_for_steps
+
+SEQ = ["train", "--dataset", "cora", "--model", "gat", "--threads", "1", "--quiet"]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "model.pt")["state_dict"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resumed_run_equals_the_uninterrupted_one_bit_for_bit(tmp_path):
+    assert main([*SEQ, "--epochs", "6", "--out", str(tmp_path / "a")]) == 0
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
+    assert main([*SEQ, "--epochs", "3", *b]) == 0  # "interrupted" after 3 of 6 epochs
+    assert sorted(p.name for p in (tmp_path / "b/checkpoints").iterdir()) == [
+        "epoch-000001-step-00000000",
+        "epoch-000002-step-00000000",
+    ]  # the last two are kept
+    assert main([*SEQ, "--epochs", "6", *b, "--resume"]) == 0
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+    ra = json.loads((tmp_path / "a/result.json").read_text())
+    rb = json.loads((tmp_path / "b/result.json").read_text())
+    assert ra["loss_curve"] == rb["loss_curve"] and rb["resumed_from"].endswith("step-00000000")
+    assert rb["checkpoint_time_s"]["count"] == 3  # after epochs 3, 4, 5 (not after the last)
+
+
+def test_step_checkpoints_resume_in_the_middle_of_an_epoch(tmp_path):
+    flags = [*SEQ, "--model", "gcn", "--partitions", "8"]
+    assert main([*flags, "--epochs", "3", "--out", str(tmp_path / "a")]) == 0
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every-steps", "5"]
+    assert main([*flags, "--epochs", "2", *b]) == 0  # last checkpoint: step 15 = epoch 1, step 7
+    assert main([*flags, "--epochs", "3", *b, "--resume"]) == 0
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+    rb = json.loads((tmp_path / "b/result.json").read_text())
+    assert rb["resumed_from"].endswith("epoch-000001-step-00000007")
+
+
+def test_a_damaged_checkpoint_is_reported_and_the_one_before_used(tmp_path, capsys):
+    assert main([*SEQ, "--epochs", "5", "--out", str(tmp_path / "a")]) == 0
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
+    assert main([*SEQ, "--epochs", "3", *b]) == 0
+    newest = tmp_path / "b/checkpoints/epoch-000002-step-00000000"
+    (part,) = newest.glob("*.distcp")
+    part.write_bytes(part.read_bytes()[:100])  # truncated, as by a full disk
+    capsys.readouterr()
+    assert main([*SEQ, "--epochs", "5", *b, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint {newest} is damaged" in out and "epoch-000001-step-00000000" in out
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+
+
+def test_generator_states_load_with_weights_only_and_continue_the_same_draws():
+    """The loop blob holds tensors and plain values only (numpy's key as a list): it loads with
+    weights_only=True and no allowlist, and the restored generators draw what they would have."""
+    import io
+
+    import numpy as np
+
+    from gnnpar.training.checkpoint import rng_state, set_rng_state
+
+    np.random.normal()  # a cached Gaussian in numpy's state too
+    buf = io.BytesIO()
+    torch.save(rng_state(), buf)
+    expected = (torch.rand(3), np.random.rand(3), np.random.normal(), random.random())
+    buf.seek(0)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(buf) == []
+    buf.seek(0)
+    set_rng_state(torch.load(buf, weights_only=True))
+    again = (torch.rand(3), np.random.rand(3), np.random.normal(), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
+    assert expected[2:] == again[2:]
+
+
+def test_resume_without_a_checkpoint_or_an_out_exits_2(tmp_path, capsys):
+    assert main([*SEQ, "--epochs", "2", "--resume", "--out", str(tmp_path / "none")]) == 2
+    assert "holds no complete checkpoint" in capsys.readouterr().err
+    assert main([*SEQ, "--epochs", "2", "--resume"]) == 2
+    assert "--resume continues the run in --out" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_run_is_refused_and_a_fresh_run_clears_old_ones(tmp_path, capsys):
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
+    assert main([*SEQ, "--epochs", "3", *b]) == 0
+    assert main([*SEQ, "--epochs", "5", "--lr", "0.1", *b, "--resume"]) == 2
+    assert "written by a different run (optim.lr: 0.005 there, 0.1 here)" in capsys.readouterr().err
+    assert main([*SEQ, "--epochs", "2", *b]) == 0  # a fresh run in the same --out
+    assert "removed the earlier run's checkpoints" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "b/checkpoints").iterdir()] == [
+        "epoch-000001-step-00000000"
+    ]
+
+
+def test_gossip_cannot_checkpoint_by_steps(capsys, tmp_path):
+    flags = ["train", "--dataset", "karate", "--model", "gcn", "--strategy", "gossip"]
+    flags += ["--partitions", "4", "--workers", "2", "--checkpoint-every-steps", "2"]
+    assert main([*flags, "--out", str(tmp_path)]) == 2
+    assert "--checkpoint-every-steps is used by" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sequential_killed_with_sigkill_resumes_to_the_same_model(tmp_path):
+    flags = [*SEQ, "--model", "gcn", "--partitions", "8", "--epochs", "30"]
+    assert run_cli(*flags, "--out", str(tmp_path / "a")).returncode == 0
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
+    proc = start_cli(*flags, *b)
+    try:
+        wait_for_steps(tmp_path / "b/metrics.jsonl", 60, proc, deadline_s=120)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "b/result.json").exists()
+    assert run_cli(*flags, *b, "--resume").returncode == 0
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_allreduce_rank_killed_is_restarted_and_ends_with_the_same_model(tmp_path):
+    flags = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
+    flags += ["--workers", "2", "--partitions", "8", "--epochs", "30", "--threads", "1", "--quiet"]
+    assert run_cli(*flags, "--out", str(tmp_path / "a")).returncode == 0
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1", "--max-restarts", "1"]
+    step = random.Random().randint(6, 110)  # a random step of the 120 (rank 0's count)
+    proc = start_cli(*flags, *b)
+    try:
+        wait_for_steps(tmp_path / "b/metrics.jsonl", step, proc, deadline_s=120)
+        os.kill(rank_pids(proc.pid, 2)[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, f"killed after step {step}: {err[-2000:]}"
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+    rb = json.loads((tmp_path / "b/result.json").read_text())
+    assert rb["restarts"] == 1 and rb["lost_time_s"] > 0 and "resumed_from" in rb
+
+
+@pytest.mark.slow
+def test_pipeline_killed_then_resumed_ends_with_the_same_model(tmp_path):
+    flags = ["train", "--dataset", "cora", "--model", "gat", "--strategy", "pipeline"]
+    flags += ["--workers", "2", "--chunks", "2", "--epochs", "40", "--threads", "1", "--quiet"]
+    assert run_cli(*flags, "--out", str(tmp_path / "a")).returncode == 0
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "2"]
+    proc = start_cli(*flags, *b)
+    try:
+        wait_for_steps(tmp_path / "b/metrics.jsonl", 10, proc, deadline_s=120)
+        os.kill(rank_pids(proc.pid, 2)[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "rank 0 failed" in err, err[-2000:]
+    resumed = run_cli(*flags, *b, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+
+
+@pytest.mark.slow
+def test_gossip_killed_and_resumed_trains_every_subgraph_once(tmp_path):
+    flags = ["train", "--dataset", "karate", "--model", "gcn", "--strategy", "gossip"]
+    flags += ["--workers", "2", "--partitions", "4", "--epochs", "400", "--quiet"]
+    b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "50", "--timeout", "10"]
+    proc = start_cli(*flags, *b)
+    try:
+        wait_for_steps(tmp_path / "b/metrics.jsonl", 500, proc, deadline_s=120)
+        os.kill(rank_pids(proc.pid, 2)[1], signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    resumed = run_cli(*flags, *b, "--resume", timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    r = json.loads((tmp_path / "b/result.json").read_text())
+    taken = Counter((e, i) for rank in r["pool_log"] for e, i in rank)
+    assert taken == Counter({(e, i): 1 for e in range(400) for i in range(4)})
+    assert r["epochs"] == 400 and "resumed_from" in r
+
+
+@pytest.mark.slow
+def test_torchruns_own_max_restarts_resume_from_the_checkpoint(tmp_path):
+    """The same under `torchrun --max-restarts`: its restarted ranks find the checkpoint."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    flags = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
+    flags += ["--partitions", "8", "--epochs", "30", "--threads", "1", "--quiet"]
+    assert run_cli(*flags, "--workers", "2", "--out", str(tmp_path / "a")).returncode == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", "1", "-m", "gnnpar", *flags, "--checkpoint-every", "1"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "b")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_steps(tmp_path / "b/metrics.jsonl", 50, proc, deadline_s=120)
+        os.kill(torchrun_rank_pid(proc.pid, 1), signal.SIGKILL)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert same_weights(tmp_path / "a", tmp_path / "b")
+    assert json.loads((tmp_path / "b/result.json").read_text())["restarts"] == 1
+
+
+def torchrun_rank_pid(launcher: int, rank: int) -> int:
+    """torchrun starts `-m` ranks as subprocesses with RANK in their environment."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            env = (entry / "environ").read_text().split("\0")
+        except OSError:
+            continue
+        if int(stat[1]) == launcher and f"RANK={rank}" in env:
+            return int(entry.name)
+    raise AssertionError(f"torchrun {launcher} has no rank {rank}")
