@@ -64,10 +64,12 @@ def parameter_count(cfg: Config, in_dim: int, num_classes: int, multilabel: bool
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
-    """Lower bounds in bytes: ``state`` (weights, gradients, optimizer) and ``activations``
-    for ``replicas`` copies of the model; see the module docstring for what is counted."""
+def estimate_bytes(cfg: Config, ds, replicas: int, recompute: bool | None = None) -> dict[str, int]:
+    """Bytes of ``state`` (weights, gradients, optimizer) and ``activations`` for ``replicas``
+    copies of the model (lower bounds, ViG's an estimate; see the module docstring for what is
+    counted). ``recompute``: ViG's, if not ``cfg.model.recompute``."""
     m, s = cfg.model, cfg.strategy
+    recompute = m.recompute if recompute is None else recompute
     params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
     state = params * FLOAT_BYTES * (2 + OPTIMIZER_SLOTS[cfg.optim.optimizer])
     if ds.kind == "image":  # ViG, every pixel a node, every block C wide
@@ -75,7 +77,7 @@ def estimate_bytes(cfg: Config, ds, replicas: int) -> dict[str, int]:
         pixels = int(ds.train_x[0, 0].numel())
         return {
             "state": replicas * state,
-            "activations": replicas * vig_activation_bytes(images, pixels, m, m.recompute),
+            "activations": replicas * vig_activation_bytes(images, pixels, m, recompute),
         }
     else:
         nodes = ds.num_nodes
@@ -166,25 +168,22 @@ def check_memory(
     if total <= free:
         return
     m = cfg.model
+    total_lean = None
     if m.name == "vig" and not m.recompute:
         # a run that fits is better than one refused: re-materialise the blocks' activations
-        m.recompute = True
-        lean = estimate_bytes(cfg, ds, replicas)
-        if sum(lean.values()) <= free:
+        total_lean = sum(estimate_bytes(cfg, ds, replicas, recompute=True).values())
+        if total_lean <= free:
+            m.recompute = True
             if announce:
                 print(
                     f"gnnpar: --batch-size {cfg.strategy.batch_size} of ViG needs ~"
                     f"{total / GIB:.1f} GiB of activations and state, {free / GIB:.1f} GiB are "
-                    f"available: --recompute is on (~{sum(lean.values()) / GIB:.1f} GiB, about "
+                    f"available: --recompute is on (~{total_lean / GIB:.1f} GiB, about "
                     "one more forward pass of compute)",
                     file=sys.stderr,
                     flush=True,
                 )
             return
-        m.recompute = False  # refused below with the figures without it and with it
-        total_lean = sum(lean.values())
-    else:
-        total_lean = None
     where = "this GPU" if device.type == "cuda" else "this machine"
     copies = f" for {replicas} local ranks" if replicas > 1 else ""
     raise UsageError(
