@@ -43,6 +43,7 @@ from torch_geometric.utils import softmax
 
 from gnnpar.csr import indptr
 from gnnpar.models.base import BlockModel, output_head
+from gnnpar.models.hops import HopLayer
 
 # Inputs with at most this fraction of non-zeros take the sparse path. At Cora's 1.3% the CSR
 # product is ~20x cheaper than the dense one; near 10% the two cost about the same on CPU.
@@ -197,7 +198,13 @@ class GATBlock(nn.Module):
 
     ``sparse_input=True`` (the first block) moves the input dropout into
     :class:`SparseInputLinear`, GATConv's projection, so a sparse input stays sparse.
+
+    On a neighbour-sampled batch's layer (:class:`~gnnpar.models.hops.HopLayer`) the block
+    runs on the layer's edges only (PyG's ``trim_to_layer``) and returns its ``n_dst`` rows:
+    each of those aggregates all its sampled edges and its self-loop, as on the whole batch.
     """
+
+    trims = True  # runs on a HopLayer (see gnnpar.models.base.BlockModel.forward)
 
     def __init__(
         self,
@@ -219,10 +226,15 @@ class GATBlock(nn.Module):
             lin.weight = self.conv.lin.weight  # keep GATConv's own initialisation
             self.conv.lin = lin
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, edge_index) -> torch.Tensor:
+        rows = None
+        if isinstance(edge_index, HopLayer):
+            edge_index, rows = edge_index.edge_index, edge_index.n_dst
         if not self.sparse_input:
             x = dropout(x, self.dropout, self.training)
         x = self.conv(x, edge_index)
+        if rows is not None:
+            x = x[:rows]
         return x if self.last else F.elu(x)
 
 

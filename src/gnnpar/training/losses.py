@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gnnpar.models.hops import HopGraph
+
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> torch.Tensor:
     """Cross-entropy for single-label data, BCE-with-logits for multi-label (study 003).
@@ -27,8 +29,13 @@ def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
 
 
 def seed_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
-    """Loss over the seed nodes of a neighbour-sampled batch (the first ``batch_size`` rows)."""
-    out = model(batch.x, batch.edge_index)[: batch.batch_size]
+    """Loss over the seed nodes of a neighbour-sampled batch (the first ``batch_size`` rows).
+
+    The model gets the batch's :class:`~gnnpar.models.hops.HopGraph` when the batch says what
+    it sampled per hop: a BlockModel of trimming blocks then computes each layer only for the
+    nodes the seeds' outputs depend on (the same seed outputs; models/hops.py)."""
+    hops = HopGraph.of(batch)
+    out = model(batch.x, batch.edge_index if hops is None else hops)[: batch.batch_size]
     return loss_fn(out, batch.y, multilabel)
 
 

@@ -1,0 +1,160 @@
+"""Per-layer trimming of sampled batches (models/hops.py): the trimmed forward gives the seeds
+the outputs, loss and gradients of the forward on the whole sampled subgraph, for the built-in
+sage and gat3 blocks, with either sampler backend; and the CSR mean equals PyG's mean."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch_geometric.nn import SAGEConv
+from torch_geometric.utils import scatter
+
+from gnnpar.config.schema import ModelConfig
+from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
+from gnnpar.models import BlockModel, build_model
+from gnnpar.models.hops import HopGraph, HopLayer, MeanAdjacency, mean_aggregate
+from gnnpar.models.sage import SAGEBlock
+
+
+def random_graph(n: int = 300, e: int = 2400, features: int = 24, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, n, (2, e), generator=g)
+    edge_index = edge_index[:, edge_index[0] != edge_index[1]]
+    x = torch.randn(n, features, generator=g)
+    return x, edge_index
+
+
+def sampled_batch(backend: str, fanouts=(5, 3, 3), seeds: int = 16, isolated: bool = False):
+    x, edge_index = random_graph()
+    n = x.size(0)
+    if isolated:  # node 0 has no in-neighbours: its mean is empty (PyG: lin_l(0) = bias)
+        edge_index = edge_index[:, edge_index[1] != 0]
+    sampler = NeighborSampler(
+        CSRGraph.from_edge_index(edge_index, n), list(fanouts), backend=backend
+    )
+    seed_ids = torch.arange(seeds) * 7 % n
+    b = sampler.sample(seed_ids, torch.Generator().manual_seed(3))
+    return x[b.n_id], b
+
+
+def model_of(name: str, in_dim: int, hidden: int, dropout: float, layers: int = 3) -> BlockModel:
+    cfg = ModelConfig(name=name, hidden=hidden, layers=layers, heads=1, dropout=dropout)
+    torch.manual_seed(0)
+    return build_model(cfg, in_dim, 5, False)
+
+
+def both_ways(model, x, b, grad_x: bool = False):
+    """(seed outputs, parameter grads, input grad) untrimmed and trimmed, same parameters."""
+    out = []
+    for graph in (b.edge_index, HopGraph(b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)):
+        model.zero_grad()
+        xi = x.clone().requires_grad_(grad_x)
+        y = model(xi, graph)[: b.batch_size]
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        out.append((y.detach(), grads, xi.grad))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+@pytest.mark.parametrize("name,hidden", [("sage", 32), ("sage", 8), ("gat3", 16)])
+@pytest.mark.parametrize("train", [False, True])
+def test_trimmed_forward_equals_untrimmed_on_seed_rows(backend, name, hidden, train):
+    """Eval mode, and train mode without dropout (a trimmed layer draws dropout for fewer rows,
+    so with dropout > 0 the draws differ; their distribution does not). hidden 8 < 24 inputs
+    and a gradient wanted for x: sage's hidden layers project before aggregating."""
+    x, b = sampled_batch(backend)
+    model = model_of(name, x.size(1), hidden, dropout=0.0 if train else 0.5)
+    model.train(train)
+    (full, g_full, xg_full), (trim, g_trim, xg_trim) = both_ways(model, x, b, grad_x=train)
+    assert trim.shape == (b.batch_size, 5)
+    torch.testing.assert_close(trim, full, rtol=1e-4, atol=1e-5)
+    for a, c in zip(g_trim, g_full):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
+    if train:
+        torch.testing.assert_close(xg_trim, xg_full, rtol=1e-4, atol=1e-5)
+
+
+def test_trimming_computes_fewer_rows_and_edges():
+    x, b = sampled_batch("kernel")
+    hops = HopGraph(b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+    layers = [hops.layer(i, 3) for i in range(3)]
+    n = b.num_sampled_nodes
+    assert [(la.n_src, la.n_dst) for la in layers] == [
+        (sum(n), sum(n[:3])),
+        (sum(n[:3]), sum(n[:2])),
+        (sum(n[:2]), n[0]),
+    ]
+    assert [la.edge_index.size(1) for la in layers] == [
+        sum(b.num_sampled_edges[:k]) for k in (3, 2, 1)
+    ]
+    for la in layers:  # every edge of a layer reads a source row and writes a destination row
+        assert int(la.edge_index[0].max()) < la.n_src and int(la.edge_index[1].max()) < la.n_dst
+
+
+def test_fewer_layers_than_hops_and_an_isolated_seed():
+    """A 2-layer model on a 3-hop batch reads the first two hops; node 0 (a seed) has no
+    in-neighbours, so its mean is empty and sage gives it lin_l's bias, as PyG does."""
+    x, b = sampled_batch("kernel", isolated=True)
+    assert b.n_id[0] == 0
+    model = model_of("sage", x.size(1), 16, 0.5, layers=2).eval()
+    (full, *_), (trim, *_) = both_ways(model, x, b)
+    torch.testing.assert_close(trim, full, rtol=1e-4, atol=1e-5)
+
+
+def test_a_block_that_does_not_trim_gets_the_whole_batch():
+    class Plain(nn.Module):  # a user's block: (x, edge_index) -> x, no `trims`
+        def __init__(self):
+            super().__init__()
+            self.conv = SAGEConv(24, 5)
+
+        def forward(self, x, edge_index):
+            return self.conv(x, edge_index)
+
+    x, b = sampled_batch("kernel")
+    torch.manual_seed(0)
+    model = BlockModel([SAGEBlock(24, 24, 0.0, last=False), Plain()]).eval()
+    hops = HopGraph(b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+    assert not model.trims(hops)
+    out = model(x, hops)
+    assert out.size(0) == x.size(0)  # every row: nothing was trimmed
+    torch.testing.assert_close(out, model(x, b.edge_index))
+
+
+@pytest.mark.parametrize("columns", [1, 7])
+def test_mean_aggregate_equals_scatter_mean_forward_and_backward(columns):
+    g = torch.Generator().manual_seed(1)
+    n_src, n_dst, e = 40, 25, 150
+    dst = torch.sort(torch.randint(0, n_dst - 3, (e,), generator=g)).values  # last 3: no edges
+    src = torch.randint(0, n_src, (e,), generator=g)
+    h = torch.randn(n_src, columns, generator=g, requires_grad=True)
+    adj = MeanAdjacency.build(src, dst, n_src, n_dst)
+    out = mean_aggregate(h, adj)
+    ref = scatter(h[src], dst, 0, dim_size=n_dst, reduce="mean")
+    torch.testing.assert_close(out, ref)
+    w = torch.randn(n_dst, columns, generator=g)
+    (gh,) = torch.autograd.grad((out * w).sum(), h)
+    (gr,) = torch.autograd.grad((ref * w).sum(), h)
+    torch.testing.assert_close(gh, gr)
+
+
+def test_mean_aggregate_under_bf16_autocast_keeps_the_input_dtype():
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1])
+    h = torch.randn(3, 4).bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mean_aggregate(h, MeanAdjacency.build(src, dst, 3, 2))
+    assert out.dtype == torch.bfloat16
+    out.sum().backward()
+    assert h.grad.dtype == torch.bfloat16
+
+
+def test_hop_graph_rejects_counts_that_do_not_match():
+    ei = torch.tensor([[1, 2], [0, 0]])
+    with pytest.raises(ValueError, match="one more node count"):
+        HopGraph(ei, [1, 2], [1, 1])
+    with pytest.raises(ValueError, match="edge_index has 2"):
+        HopGraph(ei, [1, 2], [3])
+    with pytest.raises(ValueError, match="sampled for 1 hops"):
+        HopGraph(ei, [1, 2], [2]).layer(0, 2)
+    assert isinstance(HopGraph(ei, [1, 2], [2]).layer(0, 1), HopLayer)
