@@ -30,3 +30,44 @@ def release_free_memory() -> bool:
     """Return the heap's free pages to the system; True when there were some to return."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+# mallopt(3) parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+@functools.cache
+def _mallopt():  # noqa: ANN202
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
+def reuse_large_blocks(limit_bytes: int = 512 << 20) -> bool:
+    """Serve blocks up to ``limit_bytes`` from the heap and keep freed heap memory for reuse.
+
+    glibc maps every block above its mmap threshold (at most 32 MiB) freshly and unmaps it when
+    freed; a neighbour-sampled step allocates several such tensors (the batch's features,
+    ~56 MiB at synthetic-reddit 0.1, the first layer's aggregate and outputs), so each step
+    the kernel zero-fills those pages again: ~15,000 page faults and ~0.4 s of a ~1.1 s step on
+    one core (BENCHMARKS.md, issue 21). With both thresholds set, the same heap memory serves
+    every step. The process keeps its step's peak until :func:`release_free_memory`, which the
+    loop calls before evaluating. A user's own ``MALLOC_MMAP_THRESHOLD_`` /
+    ``MALLOC_TRIM_THRESHOLD_`` or ``GLIBC_TUNABLES`` wins; elsewhere than glibc this does
+    nothing. Returns whether the thresholds were set.
+    """
+    import os
+
+    if not 0 < limit_bytes < 1 << 30:  # mallopt takes an int: 2 * limit must fit
+        raise ValueError(f"limit_bytes must be in (0, 1 GiB), got {limit_bytes}")
+    own = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+    mallopt = _mallopt()
+    if mallopt is None or any(k in os.environ for k in own):
+        return False
+    # the trim threshold above the mmap one, so freeing a step's blocks never shrinks the heap
+    return bool(mallopt(M_MMAP_THRESHOLD, limit_bytes)) and bool(
+        mallopt(M_TRIM_THRESHOLD, 2 * limit_bytes)
+    )

@@ -98,6 +98,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
     from torch.nn.parallel import DistributedDataParallel
 
     from gnnpar.models import build_model
+    from gnnpar.runtime.allocator import reuse_large_blocks
     from gnnpar.training.evaluation import evaluate_graph
     from gnnpar.training.loop import Final, Plan
     from gnnpar.training.losses import LocalStep, seed_loss
@@ -115,6 +116,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
             f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
             f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
         )
+    reuse_large_blocks()  # every step's large tensors from the same heap memory (no page faults)
     seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
     source = SampledSource(cfg, ds, ctx, train_idx)
     model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
