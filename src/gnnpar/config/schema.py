@@ -36,6 +36,8 @@ class ModelConfig:
     heads: int | None = None
     dropout: float | None = None
     recompute: bool = False  # vig: keep only block inputs, recompute the rest in backward
+    split_at: list[str] | None = None  # --split-at: submodule names where pipelines cut it
+    hops: int | None = None  # --hops: its receptive field, where it cannot be counted
 
 
 @dataclass
