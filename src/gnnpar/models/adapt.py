@@ -10,7 +10,9 @@ other. What can be cut, and where:
   activation, norm and dropout exactly as ``BasicGNN.forward`` (``act_first``, ``norm``,
   ``jk``). With jumping knowledge ``cat``/``max``/``lstm`` the blocks carry every layer's output
   so far, concatenated along the features (one tensor crosses each cut); the head applies
-  ``jk`` and the final ``lin``.
+  ``jk`` and the final ``lin``. The forward is the same floats; the gradients of such a model
+  equal BasicGNN's to rounding only: a layer's output gradient, from the next conv and from
+  ``jk``, is summed in another order.
 * ``torch_geometric.nn.Sequential("x, edge_index", [...])``: cut wherever only one tensor (and
   the graph) is live between two children. (A plain ``torch.nn.Sequential`` cannot take
   ``(x, edge_index)``: its forward takes one input.)
@@ -18,7 +20,7 @@ other. What can be cut, and where:
   ``stem -> blocks -> head`` with each block ``(x, edge_index) -> x``; the strategies check that
   convention against the module's own forward (:func:`check_same_output`).
 * otherwise, at the submodules named by ``split_at`` (``--split-at convs.1,convs.2``: cut just
-  before each), from a ``torch.fx`` trace of the module's forward in which every submodule is a
+  before each, in the order the forward calls them), from a ``torch.fx`` trace of the module's forward in which every submodule is a
   leaf, split by ``torch.fx.passes.split_module``. ``torch.distributed.pipelining.pipeline()``
   cannot be used for GNNs in torch 2.13: it exports with static shapes (no dynamic-shape
   argument), so the traced stages only accept the very graph they were traced on (GCNConv's
@@ -288,6 +290,14 @@ def _split_by_fx(module: nn.Module, split_at: list[str]) -> AdaptedModel:
             f"name submodules as in model.named_modules(), e.g. {sample}."
         )
     ancestors = {""} | {s.rsplit(".", k)[0] for s in split_at for k in range(1, s.count(".") + 1)}
+    from torch_geometric.nn import MessagePassing
+
+    inside = sorted(a for a in ancestors if isinstance(names[a], MessagePassing))
+    if inside:
+        raise UsageError(
+            f"--split-at {','.join(split_at)}: {inside[0]} is a message-passing layer; a "
+            f"pipeline cuts between layers: name {inside[0]} itself or a module after it."
+        )
     params = list(inspect.signature(module.forward).parameters.values())
     concrete = {p.name: p.default for p in params[2:] if p.default is not inspect.Parameter.empty}
     if len(params) < 2 or len(concrete) != len(params) - 2:
@@ -340,12 +350,6 @@ def _trace_and_split(
         raise UsageError(
             f"--split-at {','.join(missing)}: the forward of the model {name} never calls "
             f"that submodule itself; name submodules its forward calls."
-        )
-    order = [of[n] for n in gm.graph.nodes if n.op == "call_module" and n.target in split_at]
-    if order != sorted(order) or len(set(order)) != len(order):
-        raise UsageError(
-            f"--split-at {','.join(split_at)}: name the split points in the order the forward "
-            f"calls them, each once."
         )
     for node in gm.graph.nodes:
         if node is graph_in:
@@ -454,8 +458,9 @@ def message_passing_hops(module: nn.Module) -> int:
 @torch.no_grad()
 def check_same_output(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tensor) -> None:
     """Raise a UsageError unless the block model's evaluation forward equals the user module's
-    on ``(x, edge_index)`` bit for bit (a ``blocks`` model whose forward is not
-    stem -> blocks -> head, for instance)."""
+    on ``(x, edge_index)`` (a ``blocks`` model whose forward is not stem -> blocks -> head, for
+    instance). Within float tolerance, not bit for bit: the cut runs the same operations, but a
+    GPU's scatter-add need not sum in the same order twice."""
     from gnnpar import UsageError
 
     was = bm.training
@@ -464,7 +469,11 @@ def check_same_output(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tenso
         ours, theirs = bm(x, edge_index), bm.user_module(x, edge_index)
     finally:
         bm.train(was)
-    if not (torch.is_tensor(theirs) and ours.shape == theirs.shape and torch.equal(ours, theirs)):
+    if not (
+        torch.is_tensor(theirs)
+        and ours.shape == theirs.shape
+        and torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    ):
         raise UsageError(
             f"The model {type(bm.user_module).__name__} cut as {bm.how} does not compute what "
             f"its forward computes; {HOW_TO_SPLIT}."
