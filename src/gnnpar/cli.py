@@ -34,7 +34,16 @@ FLAG_HELP = {
     "dataset": "dataset name (see `gnnpar datasets`)",
     "data-root": "folder holding datasets placed by the user and the cache",
     "scale": "shrink a generated dataset's nodes and edges by this factor in (0, 1]",
-    "model": "gcn, gat, gat3, sage, vig",
+    "model": "gcn, gat, gat3, sage, vig; or your own: pyg:NAME (a model of "
+    "torch_geometric.nn.models, e.g. pyg:GIN, pyg:GAT; --hidden, --layers, --dropout, --heads "
+    "fill its arguments) or module:function (a factory f(in_dim, num_classes, **model_args) -> "
+    "nn.Module, imported from the current folder; module:Class is called with **model_args). "
+    "It returns logits per node; gnnpar applies the loss",
+    "model-args": "a user model's keyword arguments as a JSON object, e.g. "
+    "'{\"hidden\": 64}' (TOML: a [model-args] table); they win over --hidden etc.",
+    "split-at": "submodules where pipelines cut a user model, e.g. convs.1,convs.2",
+    "hops": "a user model's receptive field in hops, where gnnpar cannot count its "
+    "message-passing layers (exact micro-batches)",
     "hidden": "hidden width (vig: channels); default: the model's study preset",
     "layers": "layers (vig: blocks); default: the model's study preset",
     "heads": "attention heads; default: the model's study preset",
