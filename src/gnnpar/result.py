@@ -140,6 +140,10 @@ STRATEGY_KEYS: dict[str, str] = {
     "gpipe_bound": "GPipe's ideal speed-up S*M/(M+S-1)",
     "boundary_dtypes": "dtypes of the activations sent between stages",
     "microbatch": "graphs: --microbatch (exact or index)",
+    "hops": "graphs: the receptive field in edges that each exact micro-batch covers",
+    "hops_source": "graphs: where hops came from: --hops, the built-in model's rule, or "
+    "counted (message-passing layers of a user's model; gnnpar.models.adapt)",
+    "model_cut": "a user's model: how it was cut into blocks (gnnpar.models.adapt)",
     "halo_overhead": "graphs: nodes computed per step / nodes in the graph (training plan)",
     "halo_duplication": "graphs: nodes computed / distinct nodes of the training plan",
     "eval_halo_overhead": "graphs: halo_overhead of the evaluation plan",

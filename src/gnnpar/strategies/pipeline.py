@@ -37,8 +37,12 @@ if TYPE_CHECKING:
 
 def check(cfg: Config, dims: ParallelDims) -> None:
     """Checks shared by pipeline and hybrid, before anything is launched."""
+    from gnnpar.models import BUILDERS  # torch-free
+
     s, m = cfg.strategy, cfg.model
-    blocks = m.layers  # every gnnpar model has one block per layer (models/__init__.py)
+    if m.name not in BUILDERS:  # a user's model: its blocks are known once built (check_cut)
+        return check_schedule(cfg)
+    blocks = m.layers  # every built-in model has one block per layer (models/__init__.py)
     if s.stages > blocks:
         raise UsageError(
             f"--stages {s.stages} is more than the {blocks} blocks of --model {m.name}; "
@@ -52,6 +56,12 @@ def check(cfg: Config, dims: ParallelDims) -> None:
             f"(one per --stages) that add up to the model's {blocks} blocks, e.g. "
             f"--balance {','.join(map(str, split_by_cost([1.0] * blocks, s.stages)))}."
         )
+    check_schedule(cfg)
+
+
+def check_schedule(cfg: Config) -> None:
+    """The checks that do not depend on the model's blocks."""
+    s = cfg.strategy
     if s.schedule == "1f1b" and s.chunks < s.stages:
         raise UsageError(
             f"--schedule 1f1b needs at least as many --chunks as --stages "
@@ -70,14 +80,42 @@ def check(cfg: Config, dims: ParallelDims) -> None:
             )
 
 
+def check_cut(cfg: Config, model) -> None:
+    """A user's model (:func:`gnnpar.models.adapt.to_block_model`) has blocks enough for
+    --stages, and --balance adds up to them; the same checks as :func:`check` for built-ins."""
+    s, blocks = cfg.strategy, len(model.blocks)
+    what = f"the model {type(model.user_module).__name__}"
+    if s.stages > 1 and not model.splittable:
+        raise UsageError(f"--strategy {s.name} --stages {s.stages}: {model.why_not_splittable}")
+    if s.stages > blocks:
+        raise UsageError(
+            f"--stages {s.stages} is more than the {blocks} blocks of {what} ({model.how}); "
+            f"use --stages {blocks} or fewer, or cut it at more places (--split-at)."
+        )
+    if s.balance is not None and (len(s.balance) != s.stages or sum(s.balance) != blocks):
+        from gnnpar.parallel.pipeline.stages import split_by_cost  # for the example only
+
+        raise UsageError(
+            f"--balance {','.join(map(str, s.balance))} must give {s.stages} stage sizes "
+            f"(one per --stages) that add up to the {blocks} blocks of {what} ({model.how}), "
+            f"e.g. --balance {','.join(map(str, split_by_cost([1.0] * blocks, s.stages)))}."
+        )
+
+
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     """This rank's stage of its pipeline (and replica, with hybrid's --replicas)."""
     import torch
     import torch.distributed as dist
 
     from gnnpar.models import build_model
+    from gnnpar.models.adapt import check_same_output
     from gnnpar.parallel import collectives
-    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+    from gnnpar.parallel.pipeline.batches import (
+        GraphMicroBatches,
+        ImageMicroBatches,
+        StagePlace,
+        receptive_field,
+    )
     from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound
     from gnnpar.parallel.pipeline.step import PipelineStep
     from gnnpar.training.loop import Final, Plan
@@ -91,8 +129,18 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     seed_everything(r.seed)
     model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
     torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
-    Job = ImageMicroBatches if ds.kind == "image" else GraphMicroBatches
-    job = Job(cfg, ds, place)
+    user = getattr(model, "user_module", None) is not None  # a user's model, cut by adapt.py
+    if user:
+        check_cut(cfg, model)
+    hops_info = {}
+    if ds.kind == "image":
+        job = ImageMicroBatches(cfg, ds, place)
+    else:
+        hops, source = receptive_field(cfg.model, model)
+        job = GraphMicroBatches(cfg, ds, place, hops)
+        hops_info = {"hops": hops, "hops_source": source}
+    if user:  # the cut computes what the module's own forward does (a `blocks` convention)
+        check_same_output(model, *job.probe())
     with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
         balance, block_times = choose_balance(cfg, model, job)
     if dist.get_rank() == 0 and not r.quiet:
@@ -151,6 +199,8 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
             "block_time_s": block_times,
             "gpipe_bound": gpipe_bound(S, M),
             "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
+            **hops_info,
+            **({"model_cut": model.how} if user else {}),
             **job.extra(),
         },
     )
