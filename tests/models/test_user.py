@@ -225,3 +225,29 @@ def test_a_factory_that_cannot_be_imported_at_load_time_exits_2(trained, tmp_pat
     err = capsys.readouterr().err
     assert "--model gone_module_u20:build: no module named 'gone_module_u20'" in err
     assert "Traceback" not in err
+
+
+# ------------------------------------------------ checkpoints, --resume, bf16 (one process)
+def _train(out, *flags: str) -> dict:
+    args = ["train", "--dataset", "karate", "--model", "pyg:GIN", "--hidden", "8", "--quiet"]
+    assert main([*args, "--threads", "1", "--out", str(out), *flags]) == 0
+    return json.loads((out / "result.json").read_text())
+
+
+def test_a_resumed_user_model_run_equals_an_uninterrupted_one(tmp_path):
+    flags = ["--partitions", "2", "--checkpoint-every", "1"]
+    whole = _train(tmp_path / "whole", *flags, "--epochs", "3")
+    _train(tmp_path / "cut", *flags, "--epochs", "2")
+    resumed = _train(tmp_path / "cut", *flags, "--epochs", "3", "--resume")
+    assert resumed["resumed_from"].endswith("epoch-000001-step-00000000")
+    assert resumed["loss_curve"] == whole["loss_curve"]
+    a, b = (read_model_file(tmp_path / d)["state_dict"] for d in ("whole", "cut"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_user_model_scores_are_reproduced_by_predict(tmp_path):
+    from gnnpar.predict import predict
+
+    result = _train(tmp_path / "bf16", "--precision", "bf16", "--epochs", "2")
+    got = predict(str(tmp_path / "bf16"))
+    assert got["scores"]["test"] == pytest.approx(result["test_score"], abs=1e-6)
