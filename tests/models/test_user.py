@@ -251,3 +251,22 @@ def test_bf16_user_model_scores_are_reproduced_by_predict(tmp_path):
     result = _train(tmp_path / "bf16", "--precision", "bf16", "--epochs", "2")
     got = predict(str(tmp_path / "bf16"))
     assert got["scores"]["test"] == pytest.approx(result["test_score"], abs=1e-6)
+
+
+def test_fit_trains_an_instance_in_place_and_records_how_to_rebuild_it(tmp_path):
+    import gnnpar
+
+    model = user_models.LinearAPPNP(34, 4, hidden=8, K=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = gnnpar.fit(
+        karate(), model=model, epochs=2, quiet=True, threads=1,
+        data_root=str(tmp_path / "data"), out=str(tmp_path / "run"),
+    )  # fmt: skip
+    assert run.model is model and not model.training
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    rec = run.result["user_model"]
+    assert rec["target"] == "tests.models.user_models:LinearAPPNP" and rec["call"] == "class"
+    assert rec["kwargs"] == {"in_dim": 34, "num_classes": 4, "hidden": 8, "K": 2}
+    again = gnnpar.load(run.out)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(again.state_dict()[k], v, rtol=0, atol=0)
