@@ -52,7 +52,7 @@ def test_a_users_model_trains_in_two_stages_and_predicts_its_test_score(runs, na
     result = json.loads((folder / "result.json").read_text())
     _, cut, hops, source = MODELS[name]
     assert result["stages"] == 2 and result["microbatch"] == "exact"
-    assert result["model_cut"].startswith(cut)
+    assert result["model_cut"].startswith(cut) and result["batch_statistics"] == []
     assert result["hops"] == hops and result["hops_source"].startswith(source)
     assert result["plan_train"]["hops"] == hops and len(result["loss_curve"]) == 2
     assert result["user_model"]["target"]  # model.pt's recipe (gnnpar.models.user)

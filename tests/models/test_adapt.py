@@ -14,7 +14,12 @@ from torch_geometric.utils import to_undirected
 
 from gnnpar import UsageError
 from gnnpar.data.microbatch import build_plan
-from gnnpar.models.adapt import check_same_output, message_passing_hops, to_block_model
+from gnnpar.models.adapt import (
+    batch_statistics,
+    check_same_output,
+    message_passing_hops,
+    to_block_model,
+)
 from tests.models.handwritten import APPNPNet, BlocksNet, MisleadingBlocksNet, SkipNet
 
 
@@ -248,3 +253,20 @@ def test_exact_micro_batches_equal_the_full_batch_with_the_counted_hops(name, mo
     hops = message_passing_hops(module)
     assert exact_rows(module, x, ei, hops), name
     assert not exact_rows(module, x, ei, hops - 1), f"{name}: {hops - 1} hops were enough"
+
+
+@pytest.mark.parametrize(
+    "module, names",
+    [
+        (GIN(8, 16, 2, 4), []),
+        (
+            GIN(8, 16, 2, 4, norm="batch_norm"),
+            ["convs.0.nn.norms.0", "convs.1.nn.norms.0", "norms.0"],
+        ),
+        (GCN(8, 16, 2, 4, norm="layer_norm"), ["norms.0"]),  # PyG's default mode: "graph"
+        (GCN(8, 16, 2, 4, norm="layer_norm", norm_kwargs={"mode": "node"}), []),
+        (GCN(8, 16, 2, 4, norm="graph_norm"), ["norms.0"]),
+    ],
+)
+def test_layers_whose_statistics_span_the_batch_are_named(module, names):
+    assert batch_statistics(module) == names

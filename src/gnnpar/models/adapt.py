@@ -31,7 +31,8 @@ other. What can be cut, and where:
 * anything else is one block (``splittable = False``, with ``why_not_splittable`` saying how to
   make it splittable); a pipeline of more than one stage refuses it.
 
-:func:`message_passing_hops` is the receptive field the exact micro-batches need.
+:func:`message_passing_hops` is the receptive field the exact micro-batches need;
+:func:`batch_statistics` names the layers (batch norms) for which no micro-batch is exact.
 """
 
 from __future__ import annotations
@@ -453,6 +454,32 @@ def message_passing_hops(module: nn.Module) -> int:
     layers = [m for m in layers if id(m) not in inner]  # a conv inside a conv: the outer one
     hops = sum(_propagations(m) for m in layers)
     return hops + (1 if any(_reads_source_degree(m) for m in layers) else 0)
+
+
+def batch_statistics(module: nn.Module) -> list[str]:
+    """Names of the submodules whose output for a node depends on the other nodes of the batch
+    (BatchNorm in training; PyG's graph-mode LayerNorm, GraphNorm, InstanceNorm, PairNorm,
+    MeanSubtractionNorm, DiffGroupNorm, GraphSizeNorm always): over exact micro-batches they see
+    each micro-batch, halo and padding included, not the whole graph, so the micro-batches give
+    the full-batch result only for models without them."""
+    from torch_geometric.nn import norm as pyg
+
+    always = (
+        pyg.GraphNorm,
+        pyg.InstanceNorm,
+        pyg.PairNorm,
+        pyg.MeanSubtractionNorm,
+        pyg.DiffGroupNorm,
+        pyg.GraphSizeNorm,
+    )
+    batch = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, pyg.BatchNorm)
+    found = []
+    for name, m in module.named_modules():
+        graph_mode = isinstance(m, pyg.LayerNorm) and m.mode == "graph"
+        if graph_mode or isinstance(m, always + batch):
+            if not any(name.startswith(f + ".") for f in found):  # PyG BatchNorm wraps one
+                found.append(name)
+    return found
 
 
 @torch.no_grad()

@@ -104,11 +104,13 @@ def check_cut(cfg: Config, model) -> None:
 
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     """This rank's stage of its pipeline (and replica, with hybrid's --replicas)."""
+    import sys
+
     import torch
     import torch.distributed as dist
 
     from gnnpar.models import build_model
-    from gnnpar.models.adapt import check_same_output
+    from gnnpar.models.adapt import batch_statistics, check_same_output
     from gnnpar.parallel import collectives
     from gnnpar.parallel.pipeline.batches import (
         GraphMicroBatches,
@@ -134,15 +136,25 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     user = getattr(model, "user_module", None) is not None  # a user's model, cut by adapt.py
     if user:
         check_cut(cfg, model)
-    hops_info = {}
+    cut_info = {}
     if ds.kind == "image":
         job = ImageMicroBatches(cfg, ds, place)
     else:
         hops, source = receptive_field(cfg.model, model)
         job = GraphMicroBatches(cfg, ds, place, hops)
-        hops_info = {"hops": hops, "hops_source": source}
+        cut_info = {"hops": hops, "hops_source": source}
     if user:  # the cut computes what the module's own forward does (a `blocks` convention)
         check_same_output(model, *job.probe())
+        spans = batch_statistics(model.user_module)
+        cut_info["batch_statistics"] = spans
+        if spans and ds.kind != "image" and dist.get_rank() == 0:
+            print(
+                f"gnnpar: warning: {', '.join(spans)} of the model compute statistics over "
+                f"their batch: over micro-batches (halo and padding rows included) its loss "
+                f"and gradients differ from the full batch's.",
+                file=sys.stderr,
+                flush=True,
+            )
     with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
         balance, block_times = choose_balance(cfg, model, job)
     if dist.get_rank() == 0 and not r.quiet:
@@ -201,7 +213,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
             "block_time_s": block_times,
             "gpipe_bound": gpipe_bound(S, M),
             "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
-            **hops_info,
+            **cut_info,
             **({"model_cut": model.how} if user else {}),
             **job.extra(),
         },
