@@ -89,13 +89,18 @@ MODELS = {  # name: (factory, blocks, hops)
     "PyG Sequential jk": (jk_sequential, 5, 3),  # no cut while x1 and x2 are both live
     "blocks attribute": (lambda: BlocksNet(8, 4, layers=3), 3, 4),
     "APPNP --split-at prop": (lambda: APPNPNet(8, 4, K=3), 2, 4),
+    "GAT jk=cat --split-at convs.1": (  # the one value crossing: layer 0's output
+        lambda: GAT(8, 16, 3, 4, jk="cat", dropout=0.3),
+        2,
+        3,
+    ),
 }
 
 
 def build(name: str) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
     module = MODELS[name][0]()
-    split = ["prop"] if "split-at" in name else None
+    split = name.split("--split-at ")[1].split(",") if "--split-at" in name else None
     return module, to_block_model(module, split_at=split)
 
 
@@ -183,6 +188,7 @@ def test_split_at_the_output_layer_and_its_dropout_trace_follows_train_and_eval(
         (SkipNet(8, 4), ["prop"], "only the running features cross"),
         (SkipNet(8, 4), ["lin2"], "only the running features cross"),
         (APPNPNet(8, 4), ["prop.aggr_module"], "prop is a message-passing layer"),
+        (GAT(8, 16, 3, 4, jk="cat"), ["convs.2"], "hands 2 values on"),
     ],
 )
 def test_split_points_that_cannot_work_are_usage_errors(module, split, message):

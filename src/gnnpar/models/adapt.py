@@ -337,9 +337,19 @@ def _trace_and_split(
             f"--split-at: torch.fx cannot trace the forward of the model {name} "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {HOW_TO_SPLIT}."
         ) from None
-    gm = torch.fx.GraphModule(module, graph)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     feat, graph_in = placeholders[0], placeholders[1]
+    for extra in placeholders[2:]:  # arguments fixed at their defaults: only checked, unused
+        for user in list(extra.users):
+            if user.op == "call_function" and not user.users and "assert" in str(user.target):
+                graph.erase_node(user)
+        if extra.users:
+            raise UsageError(
+                f"--split-at: the forward of the model {name} computes with its argument "
+                f"{extra.target} beyond (x, edge_index); {HOW_TO_SPLIT}."
+            )
+        graph.erase_node(extra)
+    gm = torch.fx.GraphModule(module, graph)
     part, seen, of = 0, set(), {}
     for node in gm.graph.nodes:
         if node.op == "call_module" and node.target in split_at and node.target not in seen:
@@ -378,7 +388,8 @@ def _trace_and_split(
         if isinstance(outputs, (tuple, list)) and len(outputs) != 1:
             raise UsageError(
                 f"--split-at {','.join(split_at)}: stage {k} of the model {name} hands "
-                f"{len(outputs)} values on, not one tensor; choose other cuts."
+                f"{len(outputs)} values on, not one tensor; choose cuts that only the running "
+                f"features cross."
             )
         pieces.append(_Single(piece))
         arg_names.append(["edge_index" if n.name == graph_in.name else "x" for n in inputs])
