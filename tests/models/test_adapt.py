@@ -220,6 +220,31 @@ def test_hops_count_propagations_and_one_more_for_source_degrees(module, hops):
     assert message_passing_hops(module) == hops
 
 
+class _Shared(nn.Module):
+    """One GIN layer applied three times: three hops, one module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 16)
+        self.conv = GIN(16, 16, 1, 16).convs[0]
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x, edge_index):
+        x = self.lin(x)
+        for _ in range(3):
+            x = self.conv(x, edge_index).relu()
+        return self.out(x)
+
+
+def test_a_layer_called_three_times_counts_three_hops_given_a_probe_graph():
+    x, ei = random_graph()
+    module = _Shared()
+    assert message_passing_hops(module) == 1  # the modules alone
+    assert message_passing_hops(module, x[:10], ei[:, (ei < 10).all(0)]) == 3
+    assert exact_rows(module, *random_graph(n=60, edges=90), 3)
+    assert not exact_rows(module, *random_graph(n=60, edges=90), 2)
+
+
 class _Convs(nn.Module):
     def __init__(self, conv: nn.Module, tail: nn.Module | None = None) -> None:
         super().__init__()
@@ -257,6 +282,7 @@ def test_exact_micro_batches_equal_the_full_batch_with_the_counted_hops(name, mo
     torch.manual_seed(0)
     x, ei = random_graph(n=60, edges=90)  # sparse: many distances, few whole-graph halos
     hops = message_passing_hops(module)
+    assert message_passing_hops(module, x, ei) == hops  # each layer called once
     assert exact_rows(module, x, ei, hops), name
     assert not exact_rows(module, x, ei, hops - 1), f"{name}: {hops - 1} hops were enough"
 

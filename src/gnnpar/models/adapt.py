@@ -449,14 +449,19 @@ def _reads_source_degree(m: nn.Module) -> bool:
     return False
 
 
-def message_passing_hops(module: nn.Module) -> int:
+def message_passing_hops(
+    module: nn.Module, x: torch.Tensor | None = None, edge_index: torch.Tensor | None = None
+) -> int:
     """The receptive field in edges: the propagation steps of the ``MessagePassing`` layers on
     the path (one per layer; K for APPNP, SGConv, TAGConv, ...), plus one when any of them
     normalises by the source node's degree (GCN's rule, :func:`gnnpar.data.microbatch.receptive_hops`:
     the symmetric normalisation reads the neighbours' degrees, so one hop more).
 
-    Counted from the modules, once each: a layer the forward calls twice, or message passing
-    written without a ``MessagePassing`` module, is not seen; ``--hops`` overrides the count.
+    Counted from the modules, once each; given a probe graph ``(x, edge_index)``, also from the
+    ``propagate`` calls of one forward on it (a layer the forward calls three times counts three
+    times; layers side by side are added up, which can only overestimate), and the larger count
+    wins. Message passing written without a ``MessagePassing`` module is not seen: ``--hops``
+    overrides the count.
     """
     from torch_geometric.nn import MessagePassing
 
@@ -464,7 +469,30 @@ def message_passing_hops(module: nn.Module) -> int:
     inner = {id(c) for m in layers for c in m.modules() if c is not m}
     layers = [m for m in layers if id(m) not in inner]  # a conv inside a conv: the outer one
     hops = sum(_propagations(m) for m in layers)
+    if x is not None and edge_index is not None and layers:
+        hops = max(hops, _propagate_calls(module, layers, x, edge_index))
     return hops + (1 if any(_reads_source_degree(m) for m in layers) else 0)
+
+
+@torch.no_grad()
+def _propagate_calls(module: nn.Module, layers: list, x: torch.Tensor, edge_index) -> int:
+    """``propagate`` calls of the outer message-passing layers in one evaluation forward."""
+    calls = [0]
+
+    def count(conv, inputs, output):  # noqa: ANN001, ANN202 - PyG's propagate hook
+        calls[0] += 1
+
+    handles = [m.register_propagate_forward_hook(count) for m in layers]
+    was = module.training
+    module.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            module(x, edge_index)
+    finally:
+        module.train(was)
+        for h in handles:
+            h.remove()
+    return calls[0]
 
 
 def batch_statistics(module: nn.Module) -> list[str]:

@@ -12,11 +12,20 @@ that lose the edges between chunks (data/microbatch.py). Images (vig): ``--batch
 per step, split evenly into the chunks.
 
     gnnpar train --dataset cora --model gat --strategy pipeline --workers 2 --chunks 4
+    gnnpar train --dataset cora --model pyg:GIN --strategy pipeline --workers 2
+    gnnpar train --dataset cora --model mymodels:build --split-at prop --strategy pipeline \
+        --workers 2
     gnnpar train --dataset synthetic-cifar10 --model vig --strategy pipeline --workers 2 \\
         --chunks 5 --batch-size 40 --max-steps 20
 
+A user's model (``--model pyg:NAME`` / ``module:function``) is cut into blocks by
+:func:`gnnpar.models.adapt.to_block_model` (PyG's BasicGNNs and Sequential, a ``blocks``
+attribute, or ``--split-at``); a model it cannot cut trains with ``--stages 1`` only. Its exact
+micro-batches cover ``--hops`` or the hops counted from its message-passing layers.
+
 result.json adds: balance (and how it was chosen), gpipe_bound S*M/(M+S-1), the micro-batch
-plan with its halo_overhead (nodes computed / nodes in the graph). The hybrid strategy
+plan with its halo_overhead (nodes computed / nodes in the graph); for a user's model, how it
+was cut (model_cut), hops and hops_source, and its batch-statistics layers. The hybrid strategy
 (strategies/hybrid.py) is this with ``--replicas`` copies.
 """
 
@@ -140,7 +149,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     if ds.kind == "image":
         job = ImageMicroBatches(cfg, ds, place)
     else:
-        hops, source = receptive_field(cfg.model, model)
+        hops, source = receptive_field(cfg.model, model, ds.data)
         job = GraphMicroBatches(cfg, ds, place, hops)
         cut_info = {"hops": hops, "hops_source": source}
     if user:  # the cut computes what the module's own forward does (a `blocks` convention)
