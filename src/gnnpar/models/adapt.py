@@ -102,15 +102,26 @@ def to_block_model(module: nn.Module, *, split_at: Sequence[str] | None = None) 
         stem = stem if isinstance(stem, nn.Module) else None
         head = head if isinstance(head, nn.Module) else None
         return AdaptedModel(module, list(blocks), head=head, stem=stem, how="blocks")
-    name = type(module).__name__
     return AdaptedModel(
-        module,
-        [_Whole(module)],
-        how="one block",
-        why_not=f"gnnpar cannot cut the model {name} into pipeline stages by itself; "
-        + HOW_TO_SPLIT
-        + ".",
+        module, [_Whole(module)], how="one block", why_not=cannot_cut(type(module).__name__)
     )
+
+
+def cannot_cut(name: str) -> str:
+    return f"gnnpar cannot cut the model {name} into pipeline stages by itself; {HOW_TO_SPLIT}."
+
+
+def why_not_by_class(cls: type) -> str | None:
+    """For one of PyG's model classes, known before it is built: None where to_block_model cuts
+    its instances (BasicGNNs, Sequential), else why not (:func:`cannot_cut`)."""
+    from torch_geometric.nn import Sequential as PyGSequential
+    from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+    if issubclass(cls, BasicGNN) and cls.forward is BasicGNN.forward:
+        return None
+    if cls is PyGSequential:
+        return None
+    return cannot_cut(cls.__name__)
 
 
 class _Whole(nn.Module):

@@ -50,6 +50,13 @@ def check(cfg: Config, dims: ParallelDims) -> None:
 
     s, m = cfg.strategy, cfg.model
     if m.name not in BUILDERS:  # a user's model: its blocks are known once built (check_cut)
+        if s.stages > 1 and not m.split_at and m.name.startswith("pyg:"):  # or by its class
+            from gnnpar.models.adapt import why_not_by_class
+            from gnnpar.models.user import pyg_class
+
+            why = why_not_by_class(pyg_class(m.name.removeprefix("pyg:")))
+            if why is not None:
+                raise UsageError(f"--strategy {s.name} --stages {s.stages}: {why}")
         return check_schedule(cfg)
     blocks = m.layers  # every built-in model has one block per layer (models/__init__.py)
     if s.stages > blocks:
