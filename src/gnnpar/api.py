@@ -30,7 +30,8 @@ Your own model (:mod:`gnnpar.models.user`), three ways::
   instance's attributes named like its constructor's parameters (PyG's models keep
   ``in_channels``, ``hidden_channels``, ``num_layers``, ...; a GAT's ``v2`` and ``heads`` are
   read from its first convolution), rebuilds the class with them, and checks that the rebuilt
-  module has the same structure (``repr``) and parameter shapes; where it does not, ``fit``
+  module has the same structure (every submodule's name, class and ``extra_repr``, every
+  tensor's shape; a plain function kept as an attribute is not seen); where it does not, ``fit``
   says so (exit 2 from the command line, ``UsageError`` here) and asks for a factory or
   ``pyg:NAME``. After the run the trained weights are loaded into the instance itself, which
   is what ``FitResult.model`` is. ``gnnpar.load`` of the run needs the class importable.
@@ -161,14 +162,18 @@ def instance_recipe(module: nn.Module, workers: int = 1) -> tuple[str, dict[str,
             f"{what}: rebuilding it as {cls.__qualname__}(**{kwargs}) failed "
             f"({type(e).__name__}). {hint}"
         ) from None
-    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    same = shapes == {k: tuple(v.shape) for k, v in rebuilt.state_dict().items()}
-    if not same or repr(rebuilt) != repr(module):
+    if _structure(rebuilt) != _structure(module):
         raise UsageError(
             f"{what}: {cls.__qualname__}(**{kwargs}), built from the instance's attributes, "
             f"is not the same model (its structure or parameter shapes differ). {hint}"
         )
     return target, kwargs
+
+
+def _structure(module: nn.Module) -> list[tuple]:
+    """Every submodule's name, class and settings (extra_repr), and every tensor's shape."""
+    modules = [(n, type(m).__qualname__, m.extra_repr()) for n, m in module.named_modules()]
+    return modules + [(k, tuple(v.shape)) for k, v in module.state_dict().items()]
 
 
 PLAIN = (int, float, str, bool, type(None))

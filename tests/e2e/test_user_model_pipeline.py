@@ -1,5 +1,5 @@
 """Your model in, cut into a pipeline (issue 20): PyG's GIN and GAT(v2=True) and a hand-written
-model (two linear layers around an APPNP propagation, tests/models/handwritten.py) each train
+model (two linear layers around an APPNP propagation, tests/models/user_models.py) each train
 with 2 pipeline stages over exact micro-batches on Cora (2 gloo ranks), and model.pt reloads
 and predicts the run's test score. A model gnnpar cannot cut exits 2 saying how to make it
 splittable (tests/e2e/test_hostile_input.py has the rows for flags; these need ranks)."""
@@ -23,10 +23,10 @@ MODELS = {  # name: (flags, how it is cut, hops, where the hops came from)
         2,
         "counted",
     ),
-    "APPNP": (  # K=3 propagations + 1 (gcn normalisation); --hops given to say so
-        ["--model", "tests.models.handwritten:build", "--split-at", "prop", "--hops", "4"],
+    "APPNP": (  # K=4 propagations + 1 (gcn normalisation); --hops given to say so
+        ["--model", "tests.models.user_models:build", "--split-at", "prop", "--hops", "5"],
         "--split-at prop",
-        4,
+        5,
         "--hops",
     ),
 }
@@ -66,10 +66,10 @@ def test_a_users_model_trains_in_two_stages_and_predicts_its_test_score(runs, na
 def test_a_model_that_cannot_be_cut_exits_2_saying_how(runs, tmp_path, capsys):
     """Found in the ranks (the model is built there, on the loaded graph): the launcher's one
     message, exit 2. After the trainings above, whose fork server it reuses."""
-    flags = ["--model", "tests.models.handwritten:build", "--out", str(tmp_path)]
+    flags = ["--model", "tests.models.user_models:build", "--out", str(tmp_path)]
     capsys.readouterr()
     assert main(["train", *PIPE, *flags]) == 2
     err = capsys.readouterr().err
-    assert "cannot cut the model APPNPNet" in err and "--split-at" in err
+    assert "cannot cut the model LinearAPPNP" in err and "--split-at" in err
     assert "Traceback" not in err and err.count("gnnpar: error:") == 1
     assert not (tmp_path / "result.json").exists()

@@ -1,10 +1,11 @@
-"""Hand-written user models for the tests (issue 20): importable as ``--model
-tests.models.handwritten:build`` from the repository root, as a user's own module would be.
+"""Hand-written user models for the tests of gnnpar.models.adapt (cutting a model into blocks;
+tests/models/user_models.py has the models the training tests import by name).
 
 ``APPNPNet`` is two linear layers around an APPNP propagation (Gasteiger et al., ICLR 2019):
 nothing gnnpar can cut by itself, so pipelines need ``--split-at prop`` (or ``lin2``).
 ``BlocksNet`` exposes ``stem``, ``blocks`` and ``head`` and runs them in that order: cut by
-itself. ``SkipNet`` adds its input back after the propagation: no single cut carries it.
+itself. ``SkipNet`` reads its input again at the end: no cut has one value crossing it.
+``MisleadingBlocksNet`` has ``blocks`` but adds each block's output to its input.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ class APPNPNet(nn.Module):
         return self.lin2(x)
 
 
-def build(in_dim: int, num_classes: int, **kwargs) -> nn.Module:
-    """The factory ``--model tests.models.handwritten:build`` calls."""
-    return APPNPNet(in_dim, num_classes, **kwargs)
-
-
 class _ConvReLU(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -58,10 +54,6 @@ class BlocksNet(nn.Module):
         for block in self.blocks:
             x = block(x, edge_index)
         return self.head(x)
-
-
-def build_blocks(in_dim: int, num_classes: int, **kwargs) -> nn.Module:
-    return BlocksNet(in_dim, num_classes, **kwargs)
 
 
 class SkipNet(APPNPNet):

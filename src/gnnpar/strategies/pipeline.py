@@ -145,9 +145,8 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     r, s = cfg.run, cfg.strategy
     place = StagePlace.create(dims, ctx.device.type)
     seed_everything(r.seed)
-    model = build_model(
-        cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
-    )
+    graph = getattr(ds, "data", None)  # PNA's degrees
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=graph)
     torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
     user = getattr(model, "user_module", None) is not None  # a user's model, cut by adapt.py
     if user:
