@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch_geometric.nn import ChebConv, GCNConv, SAGEConv, SGConv
+from torch_geometric.nn import ChebConv, GCNConv, JumpingKnowledge, SAGEConv, SGConv
 from torch_geometric.nn import Sequential as PyGSequential
 from torch_geometric.nn.models import GAT, GCN, GIN, PNA, EdgeCNN, GraphSAGE
 from torch_geometric.utils import to_undirected
@@ -17,6 +17,7 @@ from gnnpar.data.microbatch import build_plan
 from gnnpar.models.adapt import (
     batch_statistics,
     check_same_output,
+    join_where_not_tensors,
     message_passing_hops,
     to_block_model,
 )
@@ -155,6 +156,35 @@ def test_trained_and_loaded_weights_are_the_modules_own():
     fresh.load_state_dict(bm.state_dict())
     bm.eval(), fresh.eval()
     assert torch.equal(fresh.user_module(x, ei), module(x, ei))
+
+
+def test_cuts_where_a_list_crosses_are_joined():
+    """PyG's own JumpingKnowledge example: after the lambda only the list ``xs`` is live, a cut
+    the sequence allows but a pipeline cannot send."""
+    torch.manual_seed(0)
+    seq = PyGSequential(
+        "x, edge_index",
+        [
+            (GCNConv(8, 16), "x, edge_index -> x1"),
+            nn.ReLU(),
+            (GCNConv(16, 16), "x1, edge_index -> x2"),
+            nn.ReLU(),
+            (lambda x1, x2: [x1, x2], "x1, x2 -> xs"),
+            (JumpingKnowledge("cat", 16, num_layers=2), "xs -> x"),
+            (nn.Linear(32, 4), "x -> x"),
+        ],
+    )
+    bm = to_block_model(seq)
+    x, ei = random_graph()
+    assert len(bm.blocks) == 5  # cuts after the first conv, its relu, the lambda, jk
+    join_where_not_tensors(bm, x, ei)
+    assert len(bm.blocks) == 4
+    bm.eval()
+    h = x
+    for block in bm.blocks:
+        h = block(h, ei)
+        assert torch.is_tensor(h)
+    assert torch.equal(h, seq(x, ei))
 
 
 def test_a_model_it_cannot_cut_is_one_block_that_says_how():

@@ -506,6 +506,40 @@ def _propagate_calls(module: nn.Module, layers: list, x: torch.Tensor, edge_inde
     return calls[0]
 
 
+class _Chain(nn.Module):
+    """Blocks run one after the other as one block."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            x = part(x, edge_index)
+        return x
+
+
+@torch.no_grad()
+def join_where_not_tensors(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tensor) -> None:
+    """Join each block whose output on the probe ``(x, edge_index)`` is no tensor (a PyG
+    Sequential cut where a list is the one live value, as before its JumpingKnowledge) with the
+    next: a pipeline sends tensors only. Changes ``bm.blocks`` in place."""
+    was = bm.training
+    bm.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            h, groups = bm.stem(x), [[]]
+            for i, block in enumerate(bm.blocks):
+                h = block(h, edge_index)
+                groups[-1].append(block)
+                if torch.is_tensor(h) and i < len(bm.blocks) - 1:
+                    groups.append([])
+    finally:
+        bm.train(was)
+    if len(groups) < len(bm.blocks):
+        bm.blocks = nn.ModuleList(g[0] if len(g) == 1 else _Chain(g) for g in groups)
+
+
 def batch_statistics(module: nn.Module) -> list[str]:
     """Names of the submodules whose output for a node depends on the other nodes of the batch
     (BatchNorm in training; PyG's graph-mode LayerNorm, GraphNorm, InstanceNorm, PairNorm,

@@ -126,7 +126,8 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     import torch.distributed as dist
 
     from gnnpar.models import build_model
-    from gnnpar.models.adapt import batch_statistics, check_same_output
+    from gnnpar.models.adapt import batch_statistics, check_same_output, join_where_not_tensors
+    from gnnpar.models.user import CHECK_NODES, first_nodes
     from gnnpar.parallel import collectives
     from gnnpar.parallel.pipeline.batches import (
         GraphMicroBatches,
@@ -150,6 +151,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
     user = getattr(model, "user_module", None) is not None  # a user's model, cut by adapt.py
     if user:
+        join_where_not_tensors(model, *first_nodes(graph, CHECK_NODES))
         check_cut(cfg, model)
     cut_info = {}
     if ds.kind == "image":
