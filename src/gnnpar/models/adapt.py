@@ -69,7 +69,7 @@ class AdaptedModel(BlockModel):
         how: str = "",
         why_not: str | None = None,
     ) -> None:
-        super().__init__(blocks, head=head, stem=stem)
+        super().__init__(_with_parameters(blocks), head=head, stem=stem)
         self.__dict__["user_module"] = user_module
         self.how = how  # how it was cut (result.json, messages)
         self.splittable = why_not is None
@@ -78,6 +78,24 @@ class AdaptedModel(BlockModel):
     def train(self, mode: bool = True) -> AdaptedModel:
         self.user_module.train(mode)  # modules outside the blocks see the same mode
         return super().train(mode)
+
+
+def _with_parameters(blocks: list[nn.Module]) -> list[nn.Module]:
+    """Blocks without trainable parameters (a dropout, an activation, jumping knowledge's
+    concatenation) joined with the next one (the last ones with the one before): a pipeline
+    stage of them alone would have nothing to train."""
+    groups: list[list[nn.Module]] = []
+    pending: list[nn.Module] = []
+    for block in blocks:
+        pending.append(block)
+        if any(p.requires_grad for p in block.parameters()):
+            groups.append(pending)
+            pending = []
+    if pending and groups:
+        groups[-1].extend(pending)
+    elif pending:
+        groups.append(pending)
+    return [g[0] if len(g) == 1 else _Chain(g) for g in groups]
 
 
 def to_block_model(module: nn.Module, *, split_at: Sequence[str] | None = None) -> AdaptedModel:
@@ -244,7 +262,8 @@ def _from_pyg_sequential(seq: nn.Module) -> AdaptedModel | None:
             live |= {n for n in c.param_names if n not in written}
             written |= set(c.return_names)
         live.discard(graph)
-        if len(live) == 1:
+        in_place = getattr(getattr(seq, children[i + 1].name), "inplace", False) is True
+        if len(live) == 1 and not in_place:  # a stage's input is a leaf: not changed in place
             cuts.append(i + 1)
             live_feat.append(live.pop())
     if not cuts:
