@@ -76,3 +76,28 @@ class MisleadingBlocksNet(BlocksNet):
         for block in self.blocks:
             x = x + block(x, edge_index)
         return self.head(x)
+
+
+class TwiceNet(APPNPNet):
+    """Applies ``mid`` before and after the propagation: cut at prop, its weights would sit
+    on two stages."""
+
+    def __init__(self, in_dim: int, num_classes: int, **kwargs) -> None:
+        super().__init__(in_dim, num_classes, **kwargs)
+        self.mid = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        h = self.mid(F.relu(self.lin1(x)))
+        h = self.mid(self.prop(h, edge_index))
+        return self.lin2(h)
+
+
+class InPlaceNet(APPNPNet):
+    """Its second part starts with an in-place activation."""
+
+    def __init__(self, in_dim: int, num_classes: int, **kwargs) -> None:
+        super().__init__(in_dim, num_classes, **kwargs)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.lin2(self.prop(self.act(self.lin1(x)), edge_index))

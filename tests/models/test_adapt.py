@@ -21,7 +21,14 @@ from gnnpar.models.adapt import (
     message_passing_hops,
     to_block_model,
 )
-from tests.models.handwritten import APPNPNet, BlocksNet, MisleadingBlocksNet, SkipNet
+from tests.models.handwritten import (
+    APPNPNet,
+    BlocksNet,
+    InPlaceNet,
+    MisleadingBlocksNet,
+    SkipNet,
+    TwiceNet,
+)
 
 
 def random_graph(n: int = 40, edges: int = 100, dim: int = 8, seed: int = 0):
@@ -221,11 +228,22 @@ def test_split_at_the_output_layer_and_its_dropout_trace_follows_train_and_eval(
         (SkipNet(8, 4), ["lin2"], "only the running features cross"),
         (APPNPNet(8, 4), ["prop.aggr_module"], "prop is a message-passing layer"),
         (GAT(8, 16, 3, 4, jk="cat"), ["convs.2"], "hands 2 values on"),
+        (TwiceNet(8, 4), ["prop"], "uses the weights of mid on both sides of a cut"),
     ],
 )
 def test_split_points_that_cannot_work_are_usage_errors(module, split, message):
     with pytest.raises(UsageError, match=message):
         to_block_model(module, split_at=split)
+
+
+def test_a_stage_starting_in_place_gets_its_own_copy_of_the_input():
+    module = InPlaceNet(8, 4)
+    bm = to_block_model(module, split_at=["act"])
+    x, ei = random_graph()
+    h = bm.blocks[0](x, ei).detach().requires_grad_()  # as the second stage receives it
+    out = bm.blocks[1](h, ei)
+    out.sum().backward()
+    assert h.grad is not None and torch.equal(out, module.lin2(module.prop(h.relu(), ei)))
 
 
 def test_a_blocks_model_whose_forward_does_otherwise_is_refused():

@@ -38,6 +38,7 @@ other. What can be cut, and where:
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -304,6 +305,8 @@ class _FxStage(nn.Module):
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         piece = self.train_piece if self.training else self.eval_piece
+        if x.is_leaf and x.requires_grad:  # a stage's input: the piece may change it in place
+            x = x.clone()
         given = {"x": x, "edge_index": edge_index}
         return piece(*[given[a] for a in self.args[self.training]])
 
@@ -392,6 +395,23 @@ def _trace_and_split(
             f"--split-at {','.join(missing)}: the forward of the model {name} never calls "
             f"that submodule itself; name submodules its forward calls."
         )
+    owner: dict[int, tuple[int, str]] = {}  # tensor id -> (stage, who used it first)
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            tensors = [*mod.parameters(), *mod.buffers()]
+        elif node.op == "get_attr":
+            tensors = [operator.attrgetter(node.target)(gm)]  # a weight read directly
+        else:
+            continue
+        for t in tensors:
+            stage, who = owner.setdefault(id(t), (of[node], node.target))
+            if stage != of[node]:
+                raise UsageError(
+                    f"--split-at {','.join(split_at)}: the model {name} uses the weights of "
+                    f"{who} on both sides of a cut; a stage holds its own weights: cut where "
+                    f"each submodule is used on one side only."
+                )
     for node in gm.graph.nodes:
         if node is graph_in:
             continue  # every stage looks the graph up itself
