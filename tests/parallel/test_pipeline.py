@@ -332,3 +332,7 @@ def test_a_users_model_needs_blocks_for_its_stages(stages, balance, message):
     one_block = to_block_model(nn.Linear(6, 3))
     with pytest.raises(UsageError, match="cannot cut the model Linear into pipeline stages"):
         check_cut(cfg, one_block)
+    shared = to_block_model(GIN(6, 8, 3, 3))
+    shared.blocks[2].conv = shared.blocks[0].conv = GIN(8, 8, 1, 8).convs[0]
+    with pytest.raises(UsageError, match="blocks 0 and 2 of the model GIN .* share weights"):
+        check_cut(cfg, shared)

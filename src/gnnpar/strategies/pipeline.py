@@ -103,6 +103,14 @@ def check_cut(cfg: Config, model) -> None:
     what = f"the model {type(model.user_module).__name__}"
     if s.stages > 1 and not model.splittable:
         raise UsageError(f"--strategy {s.name} --stages {s.stages}: {model.why_not_splittable}")
+    seen: dict[int, int] = {}
+    for i, block in enumerate(model.blocks):
+        for p in block.parameters():
+            if seen.setdefault(id(p), i) != i and s.stages > 1:
+                raise UsageError(
+                    f"--strategy {s.name}: blocks {seen[id(p)]} and {i} of {what} ({model.how}) "
+                    f"share weights, which no two pipeline stages can; give each block its own."
+                )
     if s.stages > blocks:
         raise UsageError(
             f"--stages {s.stages} is more than the {blocks} blocks of {what} ({model.how}); "
