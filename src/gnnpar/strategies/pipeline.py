@@ -13,7 +13,7 @@ per step, split evenly into the chunks.
 
     gnnpar train --dataset cora --model gat --strategy pipeline --workers 2 --chunks 4
     gnnpar train --dataset cora --model pyg:GIN --strategy pipeline --workers 2
-    gnnpar train --dataset cora --model mymodels:build --split-at prop --strategy pipeline \
+    gnnpar train --dataset cora --model mymodels:build --split-at prop --strategy pipeline \\
         --workers 2
     gnnpar train --dataset synthetic-cifar10 --model vig --strategy pipeline --workers 2 \\
         --chunks 5 --batch-size 40 --max-steps 20
@@ -165,7 +165,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     if ds.kind == "image":
         job = ImageMicroBatches(cfg, ds, place)
     else:
-        hops, source = receptive_field(cfg.model, model, ds.data)
+        hops, source = receptive_field(cfg.model, model, graph)
         job = GraphMicroBatches(cfg, ds, place, hops)
         cut_info = {"hops": hops, "hops_source": source}
     if user:  # the cut computes what the module's own forward does (a `blocks` convention)
