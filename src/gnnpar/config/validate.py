@@ -19,8 +19,10 @@ Nothing here imports torch: the strategies' specs and the dataset names are torc
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -227,10 +229,24 @@ def check_model_name(name: str) -> None:
             f"Unknown --model '{name}'. Choose one of: {', '.join(MODELS)}, or your own: "
             f"{USER_MODEL_FORMS} (a factory f(in_dim, num_classes, **model_args) -> nn.Module)."
         )
-    if kind == "factory":
-        from gnnpar.models.user import check_target  # imports nothing of the user's
-
-        check_target(name)
+    if kind == "factory":  # its module can be found (imported before any rank starts: run.py)
+        module = name.split(":")[0]
+        if module in sys.modules:
+            return
+        cwd = os.getcwd()
+        sys.path.insert(0, cwd)  # where `gnnpar.models.user` imports it from too
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except Exception:  # a parent package that fails to import: said when it is imported
+            found = True
+        finally:
+            sys.path.remove(cwd)
+        if not found:
+            raise UsageError(
+                f"--model {name}: no module named '{module}' (looked in {cwd} and on sys.path). "
+                f"Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
+                "install the module."
+            )
 
 
 def check_used(cfg: Config, given: Mapping[str, str]) -> None:

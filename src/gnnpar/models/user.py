@@ -39,8 +39,8 @@ longer be imported is exit 2 naming it.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
+import os
 import sys
 from typing import Any
 
@@ -62,25 +62,7 @@ CHECK_NODES = 64  # the output-shape check runs the model on the subgraph of thi
 
 
 # ------------------------------------------------------------------------- finding the model
-def check_target(name: str) -> None:
-    """Cheap, before anything is imported: the module of ``module:function`` can be found."""
-    module = name.split(":")[0]
-    if module in sys.modules:
-        return
-    from gnnpar.data.user import _cwd_on_path
-
-    with _cwd_on_path():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except Exception:  # a parent package that fails to import: said when it is imported
-            found = True
-    if not found:
-        raise UsageError(_no_module(name, module))
-
-
 def _no_module(name: str, module: str) -> str:
-    import os
-
     return (
         f"--model {name}: no module named '{module}' (looked in {os.getcwd()} and on "
         f"sys.path). Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
