@@ -1,10 +1,11 @@
 """A user's model as a :class:`~gnnpar.models.base.BlockModel`, so a pipeline can cut it (issue 20).
 
-``to_block_model(module)`` returns ``stem -> blocks -> head`` whose forward runs the same
-operations in the same order as ``module(x, edge_index)`` (the same floats, dropout draws
-included), built from the module's own submodules: parameters and buffers are shared objects, so
-training the block model trains ``module``, and loading weights into one loads them into the
-other. What can be cut, and where:
+``to_block_model(module)`` returns ``stem -> blocks -> head`` built from the module's own
+submodules, whose blocks, run one after the other, compute the same operations in the same order
+as ``module(x, edge_index)`` (the same floats, dropout draws included); its own forward is the
+module's. Parameters and buffers are shared objects, so training the block model (its stages)
+trains ``module``, and loading weights into one loads them into the other. What can be cut, and
+where:
 
 * PyG's ``BasicGNN`` (GCN, GraphSAGE, GIN, GAT, EdgeCNN, PNA, ...): one block per conv, with its
   activation, norm and dropout exactly as ``BasicGNN.forward`` (``act_first``, ``norm``,
@@ -75,6 +76,15 @@ class AdaptedModel(BlockModel):
         self.how = how  # how it was cut (result.json, messages)
         self.splittable = why_not is None
         self.why_not_splittable = why_not
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor | None = None) -> torch.Tensor:
+        """The user's module itself: a run without stages trains exactly it (its gradients
+        too); pipeline stages run the blocks (:meth:`run_blocks`)."""
+        return self.user_module(x, edge_index)
+
+    def run_blocks(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """stem -> blocks -> head, as the stages run them one after the other."""
+        return super().forward(x, edge_index)
 
     def train(self, mode: bool = True) -> AdaptedModel:
         self.user_module.train(mode)  # modules outside the blocks see the same mode
@@ -616,7 +626,7 @@ def check_same_output(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tenso
     was = bm.training
     bm.eval()
     try:
-        ours, theirs = bm(x, edge_index), bm.user_module(x, edge_index)
+        ours, theirs = bm.run_blocks(x, edge_index), bm.user_module(x, edge_index)
     finally:
         bm.train(was)
     if not (
