@@ -144,6 +144,8 @@ STRATEGY_KEYS: dict[str, str] = {
     "hops_source": "graphs: where hops came from: --hops, the built-in model's rule, or "
     "counted (message-passing layers of a user's model; gnnpar.models.adapt)",
     "model_cut": "a user's model: how it was cut into blocks (gnnpar.models.adapt)",
+    "batch_statistics": "a user's model: its layers whose statistics span the batch "
+    "(BatchNorm, graph-mode LayerNorm, ...): with them, micro-batches are not exact",
     "halo_overhead": "graphs: nodes computed per step / nodes in the graph (training plan)",
     "halo_duplication": "graphs: nodes computed / distinct nodes of the training plan",
     "eval_halo_overhead": "graphs: halo_overhead of the evaluation plan",

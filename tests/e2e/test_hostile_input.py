@@ -500,6 +500,12 @@ ROWS = [
     Row(
         "split-at sequential", train("--model", "pyg:GIN", "--split-at", "convs.1"), 2, "--split-at"
     ),
+    Row(  # no BasicGNN: known from its class, before launch (a factory's model: in the ranks)
+        "pipeline of a model that cannot be cut",
+        train("--model", "pyg:GraphUNet", "--strategy", "pipeline", "--workers", "2"),
+        2,
+        "cannot cut the model GraphUNet into pipeline stages by itself; make it splittable",
+    ),
     Row(
         "predict model.pt naming shutil.rmtree",
         ["predict", "{tmp}"],

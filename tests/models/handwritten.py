@@ -1,10 +1,11 @@
-"""Hand-written user models for the tests (issue 20): importable as ``--model
-tests.models.handwritten:build`` from the repository root, as a user's own module would be.
+"""Hand-written user models for the tests of gnnpar.models.adapt (cutting a model into blocks;
+tests/models/user_models.py has the models the training tests import by name).
 
 ``APPNPNet`` is two linear layers around an APPNP propagation (Gasteiger et al., ICLR 2019):
 nothing gnnpar can cut by itself, so pipelines need ``--split-at prop`` (or ``lin2``).
 ``BlocksNet`` exposes ``stem``, ``blocks`` and ``head`` and runs them in that order: cut by
-itself. ``SkipNet`` adds its input back after the propagation: no single cut carries it.
+itself. ``SkipNet`` reads its input again at the end: no cut has one value crossing it.
+``MisleadingBlocksNet`` has ``blocks`` but adds each block's output to its input.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ class APPNPNet(nn.Module):
         return self.lin2(x)
 
 
-def build(in_dim: int, num_classes: int, **kwargs) -> nn.Module:
-    """The factory ``--model tests.models.handwritten:build`` calls."""
-    return APPNPNet(in_dim, num_classes, **kwargs)
-
-
 class _ConvReLU(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -60,10 +56,6 @@ class BlocksNet(nn.Module):
         return self.head(x)
 
 
-def build_blocks(in_dim: int, num_classes: int, **kwargs) -> nn.Module:
-    return BlocksNet(in_dim, num_classes, **kwargs)
-
-
 class SkipNet(APPNPNet):
     """Reads its input again at the end: every cut has two values crossing it."""
 
@@ -84,3 +76,28 @@ class MisleadingBlocksNet(BlocksNet):
         for block in self.blocks:
             x = x + block(x, edge_index)
         return self.head(x)
+
+
+class TwiceNet(APPNPNet):
+    """Applies ``mid`` before and after the propagation: cut at prop, its weights would sit
+    on two stages."""
+
+    def __init__(self, in_dim: int, num_classes: int, **kwargs) -> None:
+        super().__init__(in_dim, num_classes, **kwargs)
+        self.mid = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        h = self.mid(F.relu(self.lin1(x)))
+        h = self.mid(self.prop(h, edge_index))
+        return self.lin2(h)
+
+
+class InPlaceNet(APPNPNet):
+    """Its second part starts with an in-place activation."""
+
+    def __init__(self, in_dim: int, num_classes: int, **kwargs) -> None:
+        super().__init__(in_dim, num_classes, **kwargs)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.lin2(self.prop(self.act(self.lin1(x)), edge_index))

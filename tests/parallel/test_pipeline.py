@@ -303,3 +303,36 @@ def test_image_blocks_are_timed_on_at_most_profile_images(tmp_path, monkeypatch)
         dist.destroy_process_group()
     assert seen == [stages.PROFILE_IMAGES] and job.probe()[0].size(0) == 20
     assert balance == [2, 2] and times == [1.0] * 4
+
+
+# ------------------------------------------------------------------ a user's model's blocks
+@pytest.mark.parametrize(
+    "stages, balance, message",
+    [
+        (3, None, "--stages 3 is more than the 2 blocks of the model GIN (GIN: one block per"),
+        (2, [2, 1], "add up to the 2 blocks of the model GIN"),
+        (2, [1, 1], None),
+    ],
+)
+def test_a_users_model_needs_blocks_for_its_stages(stages, balance, message):
+    from torch_geometric.nn.models import GIN
+
+    from gnnpar import UsageError
+    from gnnpar.models.adapt import to_block_model
+    from gnnpar.strategies.pipeline import check_cut
+
+    cfg = config("graph", stages, 1, 3, "gpipe")
+    cfg.strategy.balance = balance
+    model = to_block_model(GIN(6, 8, 2, 3))
+    if message is None:
+        check_cut(cfg, model)
+    else:
+        with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+            check_cut(cfg, model)
+    one_block = to_block_model(nn.Linear(6, 3))
+    with pytest.raises(UsageError, match="cannot cut the model Linear into pipeline stages"):
+        check_cut(cfg, one_block)
+    shared = to_block_model(GIN(6, 8, 3, 3))
+    shared.blocks[2].conv = shared.blocks[0].conv = GIN(8, 8, 1, 8).convs[0]
+    with pytest.raises(UsageError, match="blocks 0 and 2 of the model GIN .* share weights"):
+        check_cut(cfg, shared)

@@ -1,10 +1,11 @@
 """A user's model as a :class:`~gnnpar.models.base.BlockModel`, so a pipeline can cut it (issue 20).
 
-``to_block_model(module)`` returns ``stem -> blocks -> head`` whose forward runs the same
-operations in the same order as ``module(x, edge_index)`` (the same floats, dropout draws
-included), built from the module's own submodules: parameters and buffers are shared objects, so
-training the block model trains ``module``, and loading weights into one loads them into the
-other. What can be cut, and where:
+``to_block_model(module)`` returns ``stem -> blocks -> head`` built from the module's own
+submodules, whose blocks, run one after the other, compute the same operations in the same order
+as ``module(x, edge_index)`` (the same floats, dropout draws included); its own forward is the
+module's. Parameters and buffers are shared objects, so training the block model (its stages)
+trains ``module``, and loading weights into one loads them into the other. What can be cut, and
+where:
 
 * PyG's ``BasicGNN`` (GCN, GraphSAGE, GIN, GAT, EdgeCNN, PNA, ...): one block per conv, with its
   activation, norm and dropout exactly as ``BasicGNN.forward`` (``act_first``, ``norm``,
@@ -31,12 +32,14 @@ other. What can be cut, and where:
 * anything else is one block (``splittable = False``, with ``why_not_splittable`` saying how to
   make it splittable); a pipeline of more than one stage refuses it.
 
-:func:`message_passing_hops` is the receptive field the exact micro-batches need.
+:func:`message_passing_hops` is the receptive field the exact micro-batches need;
+:func:`batch_statistics` names the layers (batch norms) for which no micro-batch is exact.
 """
 
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -68,15 +71,42 @@ class AdaptedModel(BlockModel):
         how: str = "",
         why_not: str | None = None,
     ) -> None:
-        super().__init__(blocks, head=head, stem=stem)
+        super().__init__(_with_parameters(blocks), head=head, stem=stem)
         self.__dict__["user_module"] = user_module
         self.how = how  # how it was cut (result.json, messages)
         self.splittable = why_not is None
         self.why_not_splittable = why_not
 
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor | None = None) -> torch.Tensor:
+        """The user's module itself: a run without stages trains exactly it (its gradients
+        too); pipeline stages run the blocks (:meth:`run_blocks`)."""
+        return self.user_module(x, edge_index)
+
+    def run_blocks(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """stem -> blocks -> head, as the stages run them one after the other."""
+        return super().forward(x, edge_index)
+
     def train(self, mode: bool = True) -> AdaptedModel:
         self.user_module.train(mode)  # modules outside the blocks see the same mode
         return super().train(mode)
+
+
+def _with_parameters(blocks: list[nn.Module]) -> list[nn.Module]:
+    """Blocks without trainable parameters (a dropout, an activation, jumping knowledge's
+    concatenation) joined with the next one (the last ones with the one before): a pipeline
+    stage of them alone would have nothing to train."""
+    groups: list[list[nn.Module]] = []
+    pending: list[nn.Module] = []
+    for block in blocks:
+        pending.append(block)
+        if any(p.requires_grad for p in block.parameters()):
+            groups.append(pending)
+            pending = []
+    if pending and groups:
+        groups[-1].extend(pending)
+    elif pending:
+        groups.append(pending)
+    return [g[0] if len(g) == 1 else _Chain(g) for g in groups]
 
 
 def to_block_model(module: nn.Module, *, split_at: Sequence[str] | None = None) -> AdaptedModel:
@@ -101,15 +131,26 @@ def to_block_model(module: nn.Module, *, split_at: Sequence[str] | None = None) 
         stem = stem if isinstance(stem, nn.Module) else None
         head = head if isinstance(head, nn.Module) else None
         return AdaptedModel(module, list(blocks), head=head, stem=stem, how="blocks")
-    name = type(module).__name__
     return AdaptedModel(
-        module,
-        [_Whole(module)],
-        how="one block",
-        why_not=f"gnnpar cannot cut the model {name} into pipeline stages by itself; "
-        + HOW_TO_SPLIT
-        + ".",
+        module, [_Whole(module)], how="one block", why_not=cannot_cut(type(module).__name__)
     )
+
+
+def cannot_cut(name: str) -> str:
+    return f"gnnpar cannot cut the model {name} into pipeline stages by itself; {HOW_TO_SPLIT}."
+
+
+def why_not_by_class(cls: type) -> str | None:
+    """For one of PyG's model classes, known before it is built: None where to_block_model cuts
+    its instances (BasicGNNs, Sequential), else why not (:func:`cannot_cut`)."""
+    from torch_geometric.nn import Sequential as PyGSequential
+    from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+    if issubclass(cls, BasicGNN) and cls.forward is BasicGNN.forward:
+        return None
+    if cls is PyGSequential:
+        return None
+    return cannot_cut(cls.__name__)
 
 
 class _Whole(nn.Module):
@@ -232,7 +273,8 @@ def _from_pyg_sequential(seq: nn.Module) -> AdaptedModel | None:
             live |= {n for n in c.param_names if n not in written}
             written |= set(c.return_names)
         live.discard(graph)
-        if len(live) == 1:
+        in_place = getattr(getattr(seq, children[i + 1].name), "inplace", False) is True
+        if len(live) == 1 and not in_place:  # a stage's input is a leaf: not changed in place
             cuts.append(i + 1)
             live_feat.append(live.pop())
     if not cuts:
@@ -273,6 +315,8 @@ class _FxStage(nn.Module):
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         piece = self.train_piece if self.training else self.eval_piece
+        if x.is_leaf and x.requires_grad:  # a stage's input: the piece may change it in place
+            x = x.clone()
         given = {"x": x, "edge_index": edge_index}
         return piece(*[given[a] for a in self.args[self.training]])
 
@@ -336,9 +380,19 @@ def _trace_and_split(
             f"--split-at: torch.fx cannot trace the forward of the model {name} "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); {HOW_TO_SPLIT}."
         ) from None
-    gm = torch.fx.GraphModule(module, graph)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     feat, graph_in = placeholders[0], placeholders[1]
+    for extra in placeholders[2:]:  # arguments fixed at their defaults: only checked, unused
+        for user in list(extra.users):
+            if user.op == "call_function" and not user.users and "assert" in str(user.target):
+                graph.erase_node(user)
+        if extra.users:
+            raise UsageError(
+                f"--split-at: the forward of the model {name} computes with its argument "
+                f"{extra.target} beyond (x, edge_index); {HOW_TO_SPLIT}."
+            )
+        graph.erase_node(extra)
+    gm = torch.fx.GraphModule(module, graph)
     part, seen, of = 0, set(), {}
     for node in gm.graph.nodes:
         if node.op == "call_module" and node.target in split_at and node.target not in seen:
@@ -351,6 +405,23 @@ def _trace_and_split(
             f"--split-at {','.join(missing)}: the forward of the model {name} never calls "
             f"that submodule itself; name submodules its forward calls."
         )
+    owner: dict[int, tuple[int, str]] = {}  # tensor id -> (stage, who used it first)
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            tensors = [*mod.parameters(), *mod.buffers()]
+        elif node.op == "get_attr":
+            tensors = [operator.attrgetter(node.target)(gm)]  # a weight read directly
+        else:
+            continue
+        for t in tensors:
+            stage, who = owner.setdefault(id(t), (of[node], node.target))
+            if stage != of[node]:
+                raise UsageError(
+                    f"--split-at {','.join(split_at)}: the model {name} uses the weights of "
+                    f"{who} on both sides of a cut; a stage holds its own weights: cut where "
+                    f"each submodule is used on one side only."
+                )
     for node in gm.graph.nodes:
         if node is graph_in:
             continue  # every stage looks the graph up itself
@@ -377,7 +448,8 @@ def _trace_and_split(
         if isinstance(outputs, (tuple, list)) and len(outputs) != 1:
             raise UsageError(
                 f"--split-at {','.join(split_at)}: stage {k} of the model {name} hands "
-                f"{len(outputs)} values on, not one tensor; choose other cuts."
+                f"{len(outputs)} values on, not one tensor; choose cuts that only the running "
+                f"features cross."
             )
         pieces.append(_Single(piece))
         arg_names.append(["edge_index" if n.name == graph_in.name else "x" for n in inputs])
@@ -437,14 +509,19 @@ def _reads_source_degree(m: nn.Module) -> bool:
     return False
 
 
-def message_passing_hops(module: nn.Module) -> int:
+def message_passing_hops(
+    module: nn.Module, x: torch.Tensor | None = None, edge_index: torch.Tensor | None = None
+) -> int:
     """The receptive field in edges: the propagation steps of the ``MessagePassing`` layers on
     the path (one per layer; K for APPNP, SGConv, TAGConv, ...), plus one when any of them
     normalises by the source node's degree (GCN's rule, :func:`gnnpar.data.microbatch.receptive_hops`:
     the symmetric normalisation reads the neighbours' degrees, so one hop more).
 
-    Counted from the modules, once each: a layer the forward calls twice, or message passing
-    written without a ``MessagePassing`` module, is not seen; ``--hops`` overrides the count.
+    Counted from the modules, once each; given a probe graph ``(x, edge_index)``, also from the
+    ``propagate`` calls of one forward on it (a layer the forward calls three times counts three
+    times; layers side by side are added up, which can only overestimate), and the larger count
+    wins. Message passing written without a ``MessagePassing`` module is not seen: ``--hops``
+    overrides the count.
     """
     from torch_geometric.nn import MessagePassing
 
@@ -452,7 +529,90 @@ def message_passing_hops(module: nn.Module) -> int:
     inner = {id(c) for m in layers for c in m.modules() if c is not m}
     layers = [m for m in layers if id(m) not in inner]  # a conv inside a conv: the outer one
     hops = sum(_propagations(m) for m in layers)
+    if x is not None and edge_index is not None and layers:
+        hops = max(hops, _propagate_calls(module, layers, x, edge_index))
     return hops + (1 if any(_reads_source_degree(m) for m in layers) else 0)
+
+
+@torch.no_grad()
+def _propagate_calls(module: nn.Module, layers: list, x: torch.Tensor, edge_index) -> int:
+    """``propagate`` calls of the outer message-passing layers in one evaluation forward."""
+    calls = [0]
+
+    def count(conv, inputs, output):  # noqa: ANN001, ANN202 - PyG's propagate hook
+        calls[0] += 1
+
+    handles = [m.register_propagate_forward_hook(count) for m in layers]
+    was = module.training
+    module.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            module(x, edge_index)
+    finally:
+        module.train(was)
+        for h in handles:
+            h.remove()
+    return calls[0]
+
+
+class _Chain(nn.Module):
+    """Blocks run one after the other as one block."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for part in self.parts:
+            x = part(x, edge_index)
+        return x
+
+
+@torch.no_grad()
+def join_where_not_tensors(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tensor) -> None:
+    """Join each block whose output on the probe ``(x, edge_index)`` is no tensor (a PyG
+    Sequential cut where a list is the one live value, as before its JumpingKnowledge) with the
+    next: a pipeline sends tensors only. Changes ``bm.blocks`` in place."""
+    was = bm.training
+    bm.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            h, groups = bm.stem(x), [[]]
+            for i, block in enumerate(bm.blocks):
+                h = block(h, edge_index)
+                groups[-1].append(block)
+                if torch.is_tensor(h) and i < len(bm.blocks) - 1:
+                    groups.append([])
+    finally:
+        bm.train(was)
+    if len(groups) < len(bm.blocks):
+        bm.blocks = nn.ModuleList(g[0] if len(g) == 1 else _Chain(g) for g in groups)
+
+
+def batch_statistics(module: nn.Module) -> list[str]:
+    """Names of the submodules whose output for a node depends on the other nodes of the batch
+    (BatchNorm in training; PyG's graph-mode LayerNorm, GraphNorm, InstanceNorm, PairNorm,
+    MeanSubtractionNorm, DiffGroupNorm, GraphSizeNorm always): over exact micro-batches they see
+    each micro-batch, halo and padding included, not the whole graph, so the micro-batches give
+    the full-batch result only for models without them."""
+    from torch_geometric.nn import norm as pyg
+
+    always = (
+        pyg.GraphNorm,
+        pyg.InstanceNorm,
+        pyg.PairNorm,
+        pyg.MeanSubtractionNorm,
+        pyg.DiffGroupNorm,
+        pyg.GraphSizeNorm,
+    )
+    batch = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, pyg.BatchNorm)
+    found = []
+    for name, m in module.named_modules():
+        graph_mode = isinstance(m, pyg.LayerNorm) and m.mode == "graph"
+        if graph_mode or isinstance(m, always + batch):
+            if not any(name.startswith(f + ".") for f in found):  # PyG BatchNorm wraps one
+                found.append(name)
+    return found
 
 
 @torch.no_grad()
@@ -466,7 +626,7 @@ def check_same_output(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tenso
     was = bm.training
     bm.eval()
     try:
-        ours, theirs = bm(x, edge_index), bm.user_module(x, edge_index)
+        ours, theirs = bm.run_blocks(x, edge_index), bm.user_module(x, edge_index)
     finally:
         bm.train(was)
     if not (

@@ -12,11 +12,20 @@ that lose the edges between chunks (data/microbatch.py). Images (vig): ``--batch
 per step, split evenly into the chunks.
 
     gnnpar train --dataset cora --model gat --strategy pipeline --workers 2 --chunks 4
+    gnnpar train --dataset cora --model pyg:GIN --strategy pipeline --workers 2
+    gnnpar train --dataset cora --model mymodels:build --split-at prop --strategy pipeline \\
+        --workers 2
     gnnpar train --dataset synthetic-cifar10 --model vig --strategy pipeline --workers 2 \\
         --chunks 5 --batch-size 40 --max-steps 20
 
+A user's model (``--model pyg:NAME`` / ``module:function``) is cut into blocks by
+:func:`gnnpar.models.adapt.to_block_model` (PyG's BasicGNNs and Sequential, a ``blocks``
+attribute, or ``--split-at``); a model it cannot cut trains with ``--stages 1`` only. Its exact
+micro-batches cover ``--hops`` or the hops counted from its message-passing layers.
+
 result.json adds: balance (and how it was chosen), gpipe_bound S*M/(M+S-1), the micro-batch
-plan with its halo_overhead (nodes computed / nodes in the graph). The hybrid strategy
+plan with its halo_overhead (nodes computed / nodes in the graph); for a user's model, how it
+was cut (model_cut), hops and hops_source, and its batch-statistics layers. The hybrid strategy
 (strategies/hybrid.py) is this with ``--replicas`` copies.
 """
 
@@ -41,6 +50,13 @@ def check(cfg: Config, dims: ParallelDims) -> None:
 
     s, m = cfg.strategy, cfg.model
     if m.name not in BUILDERS:  # a user's model: its blocks are known once built (check_cut)
+        if s.stages > 1 and not m.split_at and m.name.startswith("pyg:"):  # or by its class
+            from gnnpar.models.adapt import why_not_by_class
+            from gnnpar.models.user import pyg_class
+
+            why = why_not_by_class(pyg_class(m.name.removeprefix("pyg:")))
+            if why is not None:
+                raise UsageError(f"--strategy {s.name} --stages {s.stages}: {why}")
         return check_schedule(cfg)
     blocks = m.layers  # every built-in model has one block per layer (models/__init__.py)
     if s.stages > blocks:
@@ -87,6 +103,14 @@ def check_cut(cfg: Config, model) -> None:
     what = f"the model {type(model.user_module).__name__}"
     if s.stages > 1 and not model.splittable:
         raise UsageError(f"--strategy {s.name} --stages {s.stages}: {model.why_not_splittable}")
+    seen: dict[int, int] = {}
+    for i, block in enumerate(model.blocks):
+        for p in block.parameters():
+            if seen.setdefault(id(p), i) != i and s.stages > 1:
+                raise UsageError(
+                    f"--strategy {s.name}: blocks {seen[id(p)]} and {i} of {what} ({model.how}) "
+                    f"share weights, which no two pipeline stages can; give each block its own."
+                )
     if s.stages > blocks:
         raise UsageError(
             f"--stages {s.stages} is more than the {blocks} blocks of {what} ({model.how}); "
@@ -104,11 +128,14 @@ def check_cut(cfg: Config, model) -> None:
 
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     """This rank's stage of its pipeline (and replica, with hybrid's --replicas)."""
+    import sys
+
     import torch
     import torch.distributed as dist
 
     from gnnpar.models import build_model
-    from gnnpar.models.adapt import check_same_output
+    from gnnpar.models.adapt import batch_statistics, check_same_output, join_where_not_tensors
+    from gnnpar.models.user import CHECK_NODES, first_nodes
     from gnnpar.parallel import collectives
     from gnnpar.parallel.pipeline.batches import (
         GraphMicroBatches,
@@ -132,16 +159,27 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
     user = getattr(model, "user_module", None) is not None  # a user's model, cut by adapt.py
     if user:
+        join_where_not_tensors(model, *first_nodes(graph, CHECK_NODES))
         check_cut(cfg, model)
-    hops_info = {}
+    cut_info = {}
     if ds.kind == "image":
         job = ImageMicroBatches(cfg, ds, place)
     else:
-        hops, source = receptive_field(cfg.model, model)
+        hops, source = receptive_field(cfg.model, model, graph)
         job = GraphMicroBatches(cfg, ds, place, hops)
-        hops_info = {"hops": hops, "hops_source": source}
+        cut_info = {"hops": hops, "hops_source": source}
     if user:  # the cut computes what the module's own forward does (a `blocks` convention)
         check_same_output(model, *job.probe())
+        spans = batch_statistics(model.user_module)
+        cut_info["batch_statistics"] = spans
+        if spans and ds.kind != "image" and dist.get_rank() == 0:
+            print(
+                f"gnnpar: warning: {', '.join(spans)} of the model compute statistics over "
+                f"their batch: over micro-batches (halo and padding rows included) its loss "
+                f"and gradients differ from the full batch's.",
+                file=sys.stderr,
+                flush=True,
+            )
     with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
         balance, block_times = choose_balance(cfg, model, job)
     if dist.get_rank() == 0 and not r.quiet:
@@ -200,7 +238,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
             "block_time_s": block_times,
             "gpipe_bound": gpipe_bound(S, M),
             "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
-            **hops_info,
+            **cut_info,
             **({"model_cut": model.how} if user else {}),
             **job.extra(),
         },

@@ -76,19 +76,21 @@ class Batch:
     own_scale: float  # summed micro-batch losses * own_scale = this replica's own mean loss
 
 
-def receptive_field(mcfg, model) -> tuple[int, str]:
+def receptive_field(mcfg, model, graph=None) -> tuple[int, str]:
     """The hops an exact micro-batch must cover, and where that number came from: ``--hops``;
     a built-in model's rule (:func:`~gnnpar.data.microbatch.receptive_hops`); or, for a user's
-    model, its message-passing layers counted
-    (:func:`~gnnpar.models.adapt.message_passing_hops`)."""
+    model, its message-passing layers counted, and its propagate calls in one forward on
+    ``graph``'s first nodes where given (:func:`~gnnpar.models.adapt.message_passing_hops`)."""
     if mcfg.hops is not None:
         return int(mcfg.hops), "--hops"
     user = getattr(model, "user_module", None)
     if user is None:
         return receptive_hops(mcfg.name, mcfg.layers), "built-in model"
     from gnnpar.models.adapt import message_passing_hops
+    from gnnpar.models.user import CHECK_NODES, first_nodes
 
-    return message_passing_hops(user), "counted (message-passing layers of the model)"
+    probe = (None, None) if graph is None else first_nodes(graph, CHECK_NODES)
+    return message_passing_hops(user, *probe), "counted (message-passing layers of the model)"
 
 
 class GraphMicroBatches(Resumable):
