@@ -242,6 +242,11 @@ def build_user_model(
 def load_weights(module: nn.Module, path: str, name: str) -> None:
     from gnnpar.data import safe_load
 
+    if not os.path.isfile(path):
+        raise UsageError(
+            f"--model {name}: its starting weights {path} (written by gnnpar.fit for the "
+            "instance it was given) are gone; run gnnpar.fit with the instance again."
+        )
     try:
         state = safe_load.torch_load(path)
         module.load_state_dict(state)
