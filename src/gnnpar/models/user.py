@@ -49,7 +49,7 @@ from torch import nn
 
 from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
-from gnnpar.models.presets import TARGET, USER_MODEL_FORMS, is_user_model  # noqa: F401
+from gnnpar.models.presets import TARGET, USER_MODEL_FORMS
 
 PYG_MODELS = "torch_geometric.nn.models"
 PYG_STACKS = ("GCN", "GraphSAGE", "GIN", "GAT", "EdgeCNN", "PNA")  # BasicGNN: the usual ones
