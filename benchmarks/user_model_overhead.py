@@ -18,6 +18,12 @@ The sides alternate (which goes first alternates too), ``--reps`` pairs; the fir
 steps of every run are warm-up and dropped. Reported per model: each side's median step (the
 median over reps of each run's median) and the median of the per-pair ratios gnnpar / pyg.
 
+``--in-process``: the model path alone, in one process, where other jobs on a shared machine
+cannot favour one side: the same step (the PyG loop above) on gnnpar's model (``build_model``:
+the user's module wrapped by ``adapt.to_block_model``, what every strategy trains), on the
+user's module inside it, and on PyG's class built directly, in chunks of ``--epochs`` steps
+that rotate (the order rotates too), ``--reps`` rounds; wall and this thread's CPU time.
+
     .venv/bin/python benchmarks/user_model_overhead.py --reps 5 --epochs 40 --threads 1
     .venv/bin/python benchmarks/user_model_overhead.py --out benchmarks/results/user_model.json
 """
@@ -93,6 +99,61 @@ def plain_loop(name: str, epochs: int, threads: int, data_root: str) -> list[flo
     return times
 
 
+def in_process(name: str, reps: int, steps: int, skip: int, threads: int, root: str) -> dict:
+    """gnnpar's wrapped model, the user's module in it, PyG's own: one step, rotating chunks."""
+    from gnnpar.config.validate import build_config
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.models import build_model
+
+    torch.set_num_threads(threads)
+    ds = load_dataset("cora", root, 1.0, 0)
+    data = ds.data
+    flags = dict(zip(MODELS[name][0::2], MODELS[name][1::2], strict=True))
+    flags = {k.lstrip("-").replace("-", "_"): v for k, v in flags.items()}
+    cfg = build_config(None, {"dataset": "cora", "data_root": root, **flags})
+    torch.manual_seed(0)
+    wrapped = build_model(cfg.model, ds.num_features, ds.num_classes, graph=data)
+    torch.manual_seed(0)
+    models = {
+        "gnnpar": wrapped,
+        "module": wrapped.user_module,
+        "pyg": plain_model(name, ds.num_features, ds.num_classes),
+    }
+    opts = {k: torch.optim.Adam(m.parameters(), lr=0.01) for k, m in models.items()}
+    wall: dict[str, list[float]] = {k: [] for k in models}
+    cpu: dict[str, list[float]] = {k: [] for k in models}
+    names = list(models)
+    for rep in range(reps):
+        order = names[rep % 3 :] + names[: rep % 3]
+        for k in order:
+            model, opt, w, c = models[k], opts[k], [], []
+            for _ in range(steps):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                opt.zero_grad(set_to_none=True)
+                out = model(data.x, data.edge_index)
+                mask = data.train_mask
+                loss = torch.nn.functional.cross_entropy(out[mask], data.y[mask])
+                loss.backward()
+                opt.step()
+                float(loss.detach())
+                w.append(time.perf_counter() - t0)
+                c.append(time.thread_time() - c0)
+            wall[k].append(statistics.median(w[skip:]))
+            cpu[k].append(statistics.median(c[skip:]))
+    out = {}
+    for k in names:
+        out[f"{k}_wall_ms"] = 1e3 * statistics.median(wall[k])
+        out[f"{k}_cpu_ms"] = 1e3 * statistics.median(cpu[k])
+    for k in ("gnnpar", "module"):
+        out[f"{k}_over_pyg_cpu"] = statistics.median(
+            [a / b for a, b in zip(cpu[k], cpu["pyg"], strict=True)]
+        )
+        out[f"{k}_over_pyg_wall"] = statistics.median(
+            [a / b for a, b in zip(wall[k], wall["pyg"], strict=True)]
+        )
+    return out
+
+
 def env() -> dict[str, str]:
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path}
@@ -131,6 +192,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data-root", default=None)
     p.add_argument("--out", default=None)
+    p.add_argument("--in-process", action="store_true", help="the model path alone (see above)")
     p.add_argument("--plain", default=None, help=argparse.SUPPRESS)  # the PyG side's child
     a = p.parse_args()
     from gnnpar.config.parse import default_data_root
@@ -151,7 +213,16 @@ def main() -> None:
         "models": {},
     }
     sides = {"gnnpar": run_gnnpar, "pyg": run_pyg}
-    for name in a.models.split(","):
+    for name in a.models.split(",") if a.in_process else []:
+        m = in_process(name, a.reps, a.epochs, a.skip, a.threads, root)
+        report["models"][name] = m
+        print(
+            f"{name} (in process): CPU ms gnnpar {m['gnnpar_cpu_ms']:.2f}, module "
+            f"{m['module_cpu_ms']:.2f}, pyg {m['pyg_cpu_ms']:.2f}; gnnpar/pyg "
+            f"{m['gnnpar_over_pyg_cpu']:.3f} (wall {m['gnnpar_over_pyg_wall']:.3f})",
+            flush=True,
+        )
+    for name in a.models.split(",") if not a.in_process else []:
         medians: dict[str, list[float]] = {"gnnpar": [], "pyg": []}
         for rep in range(a.reps):
             order = ["gnnpar", "pyg"] if rep % 2 == 0 else ["pyg", "gnnpar"]
