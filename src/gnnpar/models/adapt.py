@@ -11,9 +11,9 @@ where:
   activation, norm and dropout exactly as ``BasicGNN.forward`` (``act_first``, ``norm``,
   ``jk``). With jumping knowledge ``cat``/``max``/``lstm`` the blocks carry every layer's output
   so far, concatenated along the features (one tensor crosses each cut); the head applies
-  ``jk`` and the final ``lin``. The forward is the same floats; the gradients of such a model
-  equal BasicGNN's to rounding only: a layer's output gradient, from the next conv and from
-  ``jk``, is summed in another order.
+  ``jk`` and the final ``lin``. The blocks' forward is the same floats; their gradients equal
+  BasicGNN's to rounding only: a layer's output gradient, from the next conv and from ``jk``,
+  is summed in another order.
 * ``torch_geometric.nn.Sequential("x, edge_index", [...])``: cut wherever only one tensor (and
   the graph) is live between two children. (A plain ``torch.nn.Sequential`` cannot take
   ``(x, edge_index)``: its forward takes one input.)
@@ -21,8 +21,9 @@ where:
   ``stem -> blocks -> head`` with each block ``(x, edge_index) -> x``; the strategies check that
   convention against the module's own forward (:func:`check_same_output`).
 * otherwise, at the submodules named by ``split_at`` (``--split-at convs.1,convs.2``: cut just
-  before each, in the order the forward calls them), from a ``torch.fx`` trace of the module's forward in which every submodule is a
-  leaf, split by ``torch.fx.passes.split_module``. ``torch.distributed.pipelining.pipeline()``
+  before the first call of each), from a ``torch.fx`` trace of the module's forward in which
+  every submodule is a leaf, split by ``torch.fx.passes.split_module``; refused where more than
+  one value, or a module's weights, would cross a cut. ``torch.distributed.pipelining.pipeline()``
   cannot be used for GNNs in torch 2.13: it exports with static shapes (no dynamic-shape
   argument), so the traced stages only accept the very graph they were traced on (GCNConv's
   added self-loops: "Sizes of tensors must match"; GATv2Conv: "Runtime assertion failed for
@@ -31,6 +32,10 @@ where:
   'convs.1'"). The fx trace keeps MessagePassing layers whole, so no shape is baked in.
 * anything else is one block (``splittable = False``, with ``why_not_splittable`` saying how to
   make it splittable); a pipeline of more than one stage refuses it.
+
+Blocks without trainable parameters join the next one, no block starts with an in-place module
+(a stage's input is a leaf), and :func:`join_where_not_tensors` joins blocks whose output is no
+tensor: every stage trains something and sends one tensor.
 
 :func:`message_passing_hops` is the receptive field the exact micro-batches need;
 :func:`batch_statistics` names the layers (batch norms) for which no micro-batch is exact.
@@ -182,7 +187,6 @@ class _BasicGNNLayer(nn.Module):
         self.edge_weight, self.edge_attr = gnn.supports_edge_weight, gnn.supports_edge_attr
         self.post = i < gnn.num_layers - 1 or gnn.jk_mode is not None
         self.carry = carry and i > 0
-        self.keep = carry
         self.hidden = gnn.hidden_channels
 
     def forward(self, h: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
@@ -514,8 +518,9 @@ def message_passing_hops(
 ) -> int:
     """The receptive field in edges: the propagation steps of the ``MessagePassing`` layers on
     the path (one per layer; K for APPNP, SGConv, TAGConv, ...), plus one when any of them
-    normalises by the source node's degree (GCN's rule, :func:`gnnpar.data.microbatch.receptive_hops`:
-    the symmetric normalisation reads the neighbours' degrees, so one hop more).
+    normalises by the source node's degree (GCN's rule,
+    :func:`gnnpar.data.microbatch.receptive_hops`: the symmetric normalisation reads the
+    neighbours' degrees, so one hop more).
 
     Counted from the modules, once each; given a probe graph ``(x, edge_index)``, also from the
     ``propagate`` calls of one forward on it (a layer the forward calls three times counts three
