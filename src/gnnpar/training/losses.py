@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,10 +20,22 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> torch.Te
     return torch.nn.functional.cross_entropy(logits, y)
 
 
-def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
+@dataclass
+class NoTrainingRows:
+    """The loss of a batch with no training node (a Cluster-GCN part of a sparsely labelled
+    graph): ``zero`` is 0 x the output, so its backward gives every parameter a zero gradient
+    through the model (DDP's hooks and every collective still run), and no loss is reported (the
+    mean over no rows is NaN, which made the epoch's loss NaN although no weight was touched)."""
+
+    zero: torch.Tensor
+
+
+def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor | NoTrainingRows:
     """Loss over the training nodes of a graph batch (full graph or subgraph)."""
     out = model(batch.x, batch.edge_index)
     mask = batch.train_mask
+    if not bool(mask.any()):
+        return NoTrainingRows(out.float().sum() * 0.0)
     return loss_fn(out[mask], batch.y[mask], multilabel)
 
 
@@ -44,7 +57,10 @@ class LocalStep:
     def __init__(self, net: nn.Module, loss: Callable[[nn.Module, Any], torch.Tensor]) -> None:
         self.net, self.loss = net, loss
 
-    def __call__(self, batch: Any) -> torch.Tensor:
+    def __call__(self, batch: Any) -> torch.Tensor | None:
         loss = self.loss(self.net, batch)
+        if isinstance(loss, NoTrainingRows):
+            loss.zero.backward()
+            return None
         loss.backward()
         return loss.detach()
