@@ -247,10 +247,14 @@ def gossip(
     bipartite: bool = False,
     poll_s: float = 0.001,
     slack: float = 0.8,
+    step_overhead_s: Sequence[float] | None = None,
 ) -> SimResult:
     """``position_s[i]``: seconds of the step that trains the subgraph at pool position ``i``
-    (``epochs * parts`` positions; the order is the pool's, :meth:`WorkPool.order`)."""
+    (``epochs * parts`` positions; the order is the pool's, :meth:`WorkPool.order`).
+    ``step_overhead_s[rank]``: the store round trips of one step (taking from the pool, looking
+    at its own key), not slowed by the straggler (they come before and after its timed step)."""
     world = cluster.world
+    overhead = list(step_overhead_s or [0.0] * world)
     total = len(position_s)
     sim = Sim()
     state: list = ["avail"] * world
@@ -343,7 +347,7 @@ def gossip(
             pos = counter[0]
             counter[0] += 1
             c = position_s[pos]
-            c += straggler.pause_s(c)
+            c += straggler.pause_s(c) + overhead[r]
             busy[r] += c
             batches[r] += 1
             yield sim.delay(c)

@@ -1,0 +1,405 @@
+"""The short profile ``gnnpar advise`` simulates from, taken here with gnnpar's own code paths.
+
+Every batch is the one the strategy would train, built by the strategy's own parts: the full
+graph and the Cluster-GCN subgraphs through ``sequential``'s plan (``SPEC.build``: the real
+model, loss, optimizer and partitions), neighbour-sampled batches through ``sampled``'s plan
+(its :class:`~gnnpar.data.sampling.loader.SampledBatches` over the shared graph file), pipeline
+micro-batches through :class:`~gnnpar.parallel.pipeline.batches.GraphMicroBatches` and the
+stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is measured:
+
+* one training step (forward, backward, optimizer step) of each batch kind at ``--threads``:
+  the full graph, every subgraph of each ``--partitions`` in the grid, a few sampled batches per
+  ``--batch-size``, and each pipeline stage's forward and backward per micro-batch;
+* making a sampled batch (sampling and feature gather) in one thread, as a loader worker does;
+* bytes per exchange: the gradients or parameters (all-reduce, gossip), each stage's
+  activations (pipeline);
+* gloo on this machine between two ranks started by gnnpar's launcher: all-reduce and a
+  point-to-point exchange against size, and a store round trip (the gossip pool and pairing);
+  fitted to ``latency + bytes / bandwidth``;
+* memory: the bare rank's resident memory here, and this process's peak.
+
+Each timing is the median of a few repetitions after one warm-up (the median, not the minimum:
+the runs being predicted share the machine too).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from gnnpar.config.validate import build_config
+
+REPEATS = 3
+SAMPLED_BATCHES = 4  # sampled batches timed per batch size
+COMM_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
+COMM_REPEATS = 9
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing to measure: ``kind`` full | parts | sampled | pipeline, with its settings."""
+
+    kind: str
+    partitions: int = 0
+    batch_size: int = 0
+    replicas: int = 1
+    stages: int = 1
+    chunks: int = 1
+
+
+@dataclass
+class Profile:
+    machine: str
+    cores: int
+    threads: int
+    dataset: str
+    model: str
+    epochs: int
+    seed: int
+    num_nodes: int
+    num_train: int
+    param_bytes: int
+    base_rss_bytes: int  # a bare rank here (python, torch, gnnpar, the dataset)
+    peak_rss_bytes: int = 0  # this process at the end of the profile
+    full_step_s: float | None = None
+    parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
+    sampled: dict[str, dict[str, Any]] = field(default_factory=dict)  # str(B) -> ...
+    pipeline: dict[str, dict[str, Any]] = field(default_factory=dict)  # "RxSxM" -> ...
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)  # need key -> estimate
+    comm: dict[str, Any] = field(default_factory=dict)
+    profile_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def current_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def median_time(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
+    fn()  # warm-up: allocator, autograd graph, lazy initialisation
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def flags_for(base: dict[str, Any], strategy: str, **settings: Any) -> dict[str, Any]:
+    """``gnnpar train`` flags of ``strategy`` with ``settings``: ``base`` without the strategy
+    settings this strategy does not read (``gnnpar train`` would refuse them)."""
+    from gnnpar.config.validate import NEEDS, STRATEGY_KEYS
+    from gnnpar.strategies import registry
+
+    reads = registry.get(strategy).reads
+    flags = {k: v for k, v in base.items() if k not in STRATEGY_KEYS or k in reads}
+    flags.update({"strategy": strategy, "quiet": True, "eval-every": 0})
+    flags.update({k.replace("_", "-"): v for k, v in settings.items() if v is not None})
+    for key, needed in NEEDS.items():
+        if needed not in flags:
+            flags.pop(key, None)
+    return flags
+
+
+def _plan(flags: dict[str, Any], ds):
+    """The strategy's own plan, built in this process as rank 0 of ``--workers``."""
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.strategies import registry
+
+    cfg = build_config(None, flags)
+    spec = registry.get(cfg.strategy.name)
+    dims = spec.parallel_dims(cfg, 1)
+    return cfg, spec.build(cfg, ds, DistContext(), dims)
+
+
+def _train_step(plan) -> Callable[[Any], Callable[[], None]]:
+    def one(batch):
+        def run() -> None:
+            plan.optimizer.zero_grad(set_to_none=True)
+            loss = plan.step(batch)
+            plan.optimizer.step()
+            float(loss)
+
+        return run
+
+    return one
+
+
+def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool, prof: Profile):
+    """The full graph and every subgraph of each partition count, through sequential's plan."""
+    if full:
+        cfg, plan = _plan(flags_for(base, "sequential"), ds)
+        (batch,) = plan.source.batches
+        prof.full_step_s = median_time(_train_step(plan)(batch))
+        prof.memory["full"] = _estimate(cfg, ds)
+    for p in sorted(set(partitions)):
+        cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
+        step = _train_step(plan)
+        prof.parts_step_s[str(p)] = [median_time(step(b)) for b in plan.source.batches]
+        prof.memory[f"parts{p}"] = _estimate(cfg, ds)
+
+
+def profile_sampled(base: dict, ds, batch_sizes: Iterable[int], prof: Profile) -> None:
+    """A few of sampled's own batches per batch size: making each in one thread (a loader
+    worker) and training it at the run's threads."""
+    for bs in sorted(set(batch_sizes)):
+        cfg, plan = _plan(flags_for(base, "sampled", batch_size=bs), ds)
+        try:
+            batches = plan.source.batches
+            n = min(SAMPLED_BATCHES, batches.steps)
+            sample, compute = [], []
+            for i in range(n):
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                batches[i]  # warm: maps the graph file, builds the sampler
+                t0 = time.perf_counter()
+                b = batches[i]
+                data = b.to_data()
+                sample.append(time.perf_counter() - t0)
+                torch.set_num_threads(threads)
+                compute.append(median_time(_train_step(plan)(data)))
+            t0 = time.perf_counter()  # the rank making a batch itself (W = 0) at its threads
+            plan.source.batches[0].to_data()
+            main = time.perf_counter() - t0
+        finally:
+            plan.source.close()
+        prof.sampled[str(bs)] = {
+            "sample_s": statistics.median(sample),
+            "main_sample_s": main,
+            "compute_s": statistics.median(compute),
+            "fanouts": list(cfg.strategy.fanouts),
+        }
+        prof.memory[f"sampled{bs}"] = _estimate(cfg, ds)
+
+
+def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof: Profile):
+    """Each stage's forward and backward per micro-batch (every stage on this process, one at
+    a time), the activation bytes at each cut, the optimizer step per stage."""
+    from gnnpar.models import build_model
+    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, StagePlace
+    from gnnpar.parallel.pipeline.stages import bounds, profile_blocks, split_by_cost
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.seeding import seed_everything
+
+    for replicas, stages, chunks in sorted(set(shapes)):
+        strategy = "hybrid" if replicas > 1 else "pipeline"
+        extra = {"replicas": replicas} if replicas > 1 else {}
+        flags = flags_for(base, strategy, stages=stages, chunks=chunks, **extra)
+        flags["workers"] = replicas * stages
+        cfg = build_config(None, flags)
+        seed_everything(cfg.run.seed)
+        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+        job = GraphMicroBatches(cfg, ds, StagePlace(replicas, stages, 0, 0))
+        x0, ei0 = job.probe()
+        balance = cfg.strategy.balance or split_by_cost(profile_blocks(model, x0, ei0), stages)
+        plan = job.train_plan
+        fwd = [[0.0] * chunks for _ in range(stages)]
+        bwd = [[0.0] * chunks for _ in range(stages)]
+        act: list[float] = [0.0] * (stages - 1)
+        for m in range(chunks):
+            one = type(plan)(plan.batches[m : m + 1], plan.size, plan.num_nodes, plan.mode, 1)
+            x, edge_index = one.features(ds.data.x), plan.batches[m].edge_index
+            for s, (lo, hi) in enumerate(bounds(balance)):
+                f, b, x = _stage_times(model, lo, hi, s == 0, s == stages - 1, x, edge_index)
+                fwd[s][m], bwd[s][m] = f, b
+                if s < stages - 1:
+                    act[s] = float(x.numel() * x.element_size())
+        opt = build_optimizer(cfg, model.parameters())
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt_s = median_time(opt.step)
+        counts = [0] * stages
+        for s, (lo, hi) in enumerate(bounds(balance)):
+            mods = [*model.blocks[lo:hi]] + ([model.stem] if s == 0 else [])
+            mods += [model.head] if s == stages - 1 else []
+            counts[s] = sum(p.numel() for mod in mods for p in mod.parameters())
+        total = max(sum(counts), 1)
+        prof.pipeline[f"{replicas}x{stages}x{chunks}"] = {
+            "balance": list(balance),
+            "fwd_s": fwd,
+            "bwd_s": bwd,
+            "act_bytes": act,
+            "opt_s": [opt_s * c / total for c in counts],
+            "grad_bytes": [4.0 * c for c in counts],
+        }
+        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = _estimate(cfg, ds)
+
+
+def _stage_times(model, lo: int, hi: int, first: bool, last: bool, x, edge_index):
+    """(forward s, backward s, output) of blocks [lo, hi) on one micro-batch."""
+    inp = x.detach().requires_grad_(x.is_floating_point() and not first)
+
+    def forward():
+        h = model.stem(inp) if first else inp
+        for block in model.blocks[lo:hi]:
+            h = block(h, edge_index)
+        return model.head(h) if last else h
+
+    f = median_time(forward)
+    outs = [forward() for _ in range(REPEATS + 1)]
+    times = []
+    for out in outs:
+        t0 = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        times.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        out = forward()
+    return f, statistics.median(times[1:]), out
+
+
+def _estimate(cfg, ds) -> dict[str, int]:
+    from gnnpar.runtime.footprint import estimate_bytes
+
+    return estimate_bytes(cfg, ds, 1)
+
+
+# ---------------------------------------------------------------- gloo between two ranks
+def comm_rank(sizes: tuple[int, ...], repeats: int, timeout_s: float, log_dir: str) -> dict | None:
+    """One of two ranks started by gnnpar's launcher: all-reduce and pairwise exchange
+    (``isend`` + ``irecv``, as gossip's) of each size, and store round trips."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from gnnpar.runtime import dist as gdist
+
+    ctx = gdist.setup(timeout_s)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    out: dict[str, list] = {"allreduce": [], "p2p": []}
+    try:
+        other = 1 - ctx.rank
+        for n in sizes:
+            t = torch.ones(max(1, n // 4))
+            got = torch.empty_like(t)
+
+            def allreduce(t=t):
+                dist.all_reduce(t)
+
+            def exchange(t=t, got=got):
+                sent, recv = dist.isend(t, other), dist.irecv(got, other)
+                recv.wait(timeout=timeout)
+                sent.wait(timeout=timeout)
+
+            for name, fn in (("allreduce", allreduce), ("p2p", exchange)):
+                dist.barrier()
+                out[name].append([n, median_time(fn, repeats)])
+        dist.barrier()
+        key = "advise/rtt"
+        rtt = median_time(lambda: ctx.store.add(key, 1), repeats * 4)
+        got = [None, None]
+        dist.all_gather_object(got, rtt)
+        out["store_rtt_s"] = max(got)
+        return out if ctx.rank == 0 else None
+    finally:
+        gdist.teardown()
+
+
+def profile_comm(timeout_s: float, prof: Profile) -> None:
+    from gnnpar.runtime.launch import launch
+
+    out = launch(comm_rank, (COMM_SIZES, COMM_REPEATS, timeout_s), 2, timeout_s, threads=1)[0]
+    # a 2-rank ring all-reduce is 2 steps of bytes / 2: t = 2 a + bytes * b
+    a, b = _line(out["allreduce"])
+    ring = (a / 2, 1.0 / b)
+    pa, pb = _line(out["p2p"])
+    prof.comm = {
+        "allreduce": out["allreduce"],
+        "p2p": out["p2p"],
+        "ring_step": ring,  # (latency s, bandwidth B/s) of one ring step
+        "p2p_link": (pa, 1.0 / pb),
+        "store_rtt_s": out["store_rtt_s"],
+    }
+
+
+def _line(points: list[list[float]]) -> tuple[float, float]:
+    """Least squares ``t = a + b * bytes`` (both kept positive)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    b = max(b, 1e-12)
+    return max(my - b * mx, 1e-7), b
+
+
+def take_profile(
+    base: dict[str, Any],
+    needs: Iterable[Need],
+    threads: int,
+    comm: bool,
+    timeout_s: float,
+) -> Profile:
+    """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them)."""
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
+
+    t_start = time.perf_counter()
+    needs = list(needs)
+    cfg = build_config(None, flags_for(base, "sequential"))
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
+    if ds.kind != "graph":
+        from gnnpar import UsageError
+
+        raise UsageError(
+            f"gnnpar advise predicts graph training; '{d.dataset}' holds images (ViG)."
+        )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
+        prof = Profile(
+            machine=cpu_model(),
+            cores=os.cpu_count() or 1,
+            threads=threads,
+            dataset=d.dataset,
+            model=cfg.model.name,
+            epochs=cfg.run.epochs,
+            seed=cfg.run.seed,
+            num_nodes=ds.num_nodes,
+            num_train=int(ds.data.train_mask.sum()),
+            param_bytes=params * FLOAT_BYTES,
+            base_rss_bytes=current_rss(),
+        )
+        full = any(n.kind == "full" for n in needs)
+        parts = [n.partitions for n in needs if n.kind == "parts"]
+        profile_graph_batches(base, ds, parts, full, prof)
+        sizes = [n.batch_size for n in needs if n.kind == "sampled"]
+        if sizes:
+            profile_sampled(base, ds, sizes, prof)
+        shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+        if shapes:
+            profile_pipeline(base, ds, shapes, prof)
+    finally:
+        torch.set_num_threads(before)
+    if comm:
+        profile_comm(timeout_s, prof)
+    from gnnpar.training.metrics import peak_memory
+
+    prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
+    prof.profile_s = time.perf_counter() - t_start
+    return prof
