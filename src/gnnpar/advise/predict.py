@@ -235,16 +235,17 @@ def simulate(
     per_host = cluster.ranks_per_host
     s, seed, world = c.settings, prof.seed, c.world
     strag = stragglers if c.strategy in STRAGGLING else sim.NONE
+    loop = prof.loop_step_s  # the training loop's own share of every step
     if c.strategy == "sequential":
         f = _slowdown(prof, 1)
         if "partitions" in s:
-            steps = [t * f for t in prof.parts_step_s[str(s["partitions"])]]
+            steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         else:
-            steps = [prof.full_step_s * f]
+            steps = [prof.full_step_s * f + loop]
         return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
-        part_s = [t * f for t in prof.parts_step_s[str(s["partitions"])]]
+        part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         n = len(part_s)
         deal = assign_parts(n, world, seed)
         steps = math.ceil(n / world)
@@ -259,7 +260,7 @@ def simulate(
         return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag)
     if c.strategy in ("gossip", "gossip-bipartite"):
         f = _slowdown(prof, per_host)
-        part_s = [t * f for t in prof.parts_step_s[str(s["partitions"])]]
+        part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         pool = WorkPool(None, "", len(part_s), epochs, seed)
         positions = [part_s[i] for e in range(epochs) for i in pool.order(e)]
         rtt = prof.comm.get("store_rtt_s", 0.0)
@@ -289,7 +290,7 @@ def simulate(
             p["act_bytes"],
             epochs,
             s.get("schedule", "gpipe"),
-            [t * f for t in p["opt_s"]],
+            [t * f + loop for t in p["opt_s"]],
             replicas,
             p["grad_bytes"],
         )
@@ -301,7 +302,14 @@ def simulate(
         f = _slowdown(prof, per_host, busy)
         sample = b["sample_s"] if w else b["main_sample_s"]
         return sim.sampled(
-            cluster, steps, epochs, b["compute_s"] * f, sample * f, w, prof.param_bytes, strag
+            cluster,
+            steps,
+            epochs,
+            b["compute_s"] * f + loop,
+            sample * f,
+            w,
+            prof.param_bytes,
+            strag,
         )
     raise ValueError(f"gnnpar advise cannot simulate --strategy {c.strategy}")
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -69,6 +70,7 @@ class Profile:
     base_rss_bytes: int  # a bare rank here (python, torch, gnnpar, the dataset)
     peak_rss_bytes: int = 0  # this process at the end of the profile
     full_step_s: float | None = None
+    loop_step_s: float = 0.0  # what the training loop adds to every step
     parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
     sampled: dict[str, dict[str, Any]] = field(default_factory=dict)  # str(B) -> ...
     pipeline: dict[str, dict[str, Any]] = field(default_factory=dict)  # "RxSxM" -> ...
@@ -161,6 +163,28 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
         step = _train_step(plan)
         prof.parts_step_s[str(p)] = [median_time(step(b)) for b in plan.source.batches]
         prof.memory[f"parts{p}"] = _estimate(cfg, ds)
+
+
+def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
+    """What the one training loop adds to each step (source, progress, metrics line, step
+    bookkeeping): the real loop (:func:`gnnpar.training.loop.train`) over sequential's plan
+    with its step replaced by nothing, writing its metrics to ``out`` as a run does."""
+    from dataclasses import replace
+
+    from gnnpar.training.loop import train
+    from gnnpar.training.sources import ShuffledBatches
+
+    flags = flags_for(base, "sequential")
+    flags.update({"epochs": 1, "out": out})
+    cfg, plan = _plan(flags, ds)
+    zero = torch.zeros(())
+    idle = replace(
+        plan,
+        source=ShuffledBatches([ds.data] * steps, 1, cfg.run.seed, None),
+        step=lambda batch: zero,
+    )
+    outcome = train(cfg, idle)
+    return statistics.median(outcome.ranks[0].step_times)
 
 
 def profile_sampled(base: dict, ds, batch_sizes: Iterable[int], prof: Profile) -> None:
@@ -385,6 +409,8 @@ def take_profile(
             param_bytes=params * FLOAT_BYTES,
             base_rss_bytes=current_rss(),
         )
+        with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
+            prof.loop_step_s = loop_overhead_s(base, ds, tmp)
         full = any(n.kind == "full" for n in needs)
         parts = [n.partitions for n in needs if n.kind == "parts"]
         profile_graph_batches(base, ds, parts, full, prof)
