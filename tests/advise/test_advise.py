@@ -68,7 +68,7 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
     sampled = next(p for p in advice["predictions"] if p["strategy"] == "sampled")
     s = prof["sampled"]["64"]
     step = s["main_sample_s"] + s["compute_s"] + prof["loop_step_s"]
-    assert sampled["epoch_s"] == pytest.approx(3 * step)
+    assert sampled["train_time_s"] == pytest.approx(9 * step + s["first_batch_s"])
     assert (out / "advice.png").stat().st_size > 1000
     text = capsys.readouterr().out
     assert "recommended:" in text and "simulated from a profile taken on" in text

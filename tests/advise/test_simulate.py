@@ -151,6 +151,9 @@ def test_sampled_loader_workers_feed_the_rank():
     c = one_host(1)
     times = [sim.sampled(c, 3, 1, 1.0, 2.0, w, 0).train_time_s for w in (0, 1, 2)]
     assert times == [9.0, 7.0, 5.0]
+    # a worker that needs 1 s to start delivers at 3, 5, 7; the rank itself pays it once
+    started = [sim.sampled(c, 3, 1, 1.0, 2.0, w, 0, start_s=1.0).train_time_s for w in (0, 1)]
+    assert started == [10.0, 8.0]
     two_epochs = sim.sampled(c, 2, 2, 1.0, 2.0, 1, 0)
     # batch 3 (of epoch 2) is made 4-6, while epoch 1 trains: the loader runs across epochs
     assert two_epochs.epoch_s == [5.0, 4.0]

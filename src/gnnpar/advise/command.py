@@ -229,7 +229,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         f"{' and gloo between 2 ranks' if comm else ''} at {req.threads} thread(s)...",
         flush=True,
     )
-    prof = take_profile(req.base, needs, req.threads, comm, timeout)
+    workers = any(c.settings.get("loader_workers") for c in req.grid)
+    prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
     c = req.cluster

@@ -310,6 +310,7 @@ def simulate(
             w,
             prof.param_bytes,
             strag,
+            start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
         )
     raise ValueError(f"gnnpar advise cannot simulate --strategy {c.strategy}")
 

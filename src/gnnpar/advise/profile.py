@@ -71,6 +71,7 @@ class Profile:
     peak_rss_bytes: int = 0  # this process at the end of the profile
     full_step_s: float | None = None
     loop_step_s: float = 0.0  # what the training loop adds to every step
+    loader_start_s: float = 0.0  # a loader worker process's start, to its first batch
     parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
     sampled: dict[str, dict[str, Any]] = field(default_factory=dict)  # str(B) -> ...
     pipeline: dict[str, dict[str, Any]] = field(default_factory=dict)  # "RxSxM" -> ...
@@ -109,6 +110,25 @@ def median_time(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_times(fns: list[Callable[[], Any]], rounds: int = 5, budget_s: float = 20.0):
+    """Median seconds of each of ``fns``, timed round-robin after one warm-up round: a burst
+    of load from another process then slows one round of every batch a little instead of every
+    repetition of one batch (which would make that batch look slow for good). Fewer rounds
+    when one round takes more than ``budget_s / rounds``."""
+    times: list[list[float]] = [[] for _ in fns]
+    t0 = time.perf_counter()
+    for fn in fns:
+        fn()
+    first = time.perf_counter() - t0
+    rounds = max(1, min(rounds, int(budget_s / max(first, 1e-9))))
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times]
 
 
 def flags_for(base: dict[str, Any], strategy: str, **settings: Any) -> dict[str, Any]:
@@ -156,12 +176,12 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
     if full:
         cfg, plan = _plan(flags_for(base, "sequential"), ds)
         (batch,) = plan.source.batches
-        prof.full_step_s = median_time(_train_step(plan)(batch))
+        (prof.full_step_s,) = interleaved_times([_train_step(plan)(batch)], rounds=7)
         prof.memory["full"] = _estimate(cfg, ds)
     for p in sorted(set(partitions)):
         cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
         step = _train_step(plan)
-        prof.parts_step_s[str(p)] = [median_time(step(b)) for b in plan.source.batches]
+        prof.parts_step_s[str(p)] = interleaved_times([step(b) for b in plan.source.batches])
         prof.memory[f"parts{p}"] = _estimate(cfg, ds)
 
 
@@ -187,7 +207,23 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     return statistics.median(outcome.ranks[0].step_times)
 
 
-def profile_sampled(base: dict, ds, batch_sizes: Iterable[int], prof: Profile) -> None:
+def _worker_start_s(batches, sample_s: float) -> float:
+    """Seconds from starting a loader with one worker process (gnnpar's build_loader) to its
+    first batch, less the batch's own making: the worker's start-up."""
+    from gnnpar.data.sampling.loader import build_loader
+
+    t0 = time.perf_counter()
+    loader = build_loader(batches, 1, 1, timeout_s=120)
+    it = iter(loader)
+    next(it)
+    start = time.perf_counter() - t0 - sample_s
+    del it, loader
+    return max(0.0, start)
+
+
+def profile_sampled(
+    base: dict, ds, batch_sizes: Iterable[int], prof: Profile, workers: bool = False
+) -> None:
     """A few of sampled's own batches per batch size: making each in one thread (a loader
     worker) and training it at the run's threads."""
     for bs in sorted(set(batch_sizes)):
@@ -195,11 +231,13 @@ def profile_sampled(base: dict, ds, batch_sizes: Iterable[int], prof: Profile) -
         try:
             batches = plan.source.batches
             n = min(SAMPLED_BATCHES, batches.steps)
-            sample, compute = [], []
+            sample, compute, first = [], [], 0.0
             for i in range(n):
                 threads = torch.get_num_threads()
                 torch.set_num_threads(1)
-                batches[i]  # warm: maps the graph file, builds the sampler
+                t0 = time.perf_counter()
+                batches[i]  # warm; the first maps the graph file and builds the sampler
+                first = first or time.perf_counter() - t0
                 t0 = time.perf_counter()
                 b = batches[i]
                 data = b.to_data()
@@ -209,12 +247,15 @@ def profile_sampled(base: dict, ds, batch_sizes: Iterable[int], prof: Profile) -
             t0 = time.perf_counter()  # the rank making a batch itself (W = 0) at its threads
             plan.source.batches[0].to_data()
             main = time.perf_counter() - t0
+            if workers:  # a loader worker's start: a process, so only where processes may start
+                prof.loader_start_s = _worker_start_s(batches, statistics.median(sample))
         finally:
             plan.source.close()
         prof.sampled[str(bs)] = {
             "sample_s": statistics.median(sample),
             "main_sample_s": main,
             "compute_s": statistics.median(compute),
+            "first_batch_s": max(0.0, first - statistics.median(sample)),
             "fanouts": list(cfg.strategy.fanouts),
         }
         prof.memory[f"sampled{bs}"] = _estimate(cfg, ds)
@@ -376,8 +417,10 @@ def take_profile(
     threads: int,
     comm: bool,
     timeout_s: float,
+    loader_workers: bool = False,
 ) -> Profile:
-    """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them)."""
+    """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them);
+    ``loader_workers``: also a loader worker's start-up (starts one)."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
 
@@ -416,7 +459,7 @@ def take_profile(
         profile_graph_batches(base, ds, parts, full, prof)
         sizes = [n.batch_size for n in needs if n.kind == "sampled"]
         if sizes:
-            profile_sampled(base, ds, sizes, prof)
+            profile_sampled(base, ds, sizes, prof, workers=loader_workers)
         shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
         if shapes:
             profile_pipeline(base, ds, shapes, prof)

@@ -501,10 +501,14 @@ def sampled(
     grad_bytes: float,
     stragglers: Stragglers = NONE,
     prefetch: int = 2,
+    start_s: float = 0.0,
 ) -> SimResult:
     """``compute_s``: forward, backward and optimizer step of one batch; ``sample_s``: making
     one batch (sampling and feature gather) in one thread; either a number or one value per
-    step of the run (``steps_per_epoch * epochs``)."""
+    step of the run (``steps_per_epoch * epochs``). ``start_s``: what each batch maker (a
+    loader worker, or the rank itself with ``W = 0``) spends before its first batch (starting
+    the worker, mapping the graph, building the sampler); training time, since the loop's
+    first batch waits for it."""
     world, total, W = cluster.world, steps_per_epoch * epochs, loader_workers
 
     def per_step(v):
@@ -518,6 +522,7 @@ def sampled(
     busy, wait = [0.0] * world, [0.0] * world
 
     def loader(r: int, w: int, dispatched: _Keyed, ready: _Keyed):
+        yield sim.delay(start_s)
         for i in range(w, total, W):
             yield dispatched[r, i]
             yield sim.delay(samp[i])
@@ -539,7 +544,7 @@ def sampled(
                 if i + prefetch * W < total:
                     dispatched[r, i + prefetch * W].succeed()
             else:
-                yield sim.delay(samp[i])
+                yield sim.delay(samp[i] + (start_s if i == 0 else 0.0))
             wait[r] += sim.now - t
             c = comp[i] + straggler.pause_s(comp[i])
             busy[r] += c
