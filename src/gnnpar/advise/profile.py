@@ -344,9 +344,16 @@ def _estimate(cfg, ds) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------- gloo between two ranks
-def comm_rank(sizes: tuple[int, ...], repeats: int, timeout_s: float, log_dir: str) -> dict | None:
+def comm_rank(
+    sizes: tuple[int, ...],
+    repeats: int,
+    timeout_s: float,
+    pipelines: list[tuple[str, dict]],
+    log_dir: str,
+) -> dict | None:
     """One of two ranks started by gnnpar's launcher: all-reduce and pairwise exchange
-    (``isend`` + ``irecv``, as gossip's) of each size, and store round trips."""
+    (``isend`` + ``irecv``, as gossip's) of each size, store round trips, and one real step of
+    each two-stage pipeline in ``pipelines`` (``(key, train flags)``)."""
     import datetime
 
     import torch.distributed as dist
@@ -379,15 +386,44 @@ def comm_rank(sizes: tuple[int, ...], repeats: int, timeout_s: float, log_dir: s
         got = [None, None]
         dist.all_gather_object(got, rtt)
         out["store_rtt_s"] = max(got)
+        out["pipeline_step_s"] = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
         return out if ctx.rank == 0 else None
     finally:
         gdist.teardown()
 
 
-def profile_comm(timeout_s: float, prof: Profile) -> None:
+def _pipeline_step_s(flags: dict, ctx) -> float:
+    """Median seconds of a real step (schedule and optimizer) of pipeline's own plan."""
+    import torch.distributed as dist
+
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.parallel import collectives
+    from gnnpar.strategies import registry
+
+    cfg = build_config(None, flags)
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    spec = registry.get(cfg.strategy.name)
+    plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+    batch = plan.source.batch
+
+    def step() -> None:
+        plan.optimizer.zero_grad(set_to_none=True)
+        plan.step(batch)
+        plan.optimizer.step()
+
+    dist.barrier()
+    t = median_time(step, REPEATS + 2)
+    return max(collectives.gather_to_all(t))
+
+
+def profile_comm(
+    timeout_s: float, prof: Profile, threads: int, pipelines: list[tuple[str, dict]] = ()
+) -> None:
     from gnnpar.runtime.launch import launch
 
-    out = launch(comm_rank, (COMM_SIZES, COMM_REPEATS, timeout_s), 2, timeout_s, threads=1)[0]
+    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines))
+    out = launch(comm_rank, args, 2, timeout_s, threads=threads)[0]
     # a 2-rank ring all-reduce is 2 steps of bytes / 2: t = 2 a + bytes * b
     a, b = _line(out["allreduce"])
     ring = (a / 2, 1.0 / b)
@@ -398,6 +434,7 @@ def profile_comm(timeout_s: float, prof: Profile) -> None:
         "ring_step": ring,  # (latency s, bandwidth B/s) of one ring step
         "p2p_link": (pa, 1.0 / pb),
         "store_rtt_s": out["store_rtt_s"],
+        "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
     }
 
 
@@ -466,7 +503,15 @@ def take_profile(
     finally:
         torch.set_num_threads(before)
     if comm:
-        profile_comm(timeout_s, prof)
+        two = [n for n in needs if n.kind == "pipeline" and n.replicas == 1 and n.stages == 2]
+        pipelines = [
+            (
+                f"1x2x{n.chunks}",
+                {**flags_for(base, "pipeline", stages=2, chunks=n.chunks), "workers": 2},
+            )
+            for n in two
+        ]
+        profile_comm(timeout_s, prof, threads, pipelines)
     from gnnpar.training.metrics import peak_memory
 
     prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
