@@ -174,6 +174,12 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
         help="comma-separated strategies to consider (default: every one that applies)",
     )
     a.add_argument(
+        "--profile",
+        default=None,
+        help="simulate from the profile in an earlier advise's advice.json instead of "
+        "profiling again (same dataset, model and --threads)",
+    )
+    a.add_argument(
         "--validate",
         action="store_true",
         default=None,

@@ -9,6 +9,7 @@ import torch
 
 from gnnpar.advise.command import parse_network
 from gnnpar.advise.predict import ClusterSpec, build_grid
+from gnnpar.advise.profile import Profile
 from gnnpar.cli import main
 from helpers import run_cli
 
@@ -163,3 +164,69 @@ def test_validate_on_a_two_configuration_grid(tmp_path):
         result = json.loads((run / "result.json").read_text())
         assert result["workers"] == 2 and result["epochs"] == 2
     assert "measured" in done.stdout and "error" in done.stdout
+
+
+def saved_profile(path, **overrides) -> str:
+    """An advice.json holding a profile with round numbers (as an earlier advise writes it)."""
+    prof = Profile(
+        machine="test",
+        cores=2,
+        threads=1,
+        dataset="cora",
+        model="gcn",
+        epochs=2,
+        seed=0,
+        num_nodes=2708,
+        num_train=140,
+        param_bytes=1_000_000,
+        base_rss_bytes=100 << 20,
+        full_step_s=0.03,
+        parts_step_s={"4": [0.01] * 4},
+        comm={
+            "ring_step": [1e-4, 1e9],
+            "p2p_link": [1e-4, 1e9],
+            "store_rtt_s": 0.0,
+            "allreduce": [],
+            "p2p": [],
+        },
+    )
+    for k, v in overrides.items():
+        setattr(prof, k, v)
+    path.write_text(json.dumps({"profile": prof.to_dict()}))
+    return str(path)
+
+
+def test_two_hosts_from_a_saved_profile(tmp_path):
+    """allreduce, 2 hosts x 1 rank over 1 Gbit/s and 1 ms: 2 steps of 10 ms per epoch, each
+    followed by a 2-rank ring all-reduce of 1 MB: 2 steps of (0.1 + 1 ms + 0.5 MB / 125 MB/s)."""
+    saved = saved_profile(tmp_path / "earlier.json")
+    out = tmp_path / "o"
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--threads", "1"]
+    args += ["--hosts", "2", "--ranks-per-host", "1", "--network", "1gbit,1ms"]
+    args += ["--strategies", "allreduce", "--partitions", "4", "--sync-every", "1"]
+    args += ["--profile", saved, "--out", str(out)]
+    assert main(args) == 0
+    advice = json.loads((out / "advice.json").read_text())
+    (p,) = advice["predictions"]
+    allreduce = 2 * (1e-4 + 1e-3 + 0.5e6 / 125e6)
+    assert p["epoch_s"] == pytest.approx(2 * (0.01 + allreduce))
+    assert p["speedup"] == pytest.approx(0.04 / p["epoch_s"])
+    assert advice["profile_s"] == 0.0 and advice["cluster"]["hosts"] == 2
+    assert p["bytes_on_network"] == pytest.approx(4 * 2 * 2 * 0.5e6)  # 4 all-reduces, 2 edges
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model": "gat"}, "--model gat"),
+        ({"threads": 2}, "--threads 2"),
+        ({"parts_step_s": {"8": [0.01] * 8}}, "lacks"),
+        ({"comm": {}}, "gloo between two ranks"),
+    ],
+)
+def test_a_saved_profile_that_does_not_fit_is_refused(tmp_path, capsys, change, message):
+    saved = saved_profile(tmp_path / "earlier.json", **change)
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--threads", "1", "--workers", "2"]
+    args += ["--strategies", "allreduce", "--partitions", "4", "--profile", saved]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err

@@ -78,6 +78,9 @@ class Request:
     layers: int
     out: Path
     validate: bool
+    profile: str | None = None  # --profile: an earlier advice.json to simulate from
+    dataset: str = ""
+    model: str = ""
     grid: list[Candidate] = field(default_factory=list)
 
 
@@ -145,6 +148,8 @@ def parse_request(flags: dict[str, Any]) -> Request:
     taken = {k: v for k, v in flags.items() if k not in NOT_TAKEN}
     for key in ("hosts", "ranks-per-host", "network", "strategies", "validate", "workers"):
         taken.pop(key, None)
+    for key in ("profile",):
+        taken.pop(key, None)
     base = {k: v for k, v in taken.items() if k not in AXES and k not in ("slowdown", "jitter")}
     base["threads"] = threads
     out = taken.pop("out", None)
@@ -167,6 +172,9 @@ def parse_request(flags: dict[str, Any]) -> Request:
         cfg.model.layers,
         Path(out),
         bool(flags.get("validate")),
+        flags.get("profile"),
+        cfg.data.dataset,
+        cfg.model.name,
     )
     req.grid = checked_grid(req)
     return req
@@ -225,12 +233,15 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     comm = any(c.world > 1 for c in req.grid)
     timeout = float(req.base.get("timeout", 120))
     print(
-        f"gnnpar advise: profiling {len(needs)} batch kinds"
+        f"gnnpar advise: {'checking' if req.profile else 'profiling'} {len(needs)} batch kinds"
         f"{' and gloo between 2 ranks' if comm else ''} at {req.threads} thread(s)...",
         flush=True,
     )
     workers = any(c.settings.get("loader_workers") for c in req.grid)
-    prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+    if req.profile is not None:
+        prof = reuse_profile(req, needs, comm)
+    else:
+        prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
     c = req.cluster
@@ -265,6 +276,55 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")
     return content
+
+
+def reuse_profile(req: Request, needs: list, comm: bool):
+    """``--profile FILE``: the profile of an earlier ``gnnpar advise`` (its advice.json), if it
+    measured everything this request needs, with the same dataset, model and threads."""
+    import json
+
+    from gnnpar.advise.profile import Profile
+
+    path = req.profile
+    try:
+        raw = json.loads(Path(path).read_text())["profile"]
+        prof = Profile(**raw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(
+            f"--profile {path}: not the advice.json of gnnpar advise ({type(e).__name__}: "
+            f"{str(e)[:120]}); give such a file, or leave --profile out to profile here."
+        ) from None
+    again = "run gnnpar advise without --profile (it profiles again)"
+    if (prof.dataset, prof.model) != (req.dataset, req.model):
+        raise UsageError(
+            f"--profile {path} was taken for --dataset {prof.dataset} --model {prof.model}, "
+            f"not {req.dataset} {req.model}: {again}."
+        )
+    if prof.threads != req.threads:
+        raise UsageError(
+            f"--profile {path} was taken at {prof.threads} thread(s) per rank, this request "
+            f"asks for {req.threads}: pass --threads {prof.threads}, or {again}."
+        )
+    missing = [n for n in needs if not _has(prof, n)]
+    if comm and not prof.comm:
+        missing.append("gloo between two ranks")
+    if missing:
+        raise UsageError(
+            f"--profile {path} lacks what this grid needs ({', '.join(map(str, missing[:3]))}"
+            f"{' ...' if len(missing) > 3 else ''}): {again}, or narrow --strategies."
+        )
+    prof.profile_s = 0.0  # nothing was profiled for this request
+    return prof
+
+
+def _has(prof, n) -> bool:
+    if n.kind == "full":
+        return prof.full_step_s is not None
+    if n.kind == "parts":
+        return str(n.partitions) in prof.parts_step_s
+    if n.kind == "sampled":
+        return str(n.batch_size) in prof.sampled
+    return f"{n.replicas}x{n.stages}x{n.chunks}" in prof.pipeline
 
 
 def _references(req: Request) -> list[Candidate]:

@@ -472,6 +472,7 @@ def take_profile(
         raise UsageError(
             f"gnnpar advise predicts graph training; '{d.dataset}' holds images (ViG)."
         )
+    shapes: list[tuple[int, int, int]] = []
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -498,18 +499,17 @@ def take_profile(
         if sizes:
             profile_sampled(base, ds, sizes, prof, workers=loader_workers)
         shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+        if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
+            shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
         if shapes:
             profile_pipeline(base, ds, shapes, prof)
     finally:
         torch.set_num_threads(before)
     if comm:
-        two = [n for n in needs if n.kind == "pipeline" and n.replicas == 1 and n.stages == 2]
+        chunks = sorted({m for r, s, m in shapes if (r, s) == (1, 2)})
         pipelines = [
-            (
-                f"1x2x{n.chunks}",
-                {**flags_for(base, "pipeline", stages=2, chunks=n.chunks), "workers": 2},
-            )
-            for n in two
+            (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
+            for m in chunks
         ]
         profile_comm(timeout_s, prof, threads, pipelines)
     from gnnpar.training.metrics import peak_memory
