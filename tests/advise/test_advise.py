@@ -230,3 +230,15 @@ def test_a_saved_profile_that_does_not_fit_is_refused(tmp_path, capsys, change, 
     args += ["--strategies", "allreduce", "--partitions", "4", "--profile", saved]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_gloo_cost_fit_keeps_the_latency_of_small_messages():
+    from gnnpar.advise.profile import _line
+
+    points = [[n, 2e-4 + n / 1e9] for n in (1 << 10, 1 << 14, 1 << 20, 1 << 22)]
+    a, b = _line(points)
+    assert a == pytest.approx(2e-4) and 1 / b == pytest.approx(1e9)
+    # a noisy large message moves the slope, but not the small messages' cost much
+    points[-1][1] *= 1.5
+    a, b = _line(points)
+    assert a + b * 1024 == pytest.approx(2e-4 + 1024 / 1e9, rel=0.05)
