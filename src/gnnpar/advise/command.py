@@ -253,7 +253,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     title = (
         f"{prof.dataset} {prof.model}, {c.hosts} host(s) x {c.ranks_per_host} rank(s){net}, "
         f"{req.epochs} epochs; simulated from a profile taken on {prof.machine} "
-        f"({prof.cores} cores, {req.threads} thread(s) per rank) in {prof.profile_s:.1f} s"
+        f"({prof.cores} cores, {req.threads} thread(s) per rank) "
+        + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
     )
     report.print_table(preds, title, rec)
     cluster = {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def plot(preds: list[Prediction], path: Path, title: str) -> None:
     ax.set_yticks(range(len(ranked)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("predicted training time (s)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
