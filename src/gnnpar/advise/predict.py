@@ -13,7 +13,10 @@ deal of :func:`~gnnpar.training.sources.assign_parts` and :func:`~gnnpar.trainin
 Cores. The hosts are taken to be like this machine (its core count). Where the ranks of a
 host ask for more cores than it has (``ranks x (threads + busy loader workers)``), every step
 on that host is slowed by the ratio (time-sharing); a loader worker counts as busy for the
-share of a step it spends making batches.
+share of a step it spends making batches. Where a host runs several ranks, their steps are
+slowed further by the factor measured with two ranks training at once here
+(``comm["corun_factor"]``: on this 2-vCPU machine about 2, the two vCPUs sharing one core's
+resources), whatever the number of ranks per host.
 
 Memory per rank: the bare rank measured here plus :func:`gnnpar.runtime.footprint.estimate_bytes`
 for the run (a lower bound: see there), a pipeline stage holding its share of the model.
@@ -220,8 +223,13 @@ def memory_per_rank(c: Candidate, prof: Profile) -> int:
 
 
 def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> float:
+    """Steps of a host with ``ranks_per_host`` busy ranks against the profile's lone process:
+    time-sharing where they ask for more cores than there are, times the slowdown measured
+    with two ranks training at once (shared cores, SMT siblings, memory bandwidth)."""
     demand = ranks_per_host * (prof.threads + busy_workers)
-    return max(1.0, demand / max(prof.cores, 1))
+    share = max(1.0, demand / max(prof.cores, 1))
+    corun = prof.comm.get("corun_factor", 1.0) if ranks_per_host > 1 else 1.0
+    return share * corun
 
 
 def simulate(

@@ -216,15 +216,19 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
 
 def _worker_start_s(batches, sample_s: float) -> float:
     """Seconds from starting a loader with one worker process (gnnpar's build_loader) to its
-    first batch, less the batch's own making: the worker's start-up."""
+    first batch, less the batch's own making: the worker's start-up. Timed on a second loader:
+    the first also starts multiprocessing's fork server (once per process; in a run that
+    happens while the rank builds its model), which would count ~1 s too many here."""
     from gnnpar.data.sampling.loader import build_loader
 
-    t0 = time.perf_counter()
-    loader = build_loader(batches, 1, 1, timeout_s=120)
-    it = iter(loader)
-    next(it)
-    start = time.perf_counter() - t0 - sample_s
-    del it, loader
+    start = 0.0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        loader = build_loader(batches, 1, 1, timeout_s=120)
+        it = iter(loader)
+        next(it)
+        start = time.perf_counter() - t0 - sample_s
+        del it, loader
     return max(0.0, start)
 
 
@@ -356,6 +360,7 @@ def comm_rank(
     repeats: int,
     timeout_s: float,
     pipelines: list[tuple[str, dict]],
+    corun: dict | None,
     log_dir: str,
 ) -> dict | None:
     """One of two ranks started by gnnpar's launcher: all-reduce and pairwise exchange
@@ -394,6 +399,7 @@ def comm_rank(
         dist.all_gather_object(got, rtt)
         out["store_rtt_s"] = max(got)
         out["pipeline_step_s"] = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
+        out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else 1.0
         return out if ctx.rank == 0 else None
     finally:
         gdist.teardown()
@@ -424,12 +430,39 @@ def _pipeline_step_s(flags: dict, ctx) -> float:
     return max(collectives.gather_to_all(t))
 
 
+def _corun_factor(flags: dict, ctx) -> float:
+    """How much slower a training step is while the other rank of this host trains too (shared
+    cores, SMT siblings, memory bandwidth): sequential's plan, one batch, timed by rank 0 alone
+    and then by both ranks at once."""
+    import torch.distributed as dist
+
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.parallel import collectives
+
+    cfg = build_config(None, flags)
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    _, plan = _plan(flags, ds)
+    steps = [_train_step(plan)(b) for b in plan.source.batches[:8]]
+    dist.barrier()
+    alone = interleaved_times(steps, budget_s=5.0) if ctx.rank == 0 else []
+    dist.barrier()
+    both = interleaved_times(steps, budget_s=5.0)
+    everyone = collectives.gather_to_all((alone, both))
+    solo = sum(everyone[0][0])
+    return max(1.0, statistics.fmean(sum(b) for _, b in everyone) / solo) if solo else 1.0
+
+
 def profile_comm(
-    timeout_s: float, prof: Profile, threads: int, pipelines: list[tuple[str, dict]] = ()
+    timeout_s: float,
+    prof: Profile,
+    threads: int,
+    pipelines: list[tuple[str, dict]] = (),
+    corun: dict | None = None,
 ) -> None:
     from gnnpar.runtime.launch import launch
 
-    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines))
+    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines), corun)
     out = launch(comm_rank, args, 2, timeout_s, threads=threads)[0]
     # a 2-rank ring all-reduce is 2 steps of bytes / 2: t = 2 a + bytes * b
     a, b = _line(out["allreduce"])
@@ -442,6 +475,7 @@ def profile_comm(
         "p2p_link": (pa, 1.0 / pb),
         "store_rtt_s": out["store_rtt_s"],
         "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
+        "corun_factor": out["corun_factor"],  # a step with 2 ranks busy / alone
     }
 
 
@@ -523,7 +557,9 @@ def take_profile(
             (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
             for m in chunks
         ]
-        profile_comm(timeout_s, prof, threads, pipelines)
+        parts = sorted(n.partitions for n in needs if n.kind == "parts")
+        corun = flags_for(base, "sequential", partitions=parts[0] if parts else None)
+        profile_comm(timeout_s, prof, threads, pipelines, corun)
     from gnnpar.training.metrics import peak_memory
 
     prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
