@@ -431,26 +431,53 @@ def _pipeline_step_s(flags: dict, ctx) -> float:
 
 
 def _corun_factor(flags: dict, ctx) -> float:
-    """How much slower a training step is while the other rank of this host trains too (shared
-    cores, SMT siblings, memory bandwidth): sequential's plan, one batch, timed by rank 0 alone
-    and then by both ranks at once."""
+    """How much slower a step is in a real two-rank run than alone: allreduce's own plan on
+    both ranks (its dealt subgraphs, rebuilt every step as ``DealtPartitions`` does; its
+    all-reduce every step) for two epochs, each step's time without the all-reduce, against
+    the same subgraphs' steps timed by rank 0 alone first. What it covers: the two ranks
+    sharing cores (SMT siblings) and memory bandwidth, gloo's and the heartbeat's threads."""
     import torch.distributed as dist
 
     from gnnpar.data.datasets import load_dataset
     from gnnpar.parallel import collectives
+    from gnnpar.strategies import registry
 
     cfg = build_config(None, flags)
     d = cfg.data
     ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
-    _, plan = _plan(flags, ds)
-    steps = [_train_step(plan)(b) for b in plan.source.batches[:8]]
+    spec = registry.get("allreduce")
+    plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+    opt, sync = plan.optimizer, plan.sync
     dist.barrier()
-    alone = interleaved_times(steps, budget_s=5.0) if ctx.rank == 0 else []
+    alone: list[float] = []
+    if ctx.rank == 0:  # the same kind of steps, the other rank idle at the barrier
+        mine = [plan.source.graph.batch(p) for p in plan.source.mine]
+        alone = interleaved_times([_train_step(plan)(b) for b in mine], budget_s=5.0)
     dist.barrier()
-    both = interleaved_times(steps, budget_s=5.0)
+    both: list[float] = []
+    for e in range(2):
+        sync.start_epoch()
+        batches = plan.source.epoch(e)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, StopIteration)
+            if batch is StopIteration:
+                break
+            opt.zero_grad(set_to_none=True)
+            if batch is not None:
+                float(plan.step(batch))
+            t1 = time.perf_counter()
+            stepped = sync.after_backward(batch is not None)
+            t2 = time.perf_counter()
+            if stepped:
+                opt.step()
+            if batch is not None and e > 0:  # the first epoch warms up
+                both.append(time.perf_counter() - t2 + t1 - t0)
+        sync.end_epoch()
     everyone = collectives.gather_to_all((alone, both))
-    solo = sum(everyone[0][0])
-    return max(1.0, statistics.fmean(sum(b) for _, b in everyone) / solo) if solo else 1.0
+    solo = statistics.fmean(everyone[0][0]) if everyone[0][0] else 0.0
+    busy = [t for _, b in everyone for t in b]
+    return max(1.0, statistics.fmean(busy) / solo) if solo and busy else 1.0
 
 
 def profile_comm(
@@ -475,7 +502,7 @@ def profile_comm(
         "p2p_link": (pa, 1.0 / pb),
         "store_rtt_s": out["store_rtt_s"],
         "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
-        "corun_factor": out["corun_factor"],  # a step with 2 ranks busy / alone
+        "corun_factor": out["corun_factor"],  # a step in a real 2-rank run / alone
     }
 
 
@@ -557,8 +584,8 @@ def take_profile(
             (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
             for m in chunks
         ]
-        parts = sorted(n.partitions for n in needs if n.kind == "parts")
-        corun = flags_for(base, "sequential", partitions=parts[0] if parts else None)
+        parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
+        corun = {**flags_for(base, "allreduce", partitions=parts[0], sync_every=1), "workers": 2}
         profile_comm(timeout_s, prof, threads, pipelines, corun)
     from gnnpar.training.metrics import peak_memory
 
