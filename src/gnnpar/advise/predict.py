@@ -15,7 +15,7 @@ host ask for more cores than it has (``ranks x (threads + busy loader workers)``
 on that host is slowed by the ratio (time-sharing); a loader worker counts as busy for the
 share of a step it spends making batches. Where a host runs several ranks, their steps are
 slowed further by the factor measured in a real two-rank run here (``comm["corun_factor"]``,
-:func:`gnnpar.advise.profile._corun_factor`: on this 2-vCPU machine about 2, the two vCPUs
+:func:`gnnpar.advise.profile._corun_factor`: 1.0-2.9 on this 2-vCPU machine, the two vCPUs
 sharing one core's resources), whatever the number of ranks per host.
 
 Memory per rank: the bare rank measured here plus :func:`gnnpar.runtime.footprint.estimate_bytes`
