@@ -3,6 +3,7 @@
 gnnpar train [flags]            one run, writes <out>/result.json
 gnnpar bench [SUITE] [--quick]  a suite of runs, report.md, results.json, plots
 gnnpar datasets                 what is available offline, and where files are expected
+gnnpar advise [flags]           profile here, predict every strategy on a cluster, rank them
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ FLAG_HELP = {
     "dataset": "dataset name (see `gnnpar datasets`)",
     "data-root": "folder holding datasets placed by the user and the cache",
     "scale": "shrink a generated dataset's nodes and edges by this factor in (0, 1]",
-    "model": "gcn, gat, gat3, sage, vig",
+    "model": "gcn, gat, gat3, sage, vig; or your own: pyg:NAME (a model of "
+    "torch_geometric.nn.models, e.g. pyg:GIN, pyg:GAT; --hidden, --layers, --dropout, --heads "
+    "fill its arguments) or module:function (a factory f(in_dim, num_classes, **model_args) -> "
+    "nn.Module, imported from the current folder; module:Class is called with **model_args). "
+    "It returns logits per node; gnnpar applies the loss",
+    "model-args": "a user model's keyword arguments as a JSON object, e.g. "
+    "'{\"hidden\": 64}' (TOML: a [model-args] table); they win over --hidden etc.",
+    "split-at": "submodules where pipelines cut a user model, e.g. convs.1,convs.2",
+    "hops": "a user model's receptive field in hops, where gnnpar cannot count its "
+    "message-passing layers (exact micro-batches)",
     "hidden": "hidden width (vig: channels); default: the model's study preset",
     "layers": "layers (vig: blocks); default: the model's study preset",
     "heads": "attention heads; default: the model's study preset",
@@ -116,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument(
             f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key, uses)
         )
+    _add_advise(sub, uses)
     b = sub.add_parser("bench", help="run a suite; report.md, results.json and plots")
     b.add_argument(
         "suite",
@@ -138,6 +149,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
+    """``gnnpar advise``: train's flags (but those naming one strategy or a run to resume)
+    and the cluster to predict (gnnpar.advise.command)."""
+    from gnnpar.advise.command import NOT_TAKEN
+
+    a = sub.add_parser(
+        "advise",
+        help="profile briefly here, predict every strategy on a cluster, rank them",
+        description="Profile briefly on this machine, simulate every applicable strategy on "
+        "the cluster described (default: --workers ranks on this host), rank them, and write "
+        "<out>/advice.json and advice.png. Strategy settings given (--partitions, "
+        "--sync-every, --chunks, --batch-size, ...) fix that setting; the others are varied.",
+    )
+    for key in KEYS:
+        if key in NOT_TAKEN:
+            continue
+        if key in ("quiet", "recompute"):
+            a.add_argument(f"--{key}", action="store_true", default=None, help=FLAG_HELP.get(key))
+            continue
+        help_text = FLAG_HELP.get(key, "")
+        if key == "workers":
+            help_text = "ranks on this one host (without --hosts)"
+        a.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None, help=help_text)
+    a.add_argument("--hosts", default=None, help="hosts of the cluster to predict")
+    a.add_argument("--ranks-per-host", dest="ranks_per_host", default=None, help="ranks per host")
+    a.add_argument(
+        "--network", default=None, help="between hosts: BANDWIDTH,LATENCY, e.g. 10gbit,50us"
+    )
+    a.add_argument(
+        "--strategies",
+        default=None,
+        help="comma-separated strategies to consider (default: every one that applies)",
+    )
+    a.add_argument(
+        "--profile",
+        default=None,
+        help="simulate from the profile in an earlier advise's advice.json instead of "
+        "profiling again (same dataset, model and --threads)",
+    )
+    a.add_argument(
+        "--validate",
+        action="store_true",
+        default=None,
+        help="also run every configuration measurable here with gnnpar train and print "
+        "predicted against measured",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -151,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                 if not cfg.run.quiet:
                     _print_summary(result)
                 print(f"gnnpar: result.json, model.pt and metrics.jsonl in {cfg.run.out}")
+            return 0
+        if args.command == "advise":
+            from gnnpar.advise.command import run_advise
+
+            flags = {k: v for k, v in vars(args).items() if k != "command"}
+            run_advise(flags)
             return 0
         if args.command == "predict":
             from gnnpar.predict import predict

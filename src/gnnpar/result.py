@@ -32,6 +32,15 @@ one naming any function or class is refused)::
                   scores were computed in; ``gnnpar predict`` uses it, weights are fp32 always)
     dataset       name and, for user graphs, their content fingerprint
     final_model, scores, versions
+    user_model    only for a user's model (``--model pyg:NAME`` / ``module:function``,
+                  ``gnnpar.fit(model=...)``): ``{target, call, kwargs, class, parameters}``;
+                  ``state_dict`` is then the user's module's own (its layout, not gnnpar's
+                  blocks), and :func:`build_from` rebuilds it by importing ``target`` and
+                  calling it (:func:`gnnpar.models.user.rebuild`): the file names the user's
+                  code, which must be importable where it is loaded (a class defined in a
+                  script's ``__main__`` is not, elsewhere). Loading such a file runs that code,
+                  as importing the model would; targets from Python's standard library or torch
+                  itself are refused, and a class is called only if it is an ``nn.Module``.
 
 Rebuilt, the model is called the PyG way: ``model(x, edge_index)`` gives logits for every node
 (ViG: ``model(images)``).
@@ -52,6 +61,7 @@ from torch import nn
 from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
 from gnnpar.data import safe_load
+from gnnpar.models.presets import USER_KINDS, model_kind
 from gnnpar.strategies import registry
 from gnnpar.training.metrics import score_name, summarize
 
@@ -130,6 +140,12 @@ STRATEGY_KEYS: dict[str, str] = {
     "gpipe_bound": "GPipe's ideal speed-up S*M/(M+S-1)",
     "boundary_dtypes": "dtypes of the activations sent between stages",
     "microbatch": "graphs: --microbatch (exact or index)",
+    "hops": "graphs: the receptive field in edges that each exact micro-batch covers",
+    "hops_source": "graphs: where hops came from: --hops, the built-in model's rule, or "
+    "counted (message-passing layers of a user's model; gnnpar.models.adapt)",
+    "model_cut": "a user's model: how it was cut into blocks (gnnpar.models.adapt)",
+    "batch_statistics": "a user's model: its layers whose statistics span the batch "
+    "(BatchNorm, graph-mode LayerNorm, ...): with them, micro-batches are not exact",
     "halo_overhead": "graphs: nodes computed per step / nodes in the graph (training plan)",
     "halo_duplication": "graphs: nodes computed / distinct nodes of the training plan",
     "eval_halo_overhead": "graphs: halo_overhead of the evaluation plan",
@@ -143,6 +159,10 @@ FINAL_MODEL: dict[str, str] = {
     "candidates": "both candidates' val_score/test_score (and the best local model's rank)",
     "local_scores": "per rank: its own model's {val, test}",
     "per_worker_divergence": "per rank: ||its model - average|| / ||average||",
+}
+USER_MODEL: dict[str, str] = {
+    "user_model": "a user's model (--model pyg:NAME / module:function, gnnpar.fit(model=...)): "
+    "how it was built, {target, call, kwargs} (gnnpar.models.user), its class and parameters",
 }
 CHECKPOINT: dict[str, str] = {
     "checkpoints_written": "checkpoints this attempt wrote",
@@ -158,6 +178,7 @@ KEYS: dict[str, str] = {
     **RANK_INFO,
     **STRATEGY_KEYS,
     **FINAL_MODEL,
+    **USER_MODEL,
     **CHECKPOINT,
 }
 
@@ -224,6 +245,9 @@ def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]
             {"val": s["val"], "test": s["test"]} for s in o.choice.local_scores
         ]
         result["per_worker_divergence"] = o.choice.divergence
+    # USER_MODEL
+    if model_kind(cfg.model.name) in USER_KINDS:
+        result["user_model"] = user_model_info(cfg, o.model, ds)
     # CHECKPOINT
     c = o.checkpoints
     if c is not None:
@@ -235,6 +259,22 @@ def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]
             result["lost_time_s"] = c.lost_time_s
     _check(result, {**KEYS, **own}, "result.json")
     return result
+
+
+def user_model_info(cfg: Config, model: nn.Module, ds) -> dict[str, Any]:
+    """A user's model, as model.pt and result.json record it: its recipe, class, parameters."""
+    from gnnpar.models import user
+
+    rec = user.recipe(
+        cfg.model, int(ds.num_features), int(ds.num_classes), getattr(ds, "data", None)
+    )
+    module = user.user_module(model)
+    cls = type(module)
+    return {
+        **rec,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "parameters": sum(p.numel() for p in module.parameters()),
+    }
 
 
 def _check(keys, declared: dict[str, str], what: str) -> None:
@@ -306,6 +346,12 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def save_model(path: Path, model: nn.Module, cfg, ds, result: dict[str, Any]) -> Path:
+    user = model_kind(cfg.model.name) in USER_KINDS
+    if user:  # the user's module in its own layout (no gnnpar wrapper): rebuilt from its recipe
+        from gnnpar.models.user import user_module
+
+        model_info = user_model_info(cfg, model, ds)
+        model = user_module(model)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     # plain JSON-able values only, so that the file loads with weights_only=True
     meta = json.loads(
@@ -320,6 +366,7 @@ def save_model(path: Path, model: nn.Module, cfg, ds, result: dict[str, Any]) ->
                 "final_model": result.get("final_model"),
                 "scores": {k: result.get(f"{k}_score") for k in ("val", "test")},
                 "versions": result.get("versions"),
+                **({"user_model": model_info} if user else {}),
             },
             default=str,
         )
@@ -365,6 +412,10 @@ def build_from(payload: dict[str, Any]) -> nn.Module:
     from gnnpar.models import build_model
 
     try:
+        if isinstance(payload.get("user_model"), dict):  # a user's model: its own module back
+            from gnnpar.models.user import rebuild
+
+            return rebuild(payload).eval()
         mcfg = ModelConfig(**payload["model"])
         model = build_model(mcfg, payload["in_dim"], payload["num_classes"], payload["multilabel"])
         model.load_state_dict(payload["state_dict"])

@@ -28,6 +28,7 @@ import torch
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
+from gnnpar.models.presets import is_user_model
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.result import build_result, save_model, write_result
@@ -47,6 +48,10 @@ def prepare(cfg: Config) -> ParallelDims:
     spec = registry.get(cfg.strategy.name)
     dims = spec.parallel_dims(cfg, dist.env_world_size())
     spec.check(cfg, dims)
+    if is_user_model(cfg.model.name):  # its module imports and its factory or class exists
+        from gnnpar.models.user import resolve_target
+
+        resolve_target(cfg.model.name)
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise UsageError(
             "--tensorboard needs the tensorboard package, which is not installed: "
@@ -59,7 +64,8 @@ def default_out(cfg: Config) -> str:
     """``runs/<YYYYmmdd-HHMMSS>-<dataset>-<model>-<strategy>``."""
     dataset = Path(cfg.data.dataset.rstrip("/")).stem.replace(":", "-") or "data"
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / f"{stamp}-{dataset}-{cfg.model.name}-{cfg.strategy.name}")
+    model = cfg.model.name.replace(":", "-")  # pyg:GIN, mymodels:build
+    return str(Path("runs") / f"{stamp}-{dataset}-{model}-{cfg.strategy.name}")
 
 
 def check_out(out: str) -> None:

@@ -64,7 +64,12 @@ TOML_VALUES = {
     "tensorboard": "true",
     "resume": "false",
     "recompute": "true",
+    "model-args": "{ hidden_channels = 8, v2 = true }",
+    "split-at": '["convs.1"]',
+    "hops": "3",
 }
+# a --model of each kind (validate.model_kind) that config checks accept
+MODEL_OF_KIND = {"pyg": "pyg:GIN", "pyg:GAT": "pyg:GAT", "factory": "torch_geometric.nn:GIN"}
 
 
 def context_for(key: str) -> dict[str, str]:
@@ -74,7 +79,8 @@ def context_for(key: str) -> dict[str, str]:
         return {}
     use = uses[0]
     strategy = use.strategies[0] if use.strategies else "sequential"
-    ctx = {"strategy": f'"{strategy}"', "model": f'"{use.models[0]}"'}
+    model = MODEL_OF_KIND.get(use.models[0], use.models[0])
+    ctx = {"strategy": f'"{strategy}"', "model": f'"{model}"'}
     if "graph" not in use.kinds:
         ctx.update(dataset='"synthetic-cifar10"', model='"vig"')
     elif use.generated:
@@ -102,13 +108,13 @@ def _toml_value(text: str):
 
 
 def test_the_flag_table_covers_every_key_and_names_known_choices():
-    from gnnpar.config.validate import MODELS, common_keys
+    from gnnpar.config.validate import MODELS, USER_KINDS, common_keys
     from gnnpar.strategies import registry
 
     USED_BY = used_by()
     assert set(USED_BY) <= set(KEYS)
     assert set(common_keys()) == {
-        "dataset", "data-root", "model", "hidden", "layers", "dropout", "strategy", "workers",
+        "dataset", "data-root", "model", "strategy", "workers",
         "optimizer", "lr", "weight-decay", "epochs", "seed", "out", "quiet", "eval-every",
         "max-steps", "threads", "timeout", "tensorboard", "checkpoint-every", "resume",
         "max-restarts", "precision",
@@ -116,7 +122,7 @@ def test_the_flag_table_covers_every_key_and_names_known_choices():
     for uses in USED_BY.values():
         for use in uses:
             assert set(use.strategies or ()) <= set(registry.names())
-            assert set(use.models) <= set(MODELS)
+            assert set(use.models) <= set(MODELS) | set(USER_KINDS)
     assert USED_BY["fanouts"][0].strategies == ("sampled",)
     assert USED_BY["replicas"][0].strategies == ("hybrid",)
     assert set(USED_BY["slowdown"][0].strategies) == {
@@ -241,7 +247,10 @@ def test_bad_toml_and_bad_types_are_usage_errors(tmp_path):
             "--strategy pipeline would ignore it",
         ),
         ({"scale": "0.5"}, "--scale is used by synthetic-* datasets only; --dataset cora"),
-        ({"model": "gcn", "heads": "4"}, "--heads is used by --model gat, gat3 only; --model gcn"),
+        (
+            {"model": "gcn", "heads": "4"},
+            "--heads is used by --model gat, gat3, pyg:GAT only; --model gcn",
+        ),
         ({"model": "sage", "heads": "1"}, "choose a model that uses it"),
         ({"strategy": "pipeline", "replicas": "2"}, "--replicas is used by --strategy hybrid"),
         ({"strategy": "sampled", "sync-every": "2"}, "--sync-every is used by --strategy allred"),
@@ -331,8 +340,14 @@ def test_every_field_type_is_coerced_from_the_dataclass_fields():
         if isinstance(kind, type(int | None)):
             (base,) = [a for a in typing.get_args(kind) if a is not type(None)]
         origin = typing.get_origin(base)
-        if origin is list:
+        if base == list[str]:  # --split-at
+            assert coerce(key, "convs.1, convs.2") == ["convs.1", "convs.2"]
+            assert coerce(key, ["a.b"]) == ["a.b"]  # a TOML list
+        elif origin is list:
             assert coerce(key, "4, 5") == [4, 5] and coerce(key, [1, 2]) == [1, 2]
+        elif base == dict[str, typing.Any]:  # --model-args: JSON or a TOML table
+            assert coerce(key, '{"hidden": 4, "v2": true}') == {"hidden": 4, "v2": True}
+            assert coerce(key, {"jk": "cat"}) == {"jk": "cat"}
         elif origin is dict:
             assert coerce(key, "1=3,0=1.5") == {1: 3.0, 0: 1.5}
             assert coerce(key, {"2": 4}) == {2: 4.0}  # a TOML table

@@ -144,7 +144,7 @@ def test_bad_input_exits_2_with_a_message(capsys, args, message):
         ),
         (
             ["--model", "gcn", "--heads", "4"],
-            "--heads is used by --model gat, gat3 only; --model gcn would ignore it. "
+            "--heads is used by --model gat, gat3, pyg:GAT only; --model gcn would ignore it. "
             "Drop it, or choose a model that uses it.",
         ),
         (["--strategy", "sampled", "--model", "sage", "--sync-every", "5"], "--sync-every is"),
@@ -193,7 +193,7 @@ def test_help_says_which_runs_use_each_flag(capsys):
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--fanouts FANOUTS neighbours sampled per layer" in out
     assert "[used by --strategy sampled only]" in out
-    assert "[used by --model gat, gat3 only]" in out
+    assert "[used by --model gat, gat3, pyg:GAT only]" in out
     assert "[used by synthetic-* datasets only]" in out
     assert "[used by --strategy hybrid only]" in out
 

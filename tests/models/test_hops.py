@@ -158,3 +158,26 @@ def test_hop_graph_rejects_counts_that_do_not_match():
     with pytest.raises(ValueError, match="sampled for 1 hops"):
         HopGraph(ei, [1, 2], [2]).layer(0, 2)
     assert isinstance(HopGraph(ei, [1, 2], [2]).layer(0, 1), HopLayer)
+
+
+def test_seed_loss_gives_a_hop_graph_only_to_block_models_that_trim():
+    """A model with its own forward (a user's module adapted into a BlockModel) gets the plain
+    edge_index from seed_loss; the built-in sage gets the trimmed graph, same loss."""
+    from gnnpar.training.losses import seed_loss
+
+    x, b = sampled_batch("kernel")
+    b.x, b.y = x, torch.zeros(b.batch_size, dtype=torch.long)
+    data = b.to_data()
+    model = model_of("sage", x.size(1), 16, 0.0).eval()
+    seen = []
+
+    class OwnForward(BlockModel):
+        def forward(self, x, edge_index=None):
+            seen.append(type(edge_index))
+            return super().forward(x, edge_index)
+
+    own = OwnForward(list(model.blocks), head=model.head)
+    torch.testing.assert_close(
+        seed_loss(own, data, False), seed_loss(model, data, False), rtol=1e-5, atol=1e-6
+    )
+    assert seen == [torch.Tensor]

@@ -28,7 +28,12 @@ from gnnpar.config.schema import Config, ModelConfig
 from gnnpar.data.types import GraphDataset, ImageDataset
 from gnnpar.models import build_model
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+from gnnpar.parallel.pipeline.batches import (
+    GraphMicroBatches,
+    ImageMicroBatches,
+    StagePlace,
+    receptive_field,
+)
 from gnnpar.parallel.pipeline.step import PipelineStep
 from gnnpar.training.sync import ReplicaGradSum
 
@@ -68,9 +73,20 @@ def config(kind: str, stages: int, replicas: int, chunks: int, schedule: str) ->
     return cfg
 
 
+def user_model(kind: str) -> nn.Module:
+    """PyG's own models (issue 20), cut into blocks by gnnpar.models.adapt."""
+    from torch_geometric.nn.models import GAT, GIN
+
+    from gnnpar.models.adapt import to_block_model
+
+    if kind == "user:GIN":
+        return to_block_model(GIN(6, 8, 2, 3))
+    return to_block_model(GAT(6, 4, 2, 3, v2=True, heads=2, jk="cat"))
+
+
 def reference_grads(kind: str, model: nn.Module, ds, cfg: Config) -> tuple[float, dict]:
     """One sequential step on the same data: full graph, or the global image batch."""
-    if kind == "graph":
+    if kind != "image":
         d = ds.data
         loss = F.cross_entropy(model(d.x, d.edge_index)[d.train_mask], d.y[d.train_mask])
     else:
@@ -85,14 +101,20 @@ def reference_grads(kind: str, model: nn.Module, ds, cfg: Config) -> tuple[float
 
 def check_step(rank: int, kind: str, cfg: Config) -> dict:
     """One pipeline (or hybrid) step on this rank's stage against a sequential step."""
-    ds = graph_dataset() if kind == "graph" else image_dataset()
+    ds = image_dataset() if kind == "image" else graph_dataset()
     torch.manual_seed(0)
-    model = build_model(cfg.model, 6, 3) if kind == "graph" else build_model(cfg.model, 3, 10)
+    if kind.startswith("user"):
+        model = user_model(kind)
+    else:
+        model = build_model(cfg.model, 6, 3) if kind == "graph" else build_model(cfg.model, 3, 10)
     ref = copy.deepcopy(model)
     R, S = cfg.strategy.replicas, cfg.strategy.stages
     mesh = StagePlace.from_mesh(ParallelDims(R, S, R * S).build_mesh("cpu"))
-    job = GraphMicroBatches(cfg, ds, mesh) if kind == "graph" else ImageMicroBatches(cfg, ds, mesh)
-    balance = [1, 1] if kind == "graph" else [1, 3]  # uneven on purpose
+    if kind == "image":
+        job = ImageMicroBatches(cfg, ds, mesh)
+    else:
+        job = GraphMicroBatches(cfg, ds, mesh, receptive_field(cfg.model, model)[0])
+    balance = [1, 3] if kind == "image" else [1, 1]  # uneven on purpose
     runner = PipelineStep(cfg, model, job, mesh, balance, torch.device("cpu"))
     batch = next(iter(job.epoch(0)))
     losses = runner.micro_losses(batch)
@@ -109,7 +131,7 @@ def check_step(rank: int, kind: str, cfg: Config) -> dict:
             own_loss=sum(float(v.detach()) for v in losses) * batch.own_scale,
             ref_loss=ref_loss,
         )
-    if kind == "graph" and cfg.strategy.replicas == 1:
+    if kind != "image" and cfg.strategy.replicas == 1:
         payload, _ = runner.evaluate(job)
         if runner.last:
             ref.eval()
@@ -157,7 +179,8 @@ def run_ranks(tmp_path, world: int, scenarios: list[tuple[str, Config]]) -> list
 @pytest.mark.timeout(150)
 @pytest.mark.slow
 def test_two_stages_equal_sequential_loss_and_grads(tmp_path):
-    """gat with exact micro-batches (GPipe and 1F1B) and ViG (8x8 images) with an uneven split."""
+    """gat with exact micro-batches (GPipe and 1F1B), ViG (8x8 images) with an uneven split, and
+    users' models (issue 20): PyG's GIN and GAT(v2=True, jk="cat") cut by gnnpar.models.adapt."""
     big_images = config("image", 2, 1, 2, "gpipe")
     big_images.strategy.batch_size = 40
     scenarios = [
@@ -165,13 +188,16 @@ def test_two_stages_equal_sequential_loss_and_grads(tmp_path):
         ("graph", config("graph", 2, 1, 3, "1f1b")),
         ("image", config("image", 2, 1, 4, "gpipe")),
         ("image", big_images),  # micro-batches of 20 images: more than blocks are timed on
+        ("user:GIN", config("graph", 2, 1, 3, "gpipe")),
+        ("user:GATv2", config("graph", 2, 1, 3, "1f1b")),
     ]
     for results in run_ranks(tmp_path, 2, scenarios):
         last = results[-1]
         assert last["loss"] == pytest.approx(last["ref_loss"], abs=1e-5)
         assert results[0]["params"] and last["params"]
-    graph_last = json.loads((tmp_path / "s0_rank1.json").read_text())
-    assert graph_last["evaluated"] == 60  # every node's output equals the full-graph output
+    for s in (0, 4, 5):
+        graph_last = json.loads((tmp_path / f"s{s}_rank1.json").read_text())
+        assert graph_last["evaluated"] == 60  # every node's output equals the full-graph output
 
 
 # ------------------------------------------------------------------------------------ the CLI
@@ -277,3 +303,36 @@ def test_image_blocks_are_timed_on_at_most_profile_images(tmp_path, monkeypatch)
         dist.destroy_process_group()
     assert seen == [stages.PROFILE_IMAGES] and job.probe()[0].size(0) == 20
     assert balance == [2, 2] and times == [1.0] * 4
+
+
+# ------------------------------------------------------------------ a user's model's blocks
+@pytest.mark.parametrize(
+    "stages, balance, message",
+    [
+        (3, None, "--stages 3 is more than the 2 blocks of the model GIN (GIN: one block per"),
+        (2, [2, 1], "add up to the 2 blocks of the model GIN"),
+        (2, [1, 1], None),
+    ],
+)
+def test_a_users_model_needs_blocks_for_its_stages(stages, balance, message):
+    from torch_geometric.nn.models import GIN
+
+    from gnnpar import UsageError
+    from gnnpar.models.adapt import to_block_model
+    from gnnpar.strategies.pipeline import check_cut
+
+    cfg = config("graph", stages, 1, 3, "gpipe")
+    cfg.strategy.balance = balance
+    model = to_block_model(GIN(6, 8, 2, 3))
+    if message is None:
+        check_cut(cfg, model)
+    else:
+        with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+            check_cut(cfg, model)
+    one_block = to_block_model(nn.Linear(6, 3))
+    with pytest.raises(UsageError, match="cannot cut the model Linear into pipeline stages"):
+        check_cut(cfg, one_block)
+    shared = to_block_model(GIN(6, 8, 3, 3))
+    shared.blocks[2].conv = shared.blocks[0].conv = GIN(8, 8, 1, 8).convs[0]
+    with pytest.raises(UsageError, match="blocks 0 and 2 of the model GIN .* share weights"):
+        check_cut(cfg, shared)

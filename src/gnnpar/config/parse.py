@@ -11,8 +11,10 @@ lives by default (:func:`default_data_root`) is here too: every command needs it
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -42,6 +44,9 @@ KEYS: dict[str, tuple[str, str]] = {
     "heads": ("model", "heads"),
     "dropout": ("model", "dropout"),
     "recompute": ("model", "recompute"),
+    "model-args": ("model", "args"),
+    "split-at": ("model", "split_at"),
+    "hops": ("model", "hops"),
     "strategy": ("strategy", "name"),
     "workers": ("strategy", "workers"),
     "sync-every": ("strategy", "sync_every"),
@@ -185,6 +190,54 @@ def parse_slowdown(text: str | dict, what: str = "slowdown") -> dict[int, float]
     return out
 
 
+NAME_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")  # a submodule's name: convs.1, encoder.layer
+
+
+def parse_name_list(text: str | list, what: str) -> list[str]:
+    """'convs.1,convs.2' -> ['convs.1', 'convs.2'] (submodule names, as model.named_modules()
+    gives them); a TOML list of strings passes through."""
+    items = text if isinstance(text, list) else _items(text, what, "convs.1,convs.2")
+    for t in items:
+        if not isinstance(t, str) or not NAME_PATH.match(t):
+            raise UsageError(
+                f"--{what} expects comma-separated submodule names such as convs.1,convs.2 "
+                f"(as model.named_modules() names them), got {_show(t)}."
+            )
+    if len(set(items)) != len(items):
+        raise UsageError(f"--{what} names a submodule twice: {','.join(items)}.")
+    return list(items)
+
+
+def parse_model_args(value: str | dict, what: str = "model-args") -> dict[str, Any]:
+    """--model-args: a JSON object ('{"hidden": 64, "v2": true}') or a TOML table, whose keys
+    are keyword-argument names and whose values are plain data (numbers, strings, booleans,
+    null, lists and objects of them): they go into model.pt and result.json as written."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise UsageError(
+                f"--{what} must be a JSON object such as '{{\"hidden\": 64}}', got "
+                f"{_show(value)} ({e.msg} at character {e.pos})."
+            ) from None
+    if not isinstance(value, dict):
+        raise UsageError(
+            f"--{what} must be a JSON object (or a TOML table) of keyword arguments, "
+            f"got {_show(value)}."
+        )
+    for k in value:
+        if not isinstance(k, str) or not k.isidentifier():
+            raise UsageError(f"--{what}: {_show(k)} is not a keyword-argument name.")
+    try:  # plain data only, exactly as JSON keeps it (no NaN, no datetimes from TOML)
+        plain = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"--{what} holds a value JSON cannot keep (a date, NaN or infinity): "
+            f"{_show(value)}. Use numbers, strings, booleans, lists and tables."
+        ) from None
+    return plain
+
+
 def coerce(key: str, value: Any) -> Any:
     """``value`` (a string from the command line, or a TOML value) as the type of ``key``'s field.
 
@@ -199,8 +252,12 @@ def coerce(key: str, value: Any) -> Any:
         (kind,) = [a for a in typing.get_args(kind) if a is not type(None)]
     origin = typing.get_origin(kind)
     if origin is list:
+        if typing.get_args(kind) == (str,):
+            return parse_name_list(value, key)
         return parse_int_list(value, key)
     if origin is dict:
+        if typing.get_args(kind)[0] is str:
+            return parse_model_args(value, key)
         return parse_slowdown(value, key)
     if kind is bool:
         if isinstance(value, bool):

@@ -36,6 +36,11 @@ class ModelConfig:
     heads: int | None = None
     dropout: float | None = None
     recompute: bool = False  # vig: keep only block inputs, recompute the rest in backward
+    # a user's model (--model module:function or pyg:NAME; gnnpar.models.user)
+    args: dict[str, Any] = field(default_factory=dict)  # --model-args: its keyword arguments
+    split_at: list[str] | None = None  # --split-at: submodule names where pipelines cut it
+    hops: int | None = None  # --hops: its receptive field, where it cannot be counted
+    weights: str | None = None  # gnnpar.fit(model=instance): its initial weights (a .pt file)
 
 
 @dataclass

@@ -19,8 +19,10 @@ Nothing here imports torch: the strategies' specs and the dataset names are torc
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +48,18 @@ from gnnpar.config.schema import (
     Config,
 )
 from gnnpar.data.registry import DATASETS, kind_of, unknown_dataset
-from gnnpar.models.presets import STUDY_DEFAULTS, study_defaults
+from gnnpar.models.presets import (
+    STUDY_DEFAULTS,
+    USER_KINDS,
+    USER_MODEL_FORMS,
+    model_kind,
+    study_defaults,
+)
 from gnnpar.strategies import registry
 
 MODELS = tuple(STUDY_DEFAULTS)  # gcn, gat, gat3, sage, vig (models/__init__.py builds them)
+MODEL_KINDS = MODELS + USER_KINDS
+BUILT_IN_AND_PYG = MODELS + ("pyg", "pyg:GAT")
 
 # Bounds of validate() beyond "positive" (absurd values that would overflow or never end)
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 1.0, 7 * 24 * 3600.0
@@ -70,7 +80,7 @@ class Use:
     """
 
     strategies: tuple[str, ...] | None = None
-    models: tuple[str, ...] = MODELS
+    models: tuple[str, ...] = MODEL_KINDS
     kinds: tuple[str, ...] = DATASET_KINDS
     generated: bool = False
     needs: str | None = None
@@ -101,8 +111,16 @@ NEEDS = {"partitioner": "partitions"}  # read only together with that other sett
 # Settings that some models or datasets read, whatever the strategy
 MODEL_AND_DATA_USES: dict[str, tuple[Use, ...]] = {
     "scale": (Use(generated=True),),
-    "heads": (Use(models=("gat", "gat3")),),
+    "heads": (Use(models=("gat", "gat3", "pyg:GAT")),),
     "recompute": (Use(models=("vig",), kinds=("image",)),),
+    # a factory gets --model-args only; pyg:NAME maps these onto its own arguments
+    "hidden": (Use(models=BUILT_IN_AND_PYG),),
+    "layers": (Use(models=BUILT_IN_AND_PYG),),
+    "dropout": (Use(models=BUILT_IN_AND_PYG),),
+    "model-args": (Use(models=USER_KINDS),),
+    # where a pipeline cuts a user's model, and its receptive field (exact micro-batches)
+    "split-at": (Use(strategies=("pipeline", "hybrid"), models=USER_KINDS, kinds=("graph",)),),
+    "hops": (Use(strategies=("pipeline", "hybrid"), models=USER_KINDS, kinds=("graph",)),),
 }
 
 
@@ -138,8 +156,8 @@ def describe_use(use: Use) -> str:
     parts = []
     if use.strategies is not None and set(use.strategies) != set(registry.names()):
         parts.append(f"--strategy {', '.join(use.strategies)}")
-    if use.models != MODELS:
-        parts.append(f"--model {', '.join(use.models)}")
+    if use.models != MODEL_KINDS:
+        parts.append(f"--model {_models(use.models)}")
     if use.kinds != DATASET_KINDS:
         kinds = " or ".join(_a(k) for k in use.kinds)
         parts.append(f"with {kinds} dataset" if parts else f"{kinds} datasets")
@@ -149,6 +167,13 @@ def describe_use(use: Use) -> str:
     if use.needs:
         text += f", together with --{use.needs}"
     return text
+
+
+def _models(kinds: tuple[str, ...]) -> str:
+    """'gat, gat3, pyg:GAT' / 'pyg:NAME, module:function' for a Use's model kinds."""
+    shown = {"pyg": "pyg:NAME", "factory": "module:function"}
+    names = [shown.get(k, k) for k in kinds if not (k == "pyg:GAT" and "pyg" in kinds)]
+    return ", ".join(names)
 
 
 def _a(word: str) -> str:
@@ -183,7 +208,7 @@ def _missed(use: Use, cfg: Config, kind: str, generated: bool) -> list[tuple[str
     out = []
     if use.strategies is not None and cfg.strategy.name not in use.strategies:
         out.append(("strategy", f"--strategy {cfg.strategy.name}"))
-    if cfg.model.name not in use.models:
+    if model_kind(cfg.model.name) not in use.models:
         out.append(("model", f"--model {cfg.model.name}"))
     if kind not in use.kinds:
         out.append(("dataset", f"--dataset {cfg.data.dataset} ({_a(kind)} dataset)"))
@@ -192,6 +217,36 @@ def _missed(use: Use, cfg: Config, kind: str, generated: bool) -> list[tuple[str
     if use.needs and getattr(*locate(cfg, use.needs)) is None:
         out.append(("needs", f"--{use.needs}"))
     return out
+
+
+def check_model_name(name: str) -> None:
+    """A built-in model, ``pyg:NAME`` or ``module:function`` whose module can be found; else
+    UsageError. (That NAME is one of PyG's models, and the function a model factory, is checked
+    before any rank starts: gnnpar.models.user.check_user_model.)"""
+    kind = model_kind(name)
+    if kind is None:
+        raise UsageError(
+            f"Unknown --model '{name}'. Choose one of: {', '.join(MODELS)}, or your own: "
+            f"{USER_MODEL_FORMS} (a factory f(in_dim, num_classes, **model_args) -> nn.Module)."
+        )
+    if kind == "factory":  # its module can be found (imported before any rank starts: run.py)
+        module = name.split(":")[0]
+        if module in sys.modules:
+            return
+        cwd = os.getcwd()
+        sys.path.insert(0, cwd)  # where `gnnpar.models.user` imports it from too
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except Exception:  # a parent package that fails to import: said when it is imported
+            found = True
+        finally:
+            sys.path.remove(cwd)
+        if not found:
+            raise UsageError(
+                f"--model {name}: no module named '{module}' (looked in {cwd} and on sys.path). "
+                f"Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
+                "install the module."
+            )
 
 
 def check_used(cfg: Config, given: Mapping[str, str]) -> None:
@@ -279,11 +334,13 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     # a registered name, or the user's own graph (.pt file, OGB folder, module:function) that
     # exists; else "Unknown --dataset" or "no such file"
     kind, _ = dataset_kind(d.dataset)
-    one_of(m.name, MODELS, "--model")
+    check_model_name(m.name)
     one_of(s.name, registry.names(), "--strategy")
     image = kind == "image"
     if image and m.name != "vig":
         bad(f"Dataset '{d.dataset}' holds images; only --model vig trains on it.")
+    if m.hops is not None and not 1 <= m.hops <= MAX_LAYERS:
+        bad(f"--hops must be between 1 and {MAX_LAYERS:,} (message-passing layers), got {m.hops}.")
     if not image and m.name == "vig":
         bad(f"--model vig needs an image dataset (cifar10, synthetic-cifar10), not '{d.dataset}'.")
     check_used(cfg, given or {})

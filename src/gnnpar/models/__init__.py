@@ -34,9 +34,26 @@ def builder(name: str) -> Any:
 
 
 def build_model(
-    mcfg: ModelConfig, in_dim: int, num_classes: int, multilabel: bool = False
+    mcfg: ModelConfig,
+    in_dim: int,
+    num_classes: int,
+    multilabel: bool = False,
+    graph: Any = None,
+    check: bool = True,
 ) -> BlockModel:
-    """The model named ``mcfg.name``, sized by the resolved config (see config.resolve)."""
+    """The model named ``mcfg.name``, sized by the resolved config (see config.resolve).
+
+    A user's model (``pyg:NAME``, ``module:function``; :mod:`gnnpar.models.user`) is built,
+    checked (``check``; its output shape on ``graph``'s first nodes, where given; PNA reads its
+    degrees from ``graph``) and wrapped into a BlockModel whose parameters are the module's own
+    (:func:`gnnpar.models.adapt.to_block_model`); it returns raw logits (no head: the loss is
+    cross-entropy, the same on logits as on log-softmax)."""
+    if mcfg.name not in BUILDERS:
+        from gnnpar.models.adapt import to_block_model
+        from gnnpar.models.user import build_user_model
+
+        module = build_user_model(mcfg, in_dim, num_classes, graph, check=check)
+        return to_block_model(module, split_at=mcfg.split_at)
     return builder(mcfg.name)(mcfg, in_dim, num_classes, multilabel)
 
 

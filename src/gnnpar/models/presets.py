@@ -9,6 +9,7 @@ imports torch, so reading the defaults (``gnnpar train --help``, config checks) 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # Used for any setting a model's table does not name (and for names that validate() rejects).
@@ -52,3 +53,24 @@ def study_defaults(model: str, dataset: str, strategy: str) -> dict[str, Any]:
         if model == "gcn":
             out.update(study003, layers=3)
     return out
+
+
+# A user's model (gnnpar.models.user), by kind: "pyg" (--model pyg:NAME; "pyg:GAT" on its own,
+# the one that reads --heads) and "factory" (--model module:function, or module:Class).
+USER_KINDS = ("pyg", "pyg:GAT", "factory")
+USER_MODEL_FORMS = "pyg:NAME (a model of torch_geometric.nn.models) or module:function"
+TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # module:function
+
+
+def model_kind(name: str) -> str | None:
+    """The kind of ``--model name`` that decides which settings it reads: a built-in name,
+    "pyg" / "pyg:GAT", "factory"; None for a name of no known form."""
+    if name in STUDY_DEFAULTS:
+        return name
+    if name.startswith("pyg:"):
+        return "pyg:GAT" if name == "pyg:GAT" else "pyg" if name[4:].isidentifier() else None
+    return "factory" if TARGET.match(name) else None
+
+
+def is_user_model(name: str) -> bool:
+    return model_kind(name) in USER_KINDS

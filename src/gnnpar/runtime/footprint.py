@@ -55,10 +55,18 @@ GIB = 2**30
 OPTIMIZER_SLOTS = {"adam": 2, "sgd": 0}  # per-parameter state tensors (SGD: no momentum here)
 
 
-def parameter_count(cfg: Config, in_dim: int, num_classes: int, multilabel: bool) -> int:
-    """The exact number of parameters of the run's model, built on the meta device."""
-    from gnnpar.models import build_model
+def parameter_count(
+    cfg: Config, in_dim: int, num_classes: int, multilabel: bool, graph=None
+) -> int:
+    """The exact number of parameters of the run's model, built on the meta device (a user's
+    model on the CPU, with the global generators left as they were: its factory may create
+    tensors the meta device cannot hold, such as PNA's degree histogram)."""
+    from gnnpar.models import BUILDERS, build_model
 
+    if cfg.model.name not in BUILDERS:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(cfg.model, in_dim, num_classes, multilabel, graph, check=False)
+        return sum(p.numel() for p in model.parameters())
     with torch.device("meta"):
         model = build_model(cfg.model, in_dim, num_classes, multilabel)
     return sum(p.numel() for p in model.parameters())
@@ -70,7 +78,8 @@ def estimate_bytes(cfg: Config, ds, replicas: int, recompute: bool | None = None
     counted). ``recompute``: ViG's, if not ``cfg.model.recompute``."""
     m, s = cfg.model, cfg.strategy
     recompute = m.recompute if recompute is None else recompute
-    params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
+    graph = getattr(ds, "data", None)
+    params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel, graph)
     state = params * FLOAT_BYTES * (2 + OPTIMIZER_SLOTS[cfg.optim.optimizer])
     if ds.kind == "image":  # ViG, every pixel a node, every block C wide
         images = min(s.batch_size, int(ds.train_x.size(0)))

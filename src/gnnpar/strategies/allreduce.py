@@ -99,7 +99,9 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     s, r = cfg.strategy, cfg.run
     graph, partition_time, cache_hit = load_partitions(cfg, ds)
     seed_everything(r.seed)
-    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model = build_model(
+        cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
+    )
     model.to(ctx.device)
     collectives.broadcast_parameters(model)  # one starting point, whatever each init did
     seed_rank_dropout(r.seed, ctx.rank)

@@ -70,7 +70,9 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
     topology = Bipartite if bipartite else AnyPeer
     s, r = cfg.strategy, cfg.run
     seed_everything(r.seed)  # the same initial model on every rank, as gossip assumes
-    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model = build_model(
+        cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
+    )
     model.to(ctx.device)
     opt = build_optimizer(cfg, model.parameters())
     seed_rank_dropout(r.seed, ctx.rank)

@@ -12,11 +12,20 @@ that lose the edges between chunks (data/microbatch.py). Images (vig): ``--batch
 per step, split evenly into the chunks.
 
     gnnpar train --dataset cora --model gat --strategy pipeline --workers 2 --chunks 4
+    gnnpar train --dataset cora --model pyg:GIN --strategy pipeline --workers 2
+    gnnpar train --dataset cora --model mymodels:build --split-at prop --strategy pipeline \\
+        --workers 2
     gnnpar train --dataset synthetic-cifar10 --model vig --strategy pipeline --workers 2 \\
         --chunks 5 --batch-size 40 --max-steps 20
 
+A user's model (``--model pyg:NAME`` / ``module:function``) is cut into blocks by
+:func:`gnnpar.models.adapt.to_block_model` (PyG's BasicGNNs and Sequential, a ``blocks``
+attribute, or ``--split-at``); a model it cannot cut trains with ``--stages 1`` only. Its exact
+micro-batches cover ``--hops`` or the hops counted from its message-passing layers.
+
 result.json adds: balance (and how it was chosen), gpipe_bound S*M/(M+S-1), the micro-batch
-plan with its halo_overhead (nodes computed / nodes in the graph). The hybrid strategy
+plan with its halo_overhead (nodes computed / nodes in the graph); for a user's model, how it
+was cut (model_cut), hops and hops_source, and its batch-statistics layers. The hybrid strategy
 (strategies/hybrid.py) is this with ``--replicas`` copies.
 """
 
@@ -37,8 +46,19 @@ if TYPE_CHECKING:
 
 def check(cfg: Config, dims: ParallelDims) -> None:
     """Checks shared by pipeline and hybrid, before anything is launched."""
+    from gnnpar.models import BUILDERS  # torch-free
+
     s, m = cfg.strategy, cfg.model
-    blocks = m.layers  # every gnnpar model has one block per layer (models/__init__.py)
+    if m.name not in BUILDERS:  # a user's model: its blocks are known once built (check_cut)
+        if s.stages > 1 and not m.split_at and m.name.startswith("pyg:"):  # or by its class
+            from gnnpar.models.adapt import why_not_by_class
+            from gnnpar.models.user import pyg_class
+
+            why = why_not_by_class(pyg_class(m.name.removeprefix("pyg:")))
+            if why is not None:
+                raise UsageError(f"--strategy {s.name} --stages {s.stages}: {why}")
+        return check_schedule(cfg)
+    blocks = m.layers  # every built-in model has one block per layer (models/__init__.py)
     if s.stages > blocks:
         raise UsageError(
             f"--stages {s.stages} is more than the {blocks} blocks of --model {m.name}; "
@@ -52,6 +72,12 @@ def check(cfg: Config, dims: ParallelDims) -> None:
             f"(one per --stages) that add up to the model's {blocks} blocks, e.g. "
             f"--balance {','.join(map(str, split_by_cost([1.0] * blocks, s.stages)))}."
         )
+    check_schedule(cfg)
+
+
+def check_schedule(cfg: Config) -> None:
+    """The checks that do not depend on the model's blocks."""
+    s = cfg.strategy
     if s.schedule == "1f1b" and s.chunks < s.stages:
         raise UsageError(
             f"--schedule 1f1b needs at least as many --chunks as --stages "
@@ -70,14 +96,53 @@ def check(cfg: Config, dims: ParallelDims) -> None:
             )
 
 
+def check_cut(cfg: Config, model) -> None:
+    """A user's model (:func:`gnnpar.models.adapt.to_block_model`) has blocks enough for
+    --stages, and --balance adds up to them; the same checks as :func:`check` for built-ins."""
+    s, blocks = cfg.strategy, len(model.blocks)
+    what = f"the model {type(model.user_module).__name__}"
+    if s.stages > 1 and not model.splittable:
+        raise UsageError(f"--strategy {s.name} --stages {s.stages}: {model.why_not_splittable}")
+    seen: dict[int, int] = {}
+    for i, block in enumerate(model.blocks):
+        for p in block.parameters():
+            if seen.setdefault(id(p), i) != i and s.stages > 1:
+                raise UsageError(
+                    f"--strategy {s.name}: blocks {seen[id(p)]} and {i} of {what} ({model.how}) "
+                    f"share weights, which no two pipeline stages can; give each block its own."
+                )
+    if s.stages > blocks:
+        raise UsageError(
+            f"--stages {s.stages} is more than the {blocks} blocks of {what} ({model.how}); "
+            f"use --stages {blocks} or fewer, or cut it at more places (--split-at)."
+        )
+    if s.balance is not None and (len(s.balance) != s.stages or sum(s.balance) != blocks):
+        from gnnpar.parallel.pipeline.stages import split_by_cost  # for the example only
+
+        raise UsageError(
+            f"--balance {','.join(map(str, s.balance))} must give {s.stages} stage sizes "
+            f"(one per --stages) that add up to the {blocks} blocks of {what} ({model.how}), "
+            f"e.g. --balance {','.join(map(str, split_by_cost([1.0] * blocks, s.stages)))}."
+        )
+
+
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     """This rank's stage of its pipeline (and replica, with hybrid's --replicas)."""
+    import sys
+
     import torch
     import torch.distributed as dist
 
     from gnnpar.models import build_model
+    from gnnpar.models.adapt import batch_statistics, check_same_output, join_where_not_tensors
+    from gnnpar.models.user import CHECK_NODES, first_nodes
     from gnnpar.parallel import collectives
-    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches, StagePlace
+    from gnnpar.parallel.pipeline.batches import (
+        GraphMicroBatches,
+        ImageMicroBatches,
+        StagePlace,
+        receptive_field,
+    )
     from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound
     from gnnpar.parallel.pipeline.step import PipelineStep
     from gnnpar.training.loop import Final, Plan
@@ -89,10 +154,32 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     r, s = cfg.run, cfg.strategy
     place = StagePlace.create(dims, ctx.device.type)
     seed_everything(r.seed)
-    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    graph = getattr(ds, "data", None)  # PNA's degrees
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=graph)
     torch.manual_seed(r.seed + 7919 * place.replica)  # copies draw their own dropout
-    Job = ImageMicroBatches if ds.kind == "image" else GraphMicroBatches
-    job = Job(cfg, ds, place)
+    user = getattr(model, "user_module", None) is not None  # a user's model, cut by adapt.py
+    if user:
+        join_where_not_tensors(model, *first_nodes(graph, CHECK_NODES))
+        check_cut(cfg, model)
+    cut_info = {}
+    if ds.kind == "image":
+        job = ImageMicroBatches(cfg, ds, place)
+    else:
+        hops, source = receptive_field(cfg.model, model, graph)
+        job = GraphMicroBatches(cfg, ds, place, hops)
+        cut_info = {"hops": hops, "hops_source": source}
+    if user:  # the cut computes what the module's own forward does (a `blocks` convention)
+        check_same_output(model, *job.probe())
+        spans = batch_statistics(model.user_module)
+        cut_info["batch_statistics"] = spans
+        if spans and ds.kind != "image" and dist.get_rank() == 0:
+            print(
+                f"gnnpar: warning: {', '.join(spans)} of the model compute statistics over "
+                f"their batch: over micro-batches (halo and padding rows included) its loss "
+                f"and gradients differ from the full batch's.",
+                file=sys.stderr,
+                flush=True,
+            )
     with autocast(r.precision, ctx.device):  # profile blocks in the run's arithmetic
         balance, block_times = choose_balance(cfg, model, job)
     if dist.get_rank() == 0 and not r.quiet:
@@ -151,6 +238,8 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
             "block_time_s": block_times,
             "gpipe_bound": gpipe_bound(S, M),
             "boundary_dtypes": step.boundary_dtypes,  # activations sent between stages
+            **cut_info,
+            **({"model_cut": model.how} if user else {}),
             **job.extra(),
         },
     )

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
+from gnnpar.models.presets import model_kind
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
     STEP_CHECKPOINTS,
@@ -77,7 +78,9 @@ def check(cfg: Config, dims: ParallelDims) -> None:
     s, m = cfg.strategy, cfg.model
     if m.name == "vig":
         raise UsageError("--strategy sampled trains graph models; use --model sage or gat3.")
-    if len(s.fanouts) != m.layers:
+    # a factory's model has the layers it has: its fan-outs set the sample's hops (pyg:NAME's
+    # are --layers, like the built-in models')
+    if model_kind(m.name) != "factory" and len(s.fanouts) != m.layers:
         raise UsageError(
             f"--fanouts gives {len(s.fanouts)} fan-outs ({','.join(map(str, s.fanouts))}) but "
             f"--model {m.name} has {m.layers} layers: give one fan-out per layer, "
@@ -119,7 +122,9 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
     reuse_large_blocks()  # every step's large tensors from the same heap memory (no page faults)
     seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
     source = SampledSource(cfg, ds, ctx, train_idx)
-    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model = build_model(
+        cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
+    )
     model.to(ctx.device)
     sync: NoSync = NoSync()
     net: nn.Module = model

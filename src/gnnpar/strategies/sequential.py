@@ -36,7 +36,9 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
     r = cfg.run
     seed_everything(r.seed)
-    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    model = build_model(
+        cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
+    )
     model.to(ctx.device)
     opt = build_optimizer(cfg, model.parameters())
     name = f"sequential {cfg.model.name}"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from gnnpar.models.base import BlockModel
 from gnnpar.models.hops import HopGraph
 
 
@@ -21,21 +23,42 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> torch.Te
     return torch.nn.functional.cross_entropy(logits, y)
 
 
-def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
+@dataclass
+class NoTrainingRows:
+    """The loss of a batch with no training node (a Cluster-GCN part of a sparsely labelled
+    graph): ``zero`` is 0 x the output, so its backward gives every parameter a zero gradient
+    through the model (DDP's hooks and every collective still run), and no loss is reported (the
+    mean over no rows is NaN, which made the epoch's loss NaN although no weight was touched)."""
+
+    zero: torch.Tensor
+
+
+def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor | NoTrainingRows:
     """Loss over the training nodes of a graph batch (full graph or subgraph)."""
     out = model(batch.x, batch.edge_index)
     mask = batch.train_mask
+    if not bool(mask.any()):
+        return NoTrainingRows(out.float().sum() * 0.0)
     return loss_fn(out[mask], batch.y[mask], multilabel)
 
 
 def seed_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
     """Loss over the seed nodes of a neighbour-sampled batch (the first ``batch_size`` rows).
 
-    The model gets the batch's :class:`~gnnpar.models.hops.HopGraph` when the batch says what
-    it sampled per hop: a BlockModel of trimming blocks then computes each layer only for the
-    nodes the seeds' outputs depend on (the same seed outputs; models/hops.py)."""
+    A :class:`~gnnpar.models.base.BlockModel` (under DDP or not) whose blocks all trim gets the
+    batch's :class:`~gnnpar.models.hops.HopGraph` when the batch says what it sampled per hop,
+    and computes each layer only for the nodes the seeds' outputs depend on (the same seed
+    outputs; models/hops.py). Any other model, a user's module with its own forward included,
+    gets ``edge_index``."""
     hops = HopGraph.of(batch)
-    out = model(batch.x, batch.edge_index if hops is None else hops)[: batch.batch_size]
+    inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model
+    trims = (
+        hops is not None
+        and isinstance(inner, BlockModel)
+        and type(inner).forward is BlockModel.forward
+        and inner.trims(hops)
+    )
+    out = model(batch.x, hops if trims else batch.edge_index)[: batch.batch_size]
     return loss_fn(out, batch.y, multilabel)
 
 
@@ -51,7 +74,10 @@ class LocalStep:
     def __init__(self, net: nn.Module, loss: Callable[[nn.Module, Any], torch.Tensor]) -> None:
         self.net, self.loss = net, loss
 
-    def __call__(self, batch: Any) -> torch.Tensor:
+    def __call__(self, batch: Any) -> torch.Tensor | None:
         loss = self.loss(self.net, batch)
+        if isinstance(loss, NoTrainingRows):
+            loss.zero.backward()
+            return None
         loss.backward()
         return loss.detach()

@@ -24,10 +24,16 @@ class Straggler:
     def for_rank(cls, slowdown: dict[int, float], jitter: float, seed: int, rank: int) -> Straggler:
         return cls(slowdown.get(rank, 1.0), jitter, seed + rank)
 
-    def after_step(self, step_s: float) -> None:
+    def pause_s(self, step_s: float) -> float:
+        """The pause after a step of ``step_s`` seconds (draws the jitter; ``gnnpar advise``
+        simulates stragglers with this very sequence)."""
         pause = (self.factor - 1.0) * step_s
         if self.jitter > 0 and self.rng.random() < 0.1:
             pause += self.rng.uniform(0, self.jitter) * step_s
+        return pause
+
+    def after_step(self, step_s: float) -> None:
+        pause = self.pause_s(step_s)
         if pause > 0:
             time.sleep(pause)
             self.delay_s += pause

@@ -76,17 +76,39 @@ class Batch:
     own_scale: float  # summed micro-batch losses * own_scale = this replica's own mean loss
 
 
+def receptive_field(mcfg, model, graph=None) -> tuple[int, str]:
+    """The hops an exact micro-batch must cover, and where that number came from: ``--hops``;
+    a built-in model's rule (:func:`~gnnpar.data.microbatch.receptive_hops`); or, for a user's
+    model, its message-passing layers counted, and its propagate calls in one forward on
+    ``graph``'s first nodes where given (:func:`~gnnpar.models.adapt.message_passing_hops`)."""
+    if mcfg.hops is not None:
+        return int(mcfg.hops), "--hops"
+    user = getattr(model, "user_module", None)
+    if user is None:
+        return receptive_hops(mcfg.name, mcfg.layers), "built-in model"
+    from gnnpar.models.adapt import message_passing_hops
+    from gnnpar.models.user import CHECK_NODES, first_nodes
+
+    probe = (None, None) if graph is None else first_nodes(graph, CHECK_NODES)
+    return message_passing_hops(user, *probe), "counted (message-passing layers of the model)"
+
+
 class GraphMicroBatches(Resumable):
     """Full-batch node classification: one step per epoch."""
 
     eval_each_epoch = True
     steps_per_epoch = 1
 
-    def __init__(self, cfg: Config, ds: GraphDataset, mesh: StagePlace) -> None:
+    def __init__(
+        self, cfg: Config, ds: GraphDataset, mesh: StagePlace, hops: int | None = None
+    ) -> None:
+        """``hops``: the receptive field the exact plan covers (:func:`receptive_field`);
+        None: the built-in model's."""
         self.ds, self.mesh, R, M = ds, mesh, mesh.replicas, cfg.strategy.chunks
         self.eval_each_epoch = R == 1  # hybrid: evaluation is split over replicas, done once
         data, n = ds.data, ds.num_nodes
-        hops = receptive_hops(cfg.model.name, cfg.model.layers)
+        if hops is None:
+            hops = receptive_hops(cfg.model.name, cfg.model.layers)
         mode, seed = cfg.strategy.microbatch, cfg.run.seed
         t0 = time.perf_counter()
         train = data.train_mask.nonzero().view(-1)

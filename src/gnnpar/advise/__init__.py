@@ -1,0 +1,10 @@
+"""``gnnpar advise``: profile briefly here, simulate every strategy on the cluster described,
+rank them (``gnnpar advise --help``; README "Which strategy for my graph?").
+
+* :mod:`~gnnpar.advise.events`: a small discrete-event engine.
+* :mod:`~gnnpar.advise.simulate`: each strategy's semantics as a simulation (torch-free).
+* :mod:`~gnnpar.advise.profile`: the measurements, taken with gnnpar's own models and batches.
+* :mod:`~gnnpar.advise.predict`: the grid of configurations, simulated from a profile.
+* :mod:`~gnnpar.advise.report`: the table, the plot and ``advice.json``.
+* :mod:`~gnnpar.advise.validate`: predicted against measured with real ``gnnpar train`` runs.
+"""

@@ -1,0 +1,335 @@
+"""``gnnpar advise``: check the request, profile here, simulate the grid, report (and validate).
+
+    gnnpar advise --dataset cora --model gcn --workers 2 --out runs/advise-cora
+    gnnpar advise --dataset synthetic-reddit --scale 0.05 --model sage --hosts 4 \\
+        --ranks-per-host 2 --network 10gbit,50us --slowdown 3=3 --out runs/advise-reddit
+    gnnpar advise --dataset cora --model gcn --workers 2 --strategies allreduce,gossip \\
+        --validate --out runs/advise-check
+
+Everything that can be wrong with the request (a flag, a value, a strategy's own checks on the
+grid, an output folder that cannot be written) is found before the profile starts, and ends
+with one message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gnnpar import UsageError
+from gnnpar.advise import simulate as sim
+from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid
+from gnnpar.advise.profile import flags_for
+
+# train flags that advise does not take: it chooses the strategy, and runs nothing to resume
+NOT_TAKEN = ("strategy", "resume", "checkpoint-every", "checkpoint-every-steps")
+NOT_TAKEN += ("max-restarts", "tensorboard", "max-steps", "replicas")
+# train flags that fix one axis of the grid (else the grid varies them)
+AXES = ("partitions", "sync-every", "average", "stages", "chunks", "schedule")
+AXES += ("batch-size", "loader-workers")
+
+_BANDWIDTH = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_LATENCY = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def parse_network(text: str) -> sim.Link:
+    """``10gbit,50us`` (tc's units: bit, kbit, mbit, gbit, tbit; s, ms, us, ns) -> a Link."""
+    m = re.fullmatch(
+        r"\s*([0-9]*\.?[0-9]+)\s*([a-z]+)\s*,\s*([0-9]*\.?[0-9]+)\s*([a-z]+)\s*", text.lower()
+    )
+    if not m or m.group(2) not in _BANDWIDTH or m.group(4) not in _LATENCY:
+        raise UsageError(
+            f"--network {text!r} is not BANDWIDTH,LATENCY; write it as tc does, e.g. "
+            "--network 10gbit,50us or 1gbit,1ms (bandwidth: bit, kbit, mbit, gbit, tbit; "
+            "one-way latency: s, ms, us, ns)."
+        )
+    bw = float(m.group(1)) * _BANDWIDTH[m.group(2)] / 8  # bytes per second
+    if bw <= 0:
+        raise UsageError(f"--network {text!r}: the bandwidth must be more than 0.")
+    return sim.Link(float(m.group(3)) * _LATENCY[m.group(4)], bw)
+
+
+def _positive(flags: dict, key: str) -> int | None:
+    raw = flags.get(key)
+    if raw is None:
+        return None
+    try:
+        n = int(str(raw))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"--{key} must be a whole number >= 1, got {raw!r}.")
+    return n
+
+
+@dataclass
+class Request:
+    base: dict[str, Any]  # flags every profiled configuration takes
+    fixed: dict[str, Any]  # grid axes the user fixed (underscored names)
+    cluster: ClusterSpec
+    strategies: tuple[str, ...]
+    threads: int
+    stragglers: sim.Stragglers
+    epochs: int
+    layers: int
+    out: Path
+    validate: bool
+    profile: str | None = None  # --profile: an earlier advice.json to simulate from
+    dataset: str = ""
+    model: str = ""
+    grid: list[Candidate] = field(default_factory=list)
+
+
+def parse_request(flags: dict[str, Any]) -> Request:
+    """The advise flags (dashed names, None where not given) as a checked :class:`Request`."""
+    from gnnpar.config.parse import coerce
+    from gnnpar.config.validate import build_config
+    from gnnpar.strategies import registry
+
+    flags = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
+    hosts = _positive(flags, "hosts")
+    per_host = _positive(flags, "ranks-per-host")
+    workers = _positive(flags, "workers")
+    if hosts is None:
+        if per_host is not None:
+            raise UsageError("--ranks-per-host describes a cluster: pass --hosts H with it.")
+        hosts, per_host = 1, workers or 1
+    else:
+        if workers is not None:
+            raise UsageError(
+                "--workers is the ranks on this one host; with --hosts give --ranks-per-host "
+                "instead (the cluster has hosts x ranks-per-host ranks)."
+            )
+        per_host = per_host or 1
+    network = None
+    if "network" in flags:
+        network = parse_network(flags["network"])
+    elif hosts > 1:
+        raise UsageError(
+            f"--hosts {hosts}: say what joins the hosts with --network BANDWIDTH,LATENCY, "
+            "e.g. --network 10gbit,50us."
+        )
+    cluster = ClusterSpec(hosts, per_host, network)
+    names = tuple(registry.names())
+    if "strategies" in flags:
+        asked = tuple(s.strip() for s in str(flags["strategies"]).split(",") if s.strip())
+        bad = [s for s in asked if s not in ALL]
+        if bad or not asked:
+            raise UsageError(
+                f"--strategies {flags['strategies']!r}: unknown {', '.join(bad) or 'list'}; "
+                f"give a comma-separated list of {', '.join(s for s in ALL if s in names)}."
+            )
+        strategies = asked
+    else:
+        strategies = DEFAULT
+    cores = os.cpu_count() or 1
+    threads = _positive(flags, "threads") or max(1, cores // per_host)
+    fixed: dict[str, Any] = {}
+    for key in AXES:
+        if key in flags:
+            fixed[key.replace("-", "_")] = coerce(key, flags[key])
+    slowdown = coerce("slowdown", flags["slowdown"]) if "slowdown" in flags else {}
+    jitter = coerce("jitter", flags["jitter"]) if "jitter" in flags else 0.0
+    if jitter < 0:
+        raise UsageError(f"--jitter must be >= 0, got {jitter}.")
+    bad_ranks = sorted(r for r in slowdown if r >= cluster.world)
+    if bad_ranks:
+        raise UsageError(
+            f"--slowdown names rank {bad_ranks[0]}, but the cluster has ranks "
+            f"0..{cluster.world - 1} ({hosts} hosts x {per_host} ranks)."
+        )
+    for f, v in slowdown.items():
+        if v < 1:
+            raise UsageError(f"--slowdown {f}={v}: a straggler's factor must be >= 1.")
+    taken = {k: v for k, v in flags.items() if k not in NOT_TAKEN}
+    for key in ("hosts", "ranks-per-host", "network", "strategies", "validate", "workers"):
+        taken.pop(key, None)
+    for key in ("profile",):
+        taken.pop(key, None)
+    base = {k: v for k, v in taken.items() if k not in AXES and k not in ("slowdown", "jitter")}
+    base["threads"] = threads
+    out = taken.pop("out", None)
+    base.pop("out", None)
+    cfg = build_config(None, flags_for(base, "sequential"))  # the common settings, checked
+    if cfg.model.name == "vig":
+        raise UsageError("gnnpar advise predicts graph training; --model vig trains on images.")
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = Path(cfg.data.dataset.rstrip("/")).stem.replace(":", "-") or "data"
+        out = f"runs/{stamp}-advise-{name}-{cfg.model.name}"
+    req = Request(
+        base,
+        fixed,
+        cluster,
+        strategies,
+        threads,
+        sim.Stragglers(slowdown, jitter, cfg.run.seed),
+        cfg.run.epochs,
+        cfg.model.layers,
+        Path(out),
+        bool(flags.get("validate")),
+        flags.get("profile"),
+        cfg.data.dataset,
+        cfg.model.name,
+    )
+    req.grid = checked_grid(req)
+    return req
+
+
+def candidate_flags(req: Request, c: Candidate) -> dict[str, Any]:
+    """The ``gnnpar train`` flags of one configuration (what --validate runs)."""
+    settings = {k.replace("_", "-"): v for k, v in c.settings.items()}
+    flags = flags_for(req.base, c.strategy, **settings)
+    flags["workers"] = c.world
+    if c.strategy in ("allreduce", "gossip", "gossip-bipartite", "sampled"):
+        s = req.stragglers
+        if s.slowdown:
+            flags["slowdown"] = ",".join(f"{r}={f:g}" for r, f in sorted(s.slowdown.items()))
+        if s.jitter:
+            flags["jitter"] = s.jitter
+    return flags
+
+
+def checked_grid(req: Request) -> list[Candidate]:
+    """The grid, every configuration checked as ``gnnpar train`` would check it."""
+    from gnnpar.config.validate import build_config
+    from gnnpar.strategies import registry
+
+    grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed)
+    kept = []
+    for c in grid:
+        flags = candidate_flags(req, c)
+        try:
+            cfg = build_config(None, flags)
+            spec = registry.get(c.strategy)
+            spec.check(cfg, spec.parallel_dims(cfg))
+        except UsageError as e:
+            if c.strategy in req.strategies and req.strategies != DEFAULT:
+                raise UsageError(f"--strategies {c.strategy} on this cluster: {e}") from None
+            continue  # a default strategy that does not apply here
+        kept.append(c)
+    if not kept:
+        raise UsageError(
+            f"No configuration of {', '.join(req.strategies)} applies to "
+            f"{req.cluster.world} rank(s); use more ranks or other --strategies."
+        )
+    return kept
+
+
+def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
+    """The whole command; returns advice.json's content."""
+    from gnnpar.advise import report
+    from gnnpar.advise.predict import predict, recommend
+    from gnnpar.advise.profile import take_profile
+    from gnnpar.run import check_out
+
+    req = parse_request(flags)
+    check_out(str(req.out))
+    needs = sorted({c.need() for c in req.grid} | {c.need() for c in _references(req)}, key=str)
+    comm = any(c.world > 1 for c in req.grid)
+    timeout = float(req.base.get("timeout", 120))
+    print(
+        f"gnnpar advise: {'checking' if req.profile else 'profiling'} {len(needs)} batch kinds"
+        f"{' and gloo between 2 ranks' if comm else ''} at {req.threads} thread(s)...",
+        flush=True,
+    )
+    workers = any(c.settings.get("loader_workers") for c in req.grid)
+    if req.profile is not None:
+        prof = reuse_profile(req, needs, comm)
+    else:
+        prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+    preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
+    rec = recommend(preds)
+    c = req.cluster
+    net = (
+        f", {c.network.bandwidth_Bps * 8 / 1e9:g} Gbit/s {c.network.latency_s * 1e6:g} us"
+        if c.network
+        else ""
+    )
+    title = (
+        f"{prof.dataset} {prof.model}, {c.hosts} host(s) x {c.ranks_per_host} rank(s){net}, "
+        f"{req.epochs} epochs; simulated from a profile taken on {prof.machine} "
+        f"({prof.cores} cores, {req.threads} thread(s) per rank) "
+        + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
+    )
+    report.print_table(preds, title, rec)
+    cluster = {
+        "hosts": c.hosts,
+        "ranks_per_host": c.ranks_per_host,
+        "network": None
+        if c.network is None
+        else {"bandwidth_Bps": c.network.bandwidth_Bps, "latency_s": c.network.latency_s},
+        "threads": req.threads,
+        "slowdown": {str(k): v for k, v in req.stragglers.slowdown.items()},
+        "jitter": req.stragglers.jitter,
+        "epochs": req.epochs,
+    }
+    content = report.advice(prof.profile_s, preds, rec, cluster, prof.to_dict())
+    if req.validate:
+        from gnnpar.advise.validate import validate
+
+        content["validation"] = validate(req, preds)
+    report.plot(preds, req.out / "advice.png", title)
+    report.write_json_atomic(content, req.out / "advice.json")
+    print(f"gnnpar: advice.json and advice.png in {req.out}")
+    return content
+
+
+def reuse_profile(req: Request, needs: list, comm: bool):
+    """``--profile FILE``: the profile of an earlier ``gnnpar advise`` (its advice.json), if it
+    measured everything this request needs, with the same dataset, model and threads."""
+    import json
+
+    from gnnpar.advise.profile import Profile
+
+    path = req.profile
+    try:
+        raw = json.loads(Path(path).read_text())["profile"]
+        prof = Profile(**raw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(
+            f"--profile {path}: not the advice.json of gnnpar advise ({type(e).__name__}: "
+            f"{str(e)[:120]}); give such a file, or leave --profile out to profile here."
+        ) from None
+    again = "run gnnpar advise without --profile (it profiles again)"
+    if (prof.dataset, prof.model) != (req.dataset, req.model):
+        raise UsageError(
+            f"--profile {path} was taken for --dataset {prof.dataset} --model {prof.model}, "
+            f"not {req.dataset} {req.model}: {again}."
+        )
+    if prof.threads != req.threads:
+        raise UsageError(
+            f"--profile {path} was taken at {prof.threads} thread(s) per rank, this request "
+            f"asks for {req.threads}: pass --threads {prof.threads}, or {again}."
+        )
+    missing = [n for n in needs if not _has(prof, n)]
+    if comm and not prof.comm:
+        missing.append("gloo between two ranks")
+    if missing:
+        raise UsageError(
+            f"--profile {path} lacks what this grid needs ({', '.join(map(str, missing[:3]))}"
+            f"{' ...' if len(missing) > 3 else ''}): {again}, or narrow --strategies."
+        )
+    prof.profile_s = 0.0  # nothing was profiled for this request
+    return prof
+
+
+def _has(prof, n) -> bool:
+    if n.kind == "full":
+        return prof.full_step_s is not None
+    if n.kind == "parts":
+        return str(n.partitions) in prof.parts_step_s
+    if n.kind == "sampled":
+        return str(n.batch_size) in prof.sampled
+    return f"{n.replicas}x{n.stages}x{n.chunks}" in prof.pipeline
+
+
+def _references(req: Request) -> list[Candidate]:
+    """What the speed-ups are measured against: the same batches on one rank."""
+    from gnnpar.advise.predict import _one_rank
+
+    return [_one_rank(c) for c in req.grid]

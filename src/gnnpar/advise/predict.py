@@ -1,0 +1,363 @@
+"""The grid of configurations ``gnnpar advise`` considers, and each one simulated from a profile.
+
+A :class:`Candidate` is one ``gnnpar train`` run on the described cluster: a strategy and its
+settings (``gnnpar train``'s flag names, as advice.json's contract says). :func:`build_grid`
+makes the default grid (every strategy that applies, over a small grid of its settings; a
+setting the user gave is kept fixed). :func:`predict` turns a candidate and a
+:class:`~gnnpar.advise.profile.Profile` into the inputs of the strategy's simulation
+(:mod:`gnnpar.advise.simulate`) with gnnpar's own assignment of batches to ranks: the static
+deal of :func:`~gnnpar.training.sources.assign_parts` and :func:`~gnnpar.training.sources.epoch_order`
+(allreduce), the pool's order of :meth:`~gnnpar.parallel.gossip.pool.WorkPool.order` (gossip),
+:func:`~gnnpar.data.sampling.loader.shard_plan` (sampled).
+
+Cores. The hosts are taken to be like this machine (its core count). Where the ranks of a
+host ask for more cores than it has (``ranks x (threads + busy loader workers)``), every step
+on that host is slowed by the ratio (time-sharing); a loader worker counts as busy for the
+share of a step it spends making batches. Where a host runs several ranks, their steps are
+slowed further by the factor measured in a real two-rank run here (``comm["corun_factor"]``,
+:func:`gnnpar.advise.profile._corun_factor`: 1.0-2.9 on this 2-vCPU machine, the two vCPUs
+sharing one core's resources), whatever the number of ranks per host.
+
+Memory per rank: the bare rank measured here plus :func:`gnnpar.runtime.footprint.estimate_bytes`
+for the run (a lower bound: see there), a pipeline stage holding its share of the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnnpar.advise import simulate as sim
+from gnnpar.advise.profile import Need, Profile
+
+# The default grid (issue 22): the settings the studies vary
+SYNC_EVERY = (1, 20)
+CHUNKS = (2, 4)
+BATCH_SIZES = (512, 1024)
+LOADER_WORKERS = (0, 2)
+STRAGGLING = ("allreduce", "gossip", "gossip-bipartite", "sampled")  # read --slowdown/--jitter
+ALL = ("sequential", "allreduce", "gossip", "gossip-bipartite", "pipeline", "hybrid", "sampled")
+DEFAULT = ("sequential", "allreduce", "gossip", "pipeline", "hybrid", "sampled")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    hosts: int
+    ranks_per_host: int
+    network: sim.Link | None = None  # between hosts
+
+    @property
+    def world(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+
+@dataclass
+class Candidate:
+    strategy: str
+    settings: dict[str, Any]
+    world: int
+
+    def key(self) -> tuple:
+        return (self.strategy, tuple(sorted(self.settings.items())), self.world)
+
+    def label(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.settings.items()]
+        return f"{self.strategy}({', '.join(parts)})" if parts else self.strategy
+
+    def need(self) -> Need:
+        s = self.settings
+        if self.strategy == "sequential":
+            return Need("parts", partitions=s["partitions"]) if "partitions" in s else Need("full")
+        if self.strategy in ("allreduce", "gossip", "gossip-bipartite"):
+            return Need("parts", partitions=s["partitions"])
+        if self.strategy == "sampled":
+            return Need("sampled", batch_size=s["batch_size"])
+        replicas = s.get("replicas", 1)
+        return Need("pipeline", replicas=replicas, stages=s["stages"], chunks=s["chunks"])
+
+
+@dataclass
+class Prediction:
+    candidate: Candidate
+    epoch_s: float
+    train_time_s: float
+    speedup: float
+    peak_bytes_per_rank: int
+    bytes_on_network: float  # between hosts (one host: between ranks), whole run
+    wait_share: float  # of the ranks' time, blocked on others or on data
+    result: sim.SimResult = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.candidate
+        return {
+            "strategy": c.strategy,
+            "settings": dict(c.settings),
+            "epoch_s": self.epoch_s,
+            "train_time_s": self.train_time_s,
+            "speedup": self.speedup,
+            "peak_bytes_per_rank": self.peak_bytes_per_rank,
+            "workers": c.world,
+            "bytes_on_network": self.bytes_on_network,
+            "wait_share": self.wait_share,
+        }
+
+
+def build_grid(
+    strategies: tuple[str, ...],
+    world: int,
+    layers: int,
+    fixed: dict[str, Any],
+) -> list[Candidate]:
+    """Every configuration of ``strategies`` on ``world`` ranks; ``fixed``: settings the user
+    gave (flag names with underscores), which replace that setting's grid."""
+
+    def axis(name: str, default) -> tuple:
+        return (fixed[name],) if fixed.get(name) is not None else tuple(default)
+
+    parts = axis("partitions", (max(8, 2 * world),))
+    out: list[Candidate] = []
+    for name in strategies:
+        if name == "sequential":
+            out.append(Candidate(name, {}, 1))
+            out += [Candidate(name, {"partitions": p}, 1) for p in parts]
+        elif name in ("allreduce", "gossip", "gossip-bipartite"):
+            if world < 2:
+                continue
+            for p in parts:
+                for k in axis("sync_every", SYNC_EVERY):
+                    settings = {"partitions": p, "sync_every": k}
+                    if fixed.get("average"):
+                        settings["average"] = fixed["average"]
+                    out.append(Candidate(name, settings, world))
+        elif name == "pipeline":
+            if 2 <= world <= layers:
+                for m in axis("chunks", CHUNKS):
+                    if fixed.get("schedule") == "1f1b" and m < world:
+                        continue
+                    out.append(Candidate(name, _pipe(world, m, 1, fixed), world))
+        elif name == "hybrid":
+            for stages in axis("stages", range(2, layers + 1)):
+                if world % stages or world // stages < 2:
+                    continue
+                for m in axis("chunks", CHUNKS):
+                    out.append(Candidate(name, _pipe(stages, m, world // stages, fixed), world))
+        elif name == "sampled":
+            for bs in axis("batch_size", BATCH_SIZES):
+                for w in axis("loader_workers", LOADER_WORKERS):
+                    out.append(Candidate(name, {"batch_size": bs, "loader_workers": w}, world))
+    unique: dict[tuple, Candidate] = {}
+    for c in out:
+        unique.setdefault(c.key(), c)
+    return list(unique.values())
+
+
+def _pipe(stages: int, chunks: int, replicas: int, fixed: dict[str, Any]) -> dict[str, Any]:
+    s: dict[str, Any] = {"stages": stages, "chunks": chunks}
+    if replicas > 1:
+        s["replicas"] = replicas
+    if fixed.get("schedule"):
+        s["schedule"] = fixed["schedule"]
+    return s
+
+
+def make_cluster(spec: ClusterSpec, prof: Profile, world: int) -> sim.Cluster:
+    """The cluster for a run of ``world`` ranks: one rank is one host; else the spec's."""
+    comm = prof.comm
+    ring = sim.Link(*comm["ring_step"]) if comm else sim.Link(0.0, math.inf)
+    p2p = sim.Link(*comm["p2p_link"]) if comm else sim.Link(0.0, math.inf)
+    if world == 1:
+        return sim.Cluster(1, 1, ring, p2p)
+    return sim.Cluster(spec.hosts, spec.ranks_per_host, ring, p2p, spec.network)
+
+
+def predict(
+    c: Candidate,
+    prof: Profile,
+    spec: ClusterSpec,
+    stragglers: sim.Stragglers,
+    epochs: int,
+) -> Prediction:
+    res = simulate(c, prof, spec, stragglers, epochs)
+    one = simulate(_one_rank(c), prof, spec, sim.NONE, epochs)
+    busy, wait = sum(res.busy_s), sum(res.wait_s)
+    cluster = make_cluster(spec, prof, c.world)
+    moved = res.bytes_between_hosts if cluster.hosts > 1 else res.bytes_moved
+    return Prediction(
+        c,
+        res.mean_epoch_s,
+        res.train_time_s,
+        one.train_time_s / res.train_time_s if res.train_time_s > 0 else math.inf,
+        memory_per_rank(c, prof),
+        moved,
+        wait / (busy + wait) if busy + wait > 0 else 0.0,
+        res,
+    )
+
+
+def _one_rank(c: Candidate) -> Candidate:
+    """The same batches on one rank: the speed-up's reference."""
+    s = c.settings
+    if c.strategy in ("allreduce", "gossip", "gossip-bipartite"):
+        return Candidate("sequential", {"partitions": s["partitions"]}, 1)
+    if c.strategy in ("pipeline", "hybrid"):
+        return Candidate("sequential", {}, 1)
+    if c.strategy == "sampled":
+        return Candidate("sampled", dict(s), 1)
+    return c
+
+
+def memory_per_rank(c: Candidate, prof: Profile) -> int:
+    n = c.need()
+    key = {
+        "full": "full",
+        "parts": f"parts{n.partitions}",
+        "sampled": f"sampled{n.batch_size}",
+        "pipeline": f"pipeline{n.replicas}x{n.stages}x{n.chunks}",
+    }[n.kind]
+    est = prof.memory.get(key, {})
+    need = sum(est.values())
+    if n.kind == "pipeline":
+        need = math.ceil(need / n.stages)
+    return int(prof.base_rss_bytes + need)
+
+
+def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> float:
+    """Steps of a host with ``ranks_per_host`` busy ranks against the profile's lone process:
+    time-sharing where they ask for more cores than there are, times the slowdown measured
+    with two ranks training at once (shared cores, SMT siblings, memory bandwidth)."""
+    demand = ranks_per_host * (prof.threads + busy_workers)
+    share = max(1.0, demand / max(prof.cores, 1))
+    corun = prof.comm.get("corun_factor", 1.0) if ranks_per_host > 1 else 1.0
+    return share * corun
+
+
+def simulate(
+    c: Candidate, prof: Profile, spec: ClusterSpec, stragglers: sim.Stragglers, epochs: int
+) -> sim.SimResult:
+    from gnnpar.data.sampling.loader import shard_plan
+    from gnnpar.parallel.gossip.pool import WorkPool
+    from gnnpar.training.sources import assign_parts, epoch_order
+
+    cluster = make_cluster(spec, prof, c.world)
+    per_host = cluster.ranks_per_host
+    s, seed, world = c.settings, prof.seed, c.world
+    strag = stragglers if c.strategy in STRAGGLING else sim.NONE
+    loop = prof.loop_step_s  # the training loop's own share of every step
+    if c.strategy == "sequential":
+        f = _slowdown(prof, 1)
+        if "partitions" in s:
+            steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+        else:
+            steps = [prof.full_step_s * f + loop]
+        return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
+    if c.strategy == "allreduce":
+        f = _slowdown(prof, per_host)
+        part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+        n = len(part_s)
+        deal = assign_parts(n, world, seed)
+        steps = math.ceil(n / world)
+        compute = []
+        for r in range(world):
+            epochs_r = []
+            for e in range(epochs):
+                order = epoch_order(deal[r], seed, e, r)
+                times: list[float | None] = [part_s[p] for p in order]
+                epochs_r.append(times + [None] * (steps - len(times)))
+            compute.append(epochs_r)
+        return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag)
+    if c.strategy in ("gossip", "gossip-bipartite"):
+        f = _slowdown(prof, per_host)
+        part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+        pool = WorkPool(None, "", len(part_s), epochs, seed)
+        positions = [part_s[i] for e in range(epochs) for i in pool.order(e)]
+        rtt = prof.comm.get("store_rtt_s", 0.0)
+        lat = cluster.network.latency_s if cluster.network else 0.0
+        # per step: one take from the pool, one look at its own key, a quarter of a publish;
+        # the store lives with rank 0
+        overhead = [2.25 * (rtt + 2 * lat * (cluster.host(r) != 0)) for r in range(world)]
+        return sim.gossip(
+            cluster,
+            positions,
+            epochs,
+            s["sync_every"],
+            prof.param_bytes,
+            seed,
+            strag,
+            bipartite=c.strategy == "gossip-bipartite",
+            step_overhead_s=overhead,
+        )
+    if c.strategy in ("pipeline", "hybrid"):
+        replicas = s.get("replicas", 1)
+        p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]
+        f = _slowdown(prof, per_host)
+        o = pipeline_op_overhead_s(prof, s["chunks"])
+        return sim.pipeline(
+            cluster,
+            [[t * f + o for t in row] for row in p["fwd_s"]],
+            [[t * f + o for t in row] for row in p["bwd_s"]],
+            p["act_bytes"],
+            epochs,
+            s.get("schedule", "gpipe"),
+            [t * f + loop for t in p["opt_s"]],
+            replicas,
+            p["grad_bytes"],
+        )
+    if c.strategy == "sampled":
+        b = prof.sampled[str(s["batch_size"])]
+        w = s["loader_workers"]
+        _, steps = shard_plan(prof.num_train, world, s["batch_size"])
+        busy = min(w, b["sample_s"] / max(b["compute_s"], 1e-9)) if w else 0.0
+        f = _slowdown(prof, per_host, busy)
+        sample = b["sample_s"] if w else b["main_sample_s"]
+        return sim.sampled(
+            cluster,
+            steps,
+            epochs,
+            b["compute_s"] * f + loop,
+            sample * f,
+            w,
+            prof.param_bytes,
+            strag,
+            start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
+        )
+    raise ValueError(f"gnnpar advise cannot simulate --strategy {c.strategy}")
+
+
+def pipeline_op_overhead_s(prof: Profile, chunks: int) -> float:
+    """What torch.distributed.pipelining adds to each forward or backward of a micro-batch
+    (the stage's bookkeeping, the schedule, autograd across the cut), calibrated once: a real
+    two-stage step measured here (``comm["pipeline_step_s"]``, the closest micro-batch count)
+    against its simulation from the bare per-block times; the difference, spread over the
+    ``2 (M + S - 1)`` operations on the critical path. 0 where none was measured."""
+    measured = prof.comm.get("pipeline_step_s") or {}
+    if not measured:
+        return 0.0
+    key = min(measured, key=lambda k: abs(int(k.split("x")[2]) - chunks))
+    p, m = prof.pipeline[key], int(key.split("x")[2])
+    comm = prof.comm
+    two = sim.Cluster(1, 2, sim.Link(*comm["ring_step"]), sim.Link(*comm["p2p_link"]))
+    bare = sim.pipeline(two, p["fwd_s"], p["bwd_s"], p["act_bytes"], 1, "gpipe", p["opt_s"])
+    return max(0.0, (measured[key] - bare.train_time_s) / (2 * (m + 1)))
+
+
+def recommend(preds: list[Prediction]) -> dict[str, Any]:
+    ranked = sorted(preds, key=lambda p: p.train_time_s)
+    best = ranked[0]
+    why = (
+        f"shortest predicted training time: {best.train_time_s:.3g} s "
+        f"({best.epoch_s:.3g} s per epoch, {best.speedup:.2f}x over the same batches on one "
+        f"rank); {best.wait_share:.0%} of the ranks' time is spent waiting on others or data"
+    )
+    if len(ranked) > 1:
+        nxt = ranked[1]
+        gap = nxt.train_time_s / best.train_time_s - 1
+        why += f"; next: {nxt.candidate.label()}, {gap:.0%} slower"
+    slow = [p for p in ranked if p.wait_share > 0.5]
+    if slow:
+        why += f"; {len(slow)} configuration(s) wait more than half the time (communication)"
+    return {
+        "strategy": best.candidate.strategy,
+        "settings": dict(best.candidate.settings),
+        "why": why,
+    }

@@ -1,0 +1,594 @@
+"""The short profile ``gnnpar advise`` simulates from, taken here with gnnpar's own code paths.
+
+Every batch is the one the strategy would train, built by the strategy's own parts: the full
+graph and the Cluster-GCN subgraphs through ``sequential``'s plan (``SPEC.build``: the real
+model, loss, optimizer and partitions), neighbour-sampled batches through ``sampled``'s plan
+(its :class:`~gnnpar.data.sampling.loader.SampledBatches` over the shared graph file), pipeline
+micro-batches through :class:`~gnnpar.parallel.pipeline.batches.GraphMicroBatches` and the
+stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is measured:
+
+* one training step (forward, backward, optimizer step) of each batch kind at ``--threads``:
+  the full graph, every subgraph of each ``--partitions`` in the grid, a few sampled batches per
+  ``--batch-size``, and each pipeline stage's forward and backward per micro-batch;
+* making a sampled batch (sampling and feature gather) in one thread, as a loader worker does;
+* bytes per exchange: the gradients or parameters (all-reduce, gossip), each stage's
+  activations (pipeline);
+* gloo on this machine between two ranks started by gnnpar's launcher: all-reduce and a
+  point-to-point exchange against size, and a store round trip (the gossip pool and pairing);
+  fitted to ``latency + bytes / bandwidth``;
+* memory: the bare rank's resident memory here, and this process's peak.
+
+Each timing is the mean of several repetitions after one warm-up, the repetitions of a set of
+batches taken round-robin: an epoch's time is a sum of step times, whose expectation is the sum
+of their means, and on a shared machine a step's time has a long tail (another process takes
+the core for a while) that a median or a minimum would leave out; measured on Cora's 8
+subgraphs, the median step was 1.6-1.9 ms both here and in ``gnnpar train``, whose epochs
+nevertheless averaged 2.7-2.9 ms per step.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from gnnpar.config.validate import build_config
+
+REPEATS = 5
+ROUNDS = 15  # round-robin repetitions of a set of batches (fewer when a round is long)
+SAMPLED_BATCHES = 4  # sampled batches timed per batch size
+COMM_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
+COMM_REPEATS = 9
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing to measure: ``kind`` full | parts | sampled | pipeline, with its settings."""
+
+    kind: str
+    partitions: int = 0
+    batch_size: int = 0
+    replicas: int = 1
+    stages: int = 1
+    chunks: int = 1
+
+
+@dataclass
+class Profile:
+    machine: str
+    cores: int
+    threads: int
+    dataset: str
+    model: str
+    epochs: int
+    seed: int
+    num_nodes: int
+    num_train: int
+    param_bytes: int
+    base_rss_bytes: int  # a bare rank here (python, torch, gnnpar, the dataset)
+    peak_rss_bytes: int = 0  # this process at the end of the profile
+    full_step_s: float | None = None
+    loop_step_s: float = 0.0  # what the training loop adds to every step
+    loader_start_s: float = 0.0  # a loader worker process's start, to its first batch
+    parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
+    sampled: dict[str, dict[str, Any]] = field(default_factory=dict)  # str(B) -> ...
+    pipeline: dict[str, dict[str, Any]] = field(default_factory=dict)  # "RxSxM" -> ...
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)  # need key -> estimate
+    comm: dict[str, Any] = field(default_factory=dict)
+    profile_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def current_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def mean_time(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
+    fn()  # warm-up: allocator, autograd graph, lazy initialisation
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.fmean(times)
+
+
+def interleaved_times(
+    fns: list[Callable[[], Any]], rounds: int = ROUNDS, budget_s: float = 10.0
+) -> list[float]:
+    """Mean seconds of each of ``fns``, timed round-robin after one warm-up round: a burst
+    of load from another process then slows one round of every batch a little instead of every
+    repetition of one batch (which would make that batch look slow for good). Fewer rounds
+    when one round takes more than ``budget_s / rounds``."""
+    times: list[list[float]] = [[] for _ in fns]
+    t0 = time.perf_counter()
+    for fn in fns:
+        fn()
+    first = time.perf_counter() - t0
+    rounds = max(1, min(rounds, int(budget_s / max(first, 1e-9))))
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t)
+    return [statistics.fmean(t) for t in times]
+
+
+def flags_for(base: dict[str, Any], strategy: str, **settings: Any) -> dict[str, Any]:
+    """``gnnpar train`` flags of ``strategy`` with ``settings``: ``base`` without the strategy
+    settings this strategy does not read (``gnnpar train`` would refuse them)."""
+    from gnnpar.config.validate import NEEDS, STRATEGY_KEYS
+    from gnnpar.strategies import registry
+
+    reads = registry.get(strategy).reads
+    flags = {k: v for k, v in base.items() if k not in STRATEGY_KEYS or k in reads}
+    flags.update({"strategy": strategy, "quiet": True, "eval-every": 0})
+    flags.update({k.replace("_", "-"): v for k, v in settings.items() if v is not None})
+    for key, needed in NEEDS.items():
+        if needed not in flags:
+            flags.pop(key, None)
+    return flags
+
+
+def _plan(flags: dict[str, Any], ds):
+    """The strategy's own plan, built in this process as rank 0 of ``--workers``."""
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.strategies import registry
+
+    cfg = build_config(None, flags)
+    spec = registry.get(cfg.strategy.name)
+    dims = spec.parallel_dims(cfg, 1)
+    return cfg, spec.build(cfg, ds, DistContext(), dims)
+
+
+def _train_step(plan) -> Callable[[Any], Callable[[], None]]:
+    def one(batch):
+        def run() -> None:
+            plan.optimizer.zero_grad(set_to_none=True)
+            loss = plan.step(batch)
+            plan.optimizer.step()
+            float(loss)
+
+        return run
+
+    return one
+
+
+def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool, prof: Profile):
+    """The full graph and every subgraph of each partition count, through sequential's plan."""
+    if full:
+        cfg, plan = _plan(flags_for(base, "sequential"), ds)
+        (batch,) = plan.source.batches
+        (prof.full_step_s,) = interleaved_times([_train_step(plan)(batch)])
+        prof.memory["full"] = _estimate(cfg, ds)
+    for p in sorted(set(partitions)):
+        cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
+        step = _train_step(plan)
+        prof.parts_step_s[str(p)] = interleaved_times([step(b) for b in plan.source.batches])
+        prof.memory[f"parts{p}"] = _estimate(cfg, ds)
+
+
+def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
+    """What the one training loop adds to each step (source, progress, metrics line, step
+    bookkeeping): the real loop (:func:`gnnpar.training.loop.train`) over sequential's plan
+    with its step replaced by nothing, writing its metrics to ``out`` as a run does."""
+    from dataclasses import replace
+
+    from gnnpar.training.loop import train
+    from gnnpar.training.sources import ShuffledBatches
+
+    flags = flags_for(base, "sequential")
+    flags.update({"epochs": 1, "out": out})
+    cfg, plan = _plan(flags, ds)
+    zero = torch.zeros(())
+    idle = replace(
+        plan,
+        source=ShuffledBatches([ds.data] * steps, 1, cfg.run.seed, None),
+        step=lambda batch: zero,
+    )
+    outcome = train(cfg, idle)
+    return statistics.fmean(outcome.ranks[0].step_times)
+
+
+def _worker_start_s(batches, sample_s: float) -> float:
+    """Seconds from starting a loader with one worker process (gnnpar's build_loader) to its
+    first batch, less the batch's own making: the worker's start-up. Timed on a second loader:
+    the first also starts multiprocessing's fork server (once per process; in a run that
+    happens while the rank builds its model), which would count ~1 s too many here."""
+    from gnnpar.data.sampling.loader import build_loader
+
+    start = 0.0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        loader = build_loader(batches, 1, 1, timeout_s=120)
+        it = iter(loader)
+        next(it)
+        start = time.perf_counter() - t0 - sample_s
+        del it, loader
+    return max(0.0, start)
+
+
+def profile_sampled(
+    base: dict, ds, batch_sizes: Iterable[int], prof: Profile, workers: bool = False
+) -> None:
+    """A few of sampled's own batches per batch size: making each in one thread (a loader
+    worker) and training it at the run's threads."""
+    for bs in sorted(set(batch_sizes)):
+        cfg, plan = _plan(flags_for(base, "sampled", batch_size=bs), ds)
+        try:
+            batches = plan.source.batches
+            n = min(SAMPLED_BATCHES, batches.steps)
+            sample, compute, first = [], [], 0.0
+            for i in range(n):
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                t0 = time.perf_counter()
+                batches[i]  # warm; the first maps the graph file and builds the sampler
+                first = first or time.perf_counter() - t0
+                t0 = time.perf_counter()
+                b = batches[i]
+                data = b.to_data()
+                sample.append(time.perf_counter() - t0)
+                torch.set_num_threads(threads)
+                compute.append(mean_time(_train_step(plan)(data)))
+            t0 = time.perf_counter()  # the rank making a batch itself (W = 0) at its threads
+            plan.source.batches[0].to_data()
+            main = time.perf_counter() - t0
+            if workers:  # a loader worker's start: a process, so only where processes may start
+                prof.loader_start_s = _worker_start_s(batches, statistics.fmean(sample))
+        finally:
+            plan.source.close()
+        prof.sampled[str(bs)] = {
+            "sample_s": statistics.fmean(sample),
+            "main_sample_s": main,
+            "compute_s": statistics.fmean(compute),
+            "first_batch_s": max(0.0, first - statistics.fmean(sample)),
+            "fanouts": list(cfg.strategy.fanouts),
+        }
+        prof.memory[f"sampled{bs}"] = _estimate(cfg, ds)
+
+
+def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof: Profile):
+    """Each stage's forward and backward per micro-batch (every stage on this process, one at
+    a time), the activation bytes at each cut, the optimizer step per stage."""
+    from gnnpar.models import build_model
+    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, StagePlace
+    from gnnpar.parallel.pipeline.stages import bounds, profile_blocks, split_by_cost
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.seeding import seed_everything
+
+    for replicas, stages, chunks in sorted(set(shapes)):
+        strategy = "hybrid" if replicas > 1 else "pipeline"
+        extra = {"replicas": replicas} if replicas > 1 else {}
+        flags = flags_for(base, strategy, stages=stages, chunks=chunks, **extra)
+        flags["workers"] = replicas * stages
+        cfg = build_config(None, flags)
+        seed_everything(cfg.run.seed)
+        model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+        job = GraphMicroBatches(cfg, ds, StagePlace(replicas, stages, 0, 0))
+        x0, ei0 = job.probe()
+        balance = cfg.strategy.balance or split_by_cost(profile_blocks(model, x0, ei0), stages)
+        plan = job.train_plan
+        fwd = [[0.0] * chunks for _ in range(stages)]
+        bwd = [[0.0] * chunks for _ in range(stages)]
+        act: list[float] = [0.0] * (stages - 1)
+        for m in range(chunks):
+            one = type(plan)(plan.batches[m : m + 1], plan.size, plan.num_nodes, plan.mode, 1)
+            x, edge_index = one.features(ds.data.x), plan.batches[m].edge_index
+            for s, (lo, hi) in enumerate(bounds(balance)):
+                f, b, x = _stage_times(model, lo, hi, s == 0, s == stages - 1, x, edge_index)
+                fwd[s][m], bwd[s][m] = f, b
+                if s < stages - 1:
+                    act[s] = float(x.numel() * x.element_size())
+        opt = build_optimizer(cfg, model.parameters())
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt_s = mean_time(opt.step)
+        counts = [0] * stages
+        for s, (lo, hi) in enumerate(bounds(balance)):
+            mods = [*model.blocks[lo:hi]] + ([model.stem] if s == 0 else [])
+            mods += [model.head] if s == stages - 1 else []
+            counts[s] = sum(p.numel() for mod in mods for p in mod.parameters())
+        total = max(sum(counts), 1)
+        prof.pipeline[f"{replicas}x{stages}x{chunks}"] = {
+            "balance": list(balance),
+            "fwd_s": fwd,
+            "bwd_s": bwd,
+            "act_bytes": act,
+            "opt_s": [opt_s * c / total for c in counts],
+            "grad_bytes": [4.0 * c for c in counts],
+        }
+        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = _estimate(cfg, ds)
+
+
+def _stage_times(model, lo: int, hi: int, first: bool, last: bool, x, edge_index):
+    """(forward s, backward s, output) of blocks [lo, hi) on one micro-batch."""
+    inp = x.detach().requires_grad_(x.is_floating_point() and not first)
+
+    def forward():
+        h = model.stem(inp) if first else inp
+        for block in model.blocks[lo:hi]:
+            h = block(h, edge_index)
+        return model.head(h) if last else h
+
+    f = mean_time(forward)
+    outs = [forward() for _ in range(REPEATS + 1)]
+    times = []
+    for out in outs:
+        t0 = time.perf_counter()
+        out.backward(torch.ones_like(out))
+        times.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        out = forward()
+    return f, statistics.fmean(times[1:]), out
+
+
+def _estimate(cfg, ds) -> dict[str, int]:
+    from gnnpar.runtime.footprint import estimate_bytes
+
+    return estimate_bytes(cfg, ds, 1)
+
+
+# ---------------------------------------------------------------- gloo between two ranks
+def comm_rank(
+    sizes: tuple[int, ...],
+    repeats: int,
+    timeout_s: float,
+    pipelines: list[tuple[str, dict]],
+    corun: dict | None,
+    log_dir: str,
+) -> dict | None:
+    """One of two ranks started by gnnpar's launcher: all-reduce and pairwise exchange
+    (``isend`` + ``irecv``, as gossip's) of each size, store round trips, and one real step of
+    each two-stage pipeline in ``pipelines`` (``(key, train flags)``)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from gnnpar.runtime import dist as gdist
+
+    ctx = gdist.setup(timeout_s)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    out: dict[str, list] = {"allreduce": [], "p2p": []}
+    try:
+        other = 1 - ctx.rank
+        for n in sizes:
+            t = torch.ones(max(1, n // 4))
+            got = torch.empty_like(t)
+
+            def allreduce(t=t):
+                dist.all_reduce(t)
+
+            def exchange(t=t, got=got):
+                sent, recv = dist.isend(t, other), dist.irecv(got, other)
+                recv.wait(timeout=timeout)
+                sent.wait(timeout=timeout)
+
+            for name, fn in (("allreduce", allreduce), ("p2p", exchange)):
+                dist.barrier()
+                out[name].append([n, mean_time(fn, repeats)])
+        dist.barrier()
+        key = "advise/rtt"
+        rtt = mean_time(lambda: ctx.store.add(key, 1), repeats * 4)
+        got = [None, None]
+        dist.all_gather_object(got, rtt)
+        out["store_rtt_s"] = max(got)
+        out["pipeline_step_s"] = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
+        out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else 1.0
+        return out if ctx.rank == 0 else None
+    finally:
+        gdist.teardown()
+
+
+def _pipeline_step_s(flags: dict, ctx) -> float:
+    """Median seconds of a real step (schedule and optimizer) of pipeline's own plan."""
+    import torch.distributed as dist
+
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.parallel import collectives
+    from gnnpar.strategies import registry
+
+    cfg = build_config(None, flags)
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    spec = registry.get(cfg.strategy.name)
+    plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+    batch = plan.source.batch
+
+    def step() -> None:
+        plan.optimizer.zero_grad(set_to_none=True)
+        plan.step(batch)
+        plan.optimizer.step()
+
+    dist.barrier()
+    t = mean_time(step, REPEATS + 2)
+    return max(collectives.gather_to_all(t))
+
+
+def _corun_factor(flags: dict, ctx) -> float:
+    """How much slower a step is in a real two-rank run than alone: allreduce's own plan on
+    both ranks (its dealt subgraphs, rebuilt every step as ``DealtPartitions`` does; its
+    all-reduce every step) for two epochs, each step's time without the all-reduce, against
+    the same subgraphs' steps timed by rank 0 alone first. What it covers: the two ranks
+    sharing cores (SMT siblings) and memory bandwidth, gloo's and the heartbeat's threads."""
+    import torch.distributed as dist
+
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.parallel import collectives
+    from gnnpar.strategies import registry
+
+    cfg = build_config(None, flags)
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    spec = registry.get("allreduce")
+    plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+    opt, sync = plan.optimizer, plan.sync
+    dist.barrier()
+    alone: list[float] = []
+    if ctx.rank == 0:  # the same kind of steps, the other rank idle at the barrier
+        mine = [plan.source.graph.batch(p) for p in plan.source.mine]
+        alone = interleaved_times([_train_step(plan)(b) for b in mine], budget_s=5.0)
+    dist.barrier()
+    both: list[float] = []
+    for e in range(2):
+        sync.start_epoch()
+        batches = plan.source.epoch(e)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, StopIteration)
+            if batch is StopIteration:
+                break
+            opt.zero_grad(set_to_none=True)
+            if batch is not None:
+                float(plan.step(batch))
+            t1 = time.perf_counter()
+            stepped = sync.after_backward(batch is not None)
+            t2 = time.perf_counter()
+            if stepped:
+                opt.step()
+            if batch is not None and e > 0:  # the first epoch warms up
+                both.append(time.perf_counter() - t2 + t1 - t0)
+        sync.end_epoch()
+    everyone = collectives.gather_to_all((alone, both))
+    solo = statistics.fmean(everyone[0][0]) if everyone[0][0] else 0.0
+    busy = [t for _, b in everyone for t in b]
+    return max(1.0, statistics.fmean(busy) / solo) if solo and busy else 1.0
+
+
+def profile_comm(
+    timeout_s: float,
+    prof: Profile,
+    threads: int,
+    pipelines: list[tuple[str, dict]] = (),
+    corun: dict | None = None,
+) -> None:
+    from gnnpar.runtime.launch import launch
+
+    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines), corun)
+    out = launch(comm_rank, args, 2, timeout_s, threads=threads)[0]
+    # a 2-rank ring all-reduce is 2 steps of bytes / 2: t = 2 a + bytes * b
+    a, b = _line(out["allreduce"])
+    ring = (a / 2, 1.0 / b)
+    pa, pb = _line(out["p2p"])
+    prof.comm = {
+        "allreduce": out["allreduce"],
+        "p2p": out["p2p"],
+        "ring_step": ring,  # (latency s, bandwidth B/s) of one ring step
+        "p2p_link": (pa, 1.0 / pb),
+        "store_rtt_s": out["store_rtt_s"],
+        "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
+        "corun_factor": out["corun_factor"],  # a step in a real 2-rank run / alone
+    }
+
+
+def _line(points: list[list[float]]) -> tuple[float, float]:
+    """``t = a + b * bytes`` fitted to relative error (weights 1 / t^2): an ordinary least
+    squares fit is ruled by the largest messages and leaves the latency, which rules the small
+    ones (a GCN's gradients are ~100 KB), anywhere, even negative. Both kept positive."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    w = [1.0 / max(y, 1e-9) ** 2 for y in ys]
+    sw = sum(w)
+    mx = sum(wi * x for wi, x in zip(w, xs)) / sw
+    my = sum(wi * y for wi, y in zip(w, ys)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, xs))
+    b = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, xs, ys)) / sxx if sxx else 0.0
+    b = max(b, 1e-12)
+    return max(my - b * mx, 1e-7), b
+
+
+def take_profile(
+    base: dict[str, Any],
+    needs: Iterable[Need],
+    threads: int,
+    comm: bool,
+    timeout_s: float,
+    loader_workers: bool = False,
+) -> Profile:
+    """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them);
+    ``loader_workers``: also a loader worker's start-up (starts one)."""
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
+
+    t_start = time.perf_counter()
+    needs = list(needs)
+    cfg = build_config(None, flags_for(base, "sequential"))
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
+    if ds.kind != "graph":
+        from gnnpar import UsageError
+
+        raise UsageError(
+            f"gnnpar advise predicts graph training; '{d.dataset}' holds images (ViG)."
+        )
+    shapes: list[tuple[int, int, int]] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
+        prof = Profile(
+            machine=cpu_model(),
+            cores=os.cpu_count() or 1,
+            threads=threads,
+            dataset=d.dataset,
+            model=cfg.model.name,
+            epochs=cfg.run.epochs,
+            seed=cfg.run.seed,
+            num_nodes=ds.num_nodes,
+            num_train=int(ds.data.train_mask.sum()),
+            param_bytes=params * FLOAT_BYTES,
+            base_rss_bytes=current_rss(),
+        )
+        with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
+            prof.loop_step_s = loop_overhead_s(base, ds, tmp)
+        full = any(n.kind == "full" for n in needs)
+        parts = [n.partitions for n in needs if n.kind == "parts"]
+        profile_graph_batches(base, ds, parts, full, prof)
+        sizes = [n.batch_size for n in needs if n.kind == "sampled"]
+        if sizes:
+            profile_sampled(base, ds, sizes, prof, workers=loader_workers)
+        shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+        if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
+            shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
+        if shapes:
+            profile_pipeline(base, ds, shapes, prof)
+    finally:
+        torch.set_num_threads(before)
+    if comm:
+        chunks = sorted({m for r, s, m in shapes if (r, s) == (1, 2)})
+        pipelines = [
+            (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
+            for m in chunks
+        ]
+        parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
+        corun = {**flags_for(base, "allreduce", partitions=parts[0], sync_every=1), "workers": 2}
+        profile_comm(timeout_s, prof, threads, pipelines, corun)
+    from gnnpar.training.metrics import peak_memory
+
+    prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
+    prof.profile_s = time.perf_counter() - t_start
+    return prof

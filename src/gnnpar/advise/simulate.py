@@ -1,0 +1,565 @@
+"""Discrete-event simulation of every strategy, with the semantics gnnpar's code has.
+
+Inputs are seconds and bytes (from a profile, :mod:`gnnpar.advise.profile`, or a test's hand
+numbers); nothing here imports torch. The engine is :mod:`gnnpar.advise.events` (why not SimPy:
+see there). Each function mirrors one strategy's loop, source and sync policy:
+
+* :func:`lockstep` (sequential, allreduce): ranks run their own steps and meet in a ring
+  all-reduce every ``K`` steps (a counter across epochs: :class:`~gnnpar.training.sync.GradAllReduce`,
+  :class:`~gnnpar.training.sync.ParamAverage`); every epoch ends at a barrier (``LockStep.end_epoch``)
+  and starts at an untimed one (evaluation is not training time). A rank with no batch at a step
+  (the uneven last step of a static split) computes nothing but joins the collective.
+* :func:`gossip`: the work pool (a shared counter: whoever is free takes the next position,
+  :class:`~gnnpar.parallel.gossip.pool.WorkPool`) and the claim protocol of
+  :mod:`gnnpar.parallel.gossip.protocol`, rule by rule: at each step boundary a rank with a pending
+  pick exchanges if its partner is ``ready``; a claimed rank turns ``ready`` and waits for its
+  claimer's next boundary; a rank due to average (``since >= K - 1``) picks a uniformly random
+  ``avail`` partner among those whose published step time is not under 80% of its own, with the
+  same ``random.Random(seed * 7919 + rank)`` the code shuffles with; the published step time is
+  the code's moving average, written every 4th step; with ``K = 1`` the claimer picks again at
+  once after its exchange. Out of work, a rank finishes its pick (polling every 1 ms, as
+  ``Pairing.retire``), serves claims made on it, retires, and waits at the final barrier.
+* :func:`pipeline` (pipeline, hybrid): each stage runs torch's op order (ScheduleGPipe: every
+  forward, then every backward; Schedule1F1B: ``min(M, S - s)`` warm-up forwards, then one
+  backward / one forward, then the remaining backwards); a forward waits for its input
+  activation from the stage before, a backward for the gradient from the stage after, each
+  arriving one point-to-point message after it was sent. Hybrid: after its schedule each stage
+  all-reduces its gradients with the same stage of the other copies. No epoch barrier
+  (``NoSync``): a stage starts the next step as soon as its inputs come.
+* :func:`sampled`: DDP over neighbour-sampled batches. Each rank's DataLoader has ``W`` workers,
+  batch ``i`` made by worker ``i mod W`` (one thread), ``2 W`` batches dispatched at the start
+  and one more each time the rank takes a batch (``prefetch_factor=2``), delivered in order;
+  ``W = 0`` samples in the rank itself. The gradient all-reduce is counted in full after
+  backward (DDP overlaps part of it with backward: an upper bound on the sync).
+
+Stragglers: every strategy that reads ``--slowdown``/``--jitter`` draws each step's pause from
+:meth:`gnnpar.training.straggler.Straggler.pause_s` of the rank's own ``Straggler`` (same seed),
+so the simulated pauses are the emulation's, to the bit. Ties (two things at the same instant)
+run in the order they were scheduled.
+
+Networks: :class:`Cluster` holds the measured cost of one message inside a host (gloo on this
+machine: ``p2p`` for a point-to-point message, ``ring_step`` for one step of a ring all-reduce)
+and the link between hosts (``--network``); a message between hosts pays both in series
+(latencies add, the slower bandwidth wins). A ring all-reduce of ``N`` bytes over ``p`` ranks is
+``2 (p - 1)`` steps of ``N / p`` bytes, each as slow as the slowest link of the ring (ranks in
+host order, so one ring edge leaves each host and no link is shared).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gnnpar.advise.events import Event, Rendezvous, Sim
+from gnnpar.training.straggler import Straggler
+
+
+# ---------------------------------------------------------------- the cluster
+@dataclass(frozen=True)
+class Link:
+    latency_s: float
+    bandwidth_Bps: float
+
+    def send_s(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+    def then(self, other: Link) -> Link:
+        """Two hops in series: latencies add, the slower bandwidth wins."""
+        return Link(self.latency_s + other.latency_s, min(self.bandwidth_Bps, other.bandwidth_Bps))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: int
+    ranks_per_host: int
+    ring_step: Link  # one ring all-reduce step inside a host (measured)
+    p2p: Link  # one point-to-point message inside a host (measured)
+    network: Link | None = None  # between hosts (--network)
+
+    @property
+    def world(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    def host(self, rank: int) -> int:
+        return rank // self.ranks_per_host
+
+    def _link(self, a: int, b: int, inside: Link) -> Link:
+        if self.host(a) == self.host(b):
+            return inside
+        if self.network is None:
+            raise ValueError(f"ranks {a} and {b} are on different hosts, but no network is given")
+        return inside.then(self.network)
+
+    def crosses(self, a: int, b: int) -> bool:
+        return self.host(a) != self.host(b)
+
+    def p2p_s(self, a: int, b: int, nbytes: float) -> float:
+        return self._link(a, b, self.p2p).send_s(nbytes)
+
+    def ring(self, ranks: Sequence[int] | None) -> list[int]:
+        return list(range(self.world)) if ranks is None else sorted(ranks)
+
+    def allreduce_s(self, nbytes: float, ranks: Sequence[int] | None = None) -> float:
+        ring = self.ring(ranks)
+        p = len(ring)
+        if p < 2:
+            return 0.0
+        step = max(
+            self._link(ring[i], ring[(i + 1) % p], self.ring_step).send_s(nbytes / p)
+            for i in range(p)
+        )
+        return 2 * (p - 1) * step
+
+    def allreduce_bytes(self, nbytes: float, ranks: Sequence[int] | None = None) -> tuple:
+        """(bytes sent by all ranks, bytes crossing between hosts) of one ring all-reduce."""
+        ring = self.ring(ranks)
+        p = len(ring)
+        if p < 2:
+            return 0.0, 0.0
+        per_edge = 2 * (p - 1) * nbytes / p
+        crossing = sum(self.crosses(ring[i], ring[(i + 1) % p]) for i in range(p))
+        return per_edge * p, per_edge * crossing
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """``--slowdown`` and ``--jitter`` of the run (the seed is the run's ``--seed``)."""
+
+    slowdown: dict[int, float] = field(default_factory=dict)
+    jitter: float = 0.0
+    seed: int = 0
+
+    def for_rank(self, rank: int) -> Straggler:
+        return Straggler.for_rank(self.slowdown, self.jitter, self.seed, rank)
+
+
+NONE = Stragglers()
+
+
+@dataclass
+class SimResult:
+    epoch_s: list[float]  # each epoch's training time (the longest rank's)
+    train_time_s: float  # result.json's train_time_s: the longest rank's summed epochs
+    batches: list[int]  # per rank
+    busy_s: list[float]  # per rank: compute, straggler pauses included
+    wait_s: list[float]  # per rank: blocked on others or on data
+    exchanges: int  # collectives, or pairwise exchanges
+    bytes_moved: float  # between ranks, whole run
+    bytes_between_hosts: float  # the part of it that crosses hosts
+    log: list = field(default_factory=list)  # gossip: (time, claimer, partner); pool: takes
+
+    @property
+    def mean_epoch_s(self) -> float:
+        return self.train_time_s / max(len(self.epoch_s), 1)
+
+
+class _Keyed(dict):
+    """Events / rendezvous created on first use by whichever process gets there first."""
+
+    def __init__(self, make) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        self[key] = value = self.make(key)
+        return value
+
+
+def _run(sim: Sim, procs: list, what: str) -> None:
+    sim.run()
+    stuck = [i for i, p in enumerate(procs) if not p.triggered]
+    if stuck:  # a modelling error, never a property of the user's run
+        raise RuntimeError(f"simulated {what}: ranks {stuck} never finished (deadlock)")
+
+
+# ---------------------------------------------------------------- lock-step ranks
+def lockstep(
+    cluster: Cluster,
+    compute: Sequence[Sequence[Sequence[float | None]]],
+    every: int,
+    sync_bytes: float,
+    stragglers: Stragglers = NONE,
+) -> SimResult:
+    """``compute[rank][epoch][step]``: seconds of that step's forward, backward and optimizer
+    step (None: no batch). Every rank has the same number of steps per epoch."""
+    world = cluster.world
+    if len(compute) != world:
+        raise ValueError(f"compute has {len(compute)} ranks, the cluster {world}")
+    epochs = len(compute[0])
+    sim = Sim()
+    cost = cluster.allreduce_s(sync_bytes)
+    meet = _Keyed(lambda key: Rendezvous(sim, world, cost if key[0] == "sync" else 0.0))
+    ends = [[0.0] * epochs for _ in range(world)]
+    busy, wait, batches = [0.0] * world, [0.0] * world, [0] * world
+    count = [0]
+
+    def rank(r: int):
+        straggler = stragglers.for_rank(r)
+        n = 0
+        for e in range(epochs):
+            t = sim.now
+            yield meet["start", e].arrive()
+            wait[r] += sim.now - t
+            for c in compute[r][e]:
+                if c is not None:
+                    c += straggler.pause_s(c)
+                    busy[r] += c
+                    batches[r] += 1
+                    yield sim.delay(c)
+                n += 1
+                if n % every == 0:
+                    t = sim.now
+                    yield meet["sync", n].arrive()
+                    wait[r] += sim.now - t - cost
+            t = sim.now
+            yield meet["end", e].arrive()
+            wait[r] += sim.now - t
+            ends[r][e] = sim.now
+        if r == 0:
+            count[0] = n // every
+
+    procs = [sim.start(rank(r)) for r in range(world)]
+    _run(sim, procs, "lock-step training")
+    starts = [0.0] + ends[0][:-1]
+    epoch_s = [ends[0][e] - starts[e] for e in range(epochs)]
+    moved, between = cluster.allreduce_bytes(sync_bytes)
+    n = count[0] if world > 1 else 0
+    return SimResult(epoch_s, sum(epoch_s), batches, busy, wait, n, moved * n, between * n)
+
+
+# ---------------------------------------------------------------- gossip with a work pool
+@dataclass(frozen=True)
+class _Exchange:
+    partner: int
+    xid: str
+    initiated: bool
+
+
+def gossip(
+    cluster: Cluster,
+    position_s: Sequence[float],
+    epochs: int,
+    every: int,
+    sync_bytes: float,
+    seed: int,
+    stragglers: Stragglers = NONE,
+    bipartite: bool = False,
+    poll_s: float = 0.001,
+    slack: float = 0.8,
+    step_overhead_s: Sequence[float] | None = None,
+) -> SimResult:
+    """``position_s[i]``: seconds of the step that trains the subgraph at pool position ``i``
+    (``epochs * parts`` positions; the order is the pool's, :meth:`WorkPool.order`).
+    ``step_overhead_s[rank]``: the store round trips of one step (taking from the pool, looking
+    at its own key), not slowed by the straggler (they come before and after its timed step)."""
+    world = cluster.world
+    overhead = list(step_overhead_s or [0.0] * world)
+    total = len(position_s)
+    sim = Sim()
+    state: list = ["avail"] * world
+    pending: list[_Exchange | None] = [None] * world
+    step_avg, published, steps = [0.0] * world, [0.0] * world, [0] * world
+    claims = [0] * world
+    rngs = [random.Random(seed * 7919 + r) for r in range(world)]
+    active = list(range(world // 2)) if bipartite else list(range(world))
+    passive = list(range(world // 2, world)) if bipartite else list(range(world))
+    cost = {}  # xid -> seconds of the exchange once both are in
+
+    def exchange_cost(key):
+        return Rendezvous(sim, 2, cost[key])
+
+    meet = _Keyed(exchange_cost)
+    final = Rendezvous(sim, world)
+    counter = [0]
+    busy, wait, batches = [0.0] * world, [0.0] * world, [0] * world
+    log: list = []
+    moved = [0.0, 0.0]
+
+    def candidates(r: int) -> list[int]:
+        if r not in active:
+            return []
+        return [c for c in passive if c != r]
+
+    def pickable(r: int) -> bool:
+        return world > 1 and r in passive
+
+    def not_faster(r: int, c: int) -> bool:
+        theirs = published[c]
+        return theirs == 0.0 or step_avg[r] == 0.0 or theirs >= slack * step_avg[r]
+
+    def pick(r: int) -> None:
+        if state[r] != "avail":
+            return
+        state[r] = "busy"
+        order = [c for c in candidates(r) if not_faster(r, c)]
+        rngs[r].shuffle(order)
+        xid = f"{r}.{claims[r]}"
+        for c in order:
+            if state[c] == "avail":
+                state[c] = ("claim", r, xid)
+                claims[r] += 1
+                pending[r] = _Exchange(c, xid, True)
+                cost[xid] = cluster.p2p_s(r, c, sync_bytes)
+                return
+        state[r] = "avail"
+
+    def serve_claim(r: int) -> _Exchange | None:
+        s = state[r]
+        if not (isinstance(s, tuple) and s[0] == "claim"):
+            return None
+        state[r] = ("ready", s[1], s[2])
+        return _Exchange(s[1], s[2], False)
+
+    def at_boundary(r: int, want: bool) -> _Exchange | None:
+        x = pending[r]
+        if x is not None:
+            return x if state[x.partner] == ("ready", r, x.xid) else None
+        if pickable(r):
+            served = serve_claim(r)
+            if served is not None:
+                return served
+        if want and candidates(r):
+            pick(r)
+        return None
+
+    def serve(r: int, x: _Exchange):
+        t = sim.now
+        yield meet[x.xid].arrive()
+        wait[r] += sim.now - t
+        if x.initiated:
+            pending[r] = None
+            log.append((sim.now, r, x.partner))
+            moved[0] += 2 * sync_bytes
+            moved[1] += 2 * sync_bytes * cluster.crosses(r, x.partner)
+        state[r] = "avail"
+
+    def record_step(r: int, seconds: float) -> None:
+        step_avg[r] = seconds if steps[r] == 0 else 0.8 * step_avg[r] + 0.2 * seconds
+        if steps[r] % 4 == 0:
+            published[r] = step_avg[r]
+        steps[r] += 1
+
+    def rank(r: int):
+        straggler = stragglers.for_rank(r)
+        since = 0
+        while counter[0] < total:
+            pos = counter[0]
+            counter[0] += 1
+            c = position_s[pos]
+            c += straggler.pause_s(c) + overhead[r]
+            busy[r] += c
+            batches[r] += 1
+            yield sim.delay(c)
+            since += 1
+            x = at_boundary(r, since >= every - 1)
+            while x is not None:
+                yield from serve(r, x)
+                since = 0
+                x = at_boundary(r, every == 1) if x.initiated else None
+            record_step(r, c)
+        while True:  # clean-up: our pick first, then claims on us, then retire
+            x = pending[r]
+            if x is not None:
+                t = sim.now
+                while at_boundary(r, False) is None:
+                    yield sim.delay(poll_s)
+                wait[r] += sim.now - t
+                yield from serve(r, x)
+                continue
+            if state[r] == "avail":
+                state[r] = "done"
+                break
+            x = serve_claim(r)
+            if x is None:
+                raise RuntimeError(f"simulated rank {r} retiring in state {state[r]!r}")
+            yield from serve(r, x)
+        t = sim.now
+        yield final.arrive()
+        wait[r] += sim.now - t
+
+    procs = [sim.start(rank(r)) for r in range(world)]
+    _run(sim, procs, "gossip")
+    train = sim.now
+    return SimResult(
+        [train / epochs] * epochs, train, batches, busy, wait, len(log), moved[0], moved[1], log
+    )
+
+
+# ---------------------------------------------------------------- pipelines
+def schedule_ops(schedule: str, stage: int, stages: int, chunks: int) -> list[tuple[str, int]]:
+    """The order in which one stage runs its forwards ("F", m) and backwards ("B", m)."""
+    if schedule == "gpipe":
+        return [("F", m) for m in range(chunks)] + [("B", m) for m in range(chunks)]
+    if schedule != "1f1b":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    warmup = min(chunks, stages - stage)
+    ops = [("F", m) for m in range(warmup)]
+    f, b = warmup, 0
+    while True:
+        ops.append(("B", b))
+        b += 1
+        if f == chunks:
+            break
+        ops.append(("F", f))
+        f += 1
+    ops += [("B", m) for m in range(b, chunks)]
+    return ops
+
+
+def pipeline(
+    cluster: Cluster,
+    fwd: Sequence[Sequence[float]],
+    bwd: Sequence[Sequence[float]],
+    act_bytes: Sequence[float],
+    steps: int,
+    schedule: str = "gpipe",
+    opt_s: Sequence[float] | None = None,
+    replicas: int = 1,
+    grad_bytes: Sequence[float] | None = None,
+) -> SimResult:
+    """``fwd[s][m]``, ``bwd[s][m]``: seconds of micro-batch ``m`` on stage ``s`` (each copy
+    runs the same); ``act_bytes[s]``: one micro-batch's activation from stage ``s`` to ``s + 1``
+    (its gradient goes back with the same size); ``steps``: pipeline steps in the run (graphs:
+    one per epoch, so epoch times are per step); ``opt_s[s]``: the optimizer step of stage
+    ``s``; ``grad_bytes[s]``: the gradients stage ``s`` all-reduces over the copies. Rank
+    ``replica * S + s`` holds stage ``s`` of copy ``replica``."""
+    S, M = len(fwd), len(fwd[0])
+    world = replicas * S
+    if world != cluster.world:
+        raise ValueError(f"{replicas} copies x {S} stages need {world} ranks, not {cluster.world}")
+    opt_s = opt_s or [0.0] * S
+    sim = Sim()
+    arrive = _Keyed(lambda key: Event(sim))  # ("F"|"B", copy, step, stage, m)
+    dp = _Keyed(
+        lambda key: Rendezvous(
+            sim,
+            replicas,
+            cluster.allreduce_s(grad_bytes[key[1]], [q * S + key[1] for q in range(replicas)]),
+        )
+    )
+    ends = [[0.0] * steps for _ in range(world)]
+    busy, wait = [0.0] * world, [0.0] * world
+    moved = [0.0, 0.0]
+
+    def send(kind: str, q: int, i: int, src: int, dst: int, m: int, nbytes: float) -> None:
+        a, b = q * S + src, q * S + dst
+        arrive[kind, q, i, dst, m].succeed(delay=cluster.p2p_s(a, b, nbytes))
+        moved[0] += nbytes
+        moved[1] += nbytes * cluster.crosses(a, b)
+
+    def stage(q: int, s: int):
+        r = q * S + s
+        ops = schedule_ops(schedule, s, S, M)
+        for i in range(steps):
+            for kind, m in ops:
+                t = sim.now
+                if kind == "F" and s > 0:
+                    yield arrive["F", q, i, s, m]
+                if kind == "B" and s < S - 1:
+                    yield arrive["B", q, i, s, m]
+                wait[r] += sim.now - t
+                c = fwd[s][m] if kind == "F" else bwd[s][m]
+                busy[r] += c
+                yield sim.delay(c)
+                if kind == "F" and s < S - 1:
+                    send("F", q, i, s, s + 1, m, act_bytes[s])
+                if kind == "B" and s > 0:
+                    send("B", q, i, s, s - 1, m, act_bytes[s - 1])
+            if replicas > 1:
+                t = sim.now
+                yield dp["dp", s, i].arrive()
+                wait[r] += sim.now - t
+            yield sim.delay(opt_s[s])
+            busy[r] += opt_s[s]
+            ends[r][i] = sim.now
+
+    procs = [sim.start(stage(q, s)) for q in range(replicas) for s in range(S)]
+    _run(sim, procs, "pipeline")
+    n = 0
+    if replicas > 1:
+        for s in range(S):
+            group = [q * S + s for q in range(replicas)]
+            a, b = cluster.allreduce_bytes(grad_bytes[s], group)
+            moved[0] += a * steps
+            moved[1] += b * steps
+            n += steps
+    last = [max(ends[r][i] for r in range(world)) for i in range(steps)]
+    epoch_s = [last[0]] + [last[i] - last[i - 1] for i in range(1, steps)]
+    batches = [steps * M] * world
+    return SimResult(epoch_s, max(last), batches, busy, wait, n, moved[0], moved[1])
+
+
+# ---------------------------------------------------------------- sampled DDP
+def sampled(
+    cluster: Cluster,
+    steps_per_epoch: int,
+    epochs: int,
+    compute_s: float | Sequence[float],
+    sample_s: float | Sequence[float],
+    loader_workers: int,
+    grad_bytes: float,
+    stragglers: Stragglers = NONE,
+    prefetch: int = 2,
+    start_s: float = 0.0,
+) -> SimResult:
+    """``compute_s``: forward, backward and optimizer step of one batch; ``sample_s``: making
+    one batch (sampling and feature gather) in one thread; either a number or one value per
+    step of the run (``steps_per_epoch * epochs``). ``start_s``: what each batch maker (a
+    loader worker, or the rank itself with ``W = 0``) spends before its first batch (starting
+    the worker, mapping the graph, building the sampler); training time, since the loop's
+    first batch waits for it."""
+    world, total, W = cluster.world, steps_per_epoch * epochs, loader_workers
+
+    def per_step(v):
+        return [float(v)] * total if isinstance(v, int | float) else list(v)
+
+    comp, samp = per_step(compute_s), per_step(sample_s)
+    sim = Sim()
+    cost = cluster.allreduce_s(grad_bytes) if world > 1 else 0.0
+    meet = _Keyed(lambda key: Rendezvous(sim, world, cost))
+    ends = [[0.0] * epochs for _ in range(world)]
+    busy, wait = [0.0] * world, [0.0] * world
+
+    def loader(r: int, w: int, dispatched: _Keyed, ready: _Keyed):
+        yield sim.delay(start_s)
+        for i in range(w, total, W):
+            yield dispatched[r, i]
+            yield sim.delay(samp[i])
+            ready[r, i].succeed()
+
+    def rank(r: int):
+        straggler = stragglers.for_rank(r)
+        dispatched = _Keyed(lambda key: Event(sim))
+        ready = _Keyed(lambda key: Event(sim))
+        if W:
+            for i in range(min(total, prefetch * W)):
+                dispatched[r, i].succeed()
+            for w in range(W):
+                sim.start(loader(r, w, dispatched, ready))
+        for i in range(total):
+            t = sim.now
+            if W:
+                yield ready[r, i]
+                if i + prefetch * W < total:
+                    dispatched[r, i + prefetch * W].succeed()
+            else:
+                yield sim.delay(samp[i] + (start_s if i == 0 else 0.0))
+            wait[r] += sim.now - t
+            c = comp[i] + straggler.pause_s(comp[i])
+            busy[r] += c
+            yield sim.delay(c)
+            if world > 1:
+                t = sim.now
+                yield meet[i].arrive()
+                wait[r] += sim.now - t - cost
+            if (i + 1) % steps_per_epoch == 0:
+                ends[r][(i + 1) // steps_per_epoch - 1] = sim.now
+
+    procs = [sim.start(rank(r)) for r in range(world)]
+    _run(sim, procs, "sampled training")
+    last = [max(ends[r][e] for r in range(world)) for e in range(epochs)]
+    epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, epochs)]
+    moved, between = cluster.allreduce_bytes(grad_bytes)
+    n = total if world > 1 else 0
+    return SimResult(epoch_s, max(last), [total] * world, busy, wait, n, moved * n, between * n)

@@ -1,0 +1,244 @@
+"""``gnnpar advise`` end to end: advice.json per the contract, bad requests, ``--validate``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gnnpar.advise.command import parse_network
+from gnnpar.advise.predict import ClusterSpec, build_grid
+from gnnpar.advise.profile import Profile
+from gnnpar.cli import main
+from helpers import run_cli
+
+PREDICTION_KEYS = {"strategy", "settings", "epoch_s", "train_time_s", "speedup"}
+PREDICTION_KEYS |= {"peak_bytes_per_rank"}
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def check_contract(advice: dict) -> None:
+    assert advice["profile_s"] > 0
+    preds = advice["predictions"]
+    assert preds and all(PREDICTION_KEYS <= set(p) for p in preds)
+    times = [p["train_time_s"] for p in preds]
+    assert times == sorted(times) and all(t > 0 for t in times)
+    rec = advice["recommended"]
+    assert {"strategy", "settings", "why"} <= set(rec)
+    assert (rec["strategy"], rec["settings"]) == (preds[0]["strategy"], preds[0]["settings"])
+    for p in preds:  # flag names of gnnpar train, underscored
+        assert set(p["settings"]) <= {
+            "partitions",
+            "sync_every",
+            "average",
+            "stages",
+            "chunks",
+            "replicas",
+            "schedule",
+            "batch_size",
+            "loader_workers",
+        }
+
+
+def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
+    out = tmp_path / "advice"
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "3", "--threads", "1"]
+    args += ["--strategies", "sequential,sampled", "--partitions", "4", "--batch-size", "64"]
+    args += ["--loader-workers", "0", "--out", str(out)]
+    assert main(args) == 0
+    advice = json.loads((out / "advice.json").read_text())
+    check_contract(advice)
+    got = {
+        (p["strategy"], json.dumps(p["settings"], sort_keys=True)) for p in advice["predictions"]
+    }
+    assert got == {
+        ("sequential", "{}"),
+        ("sequential", '{"partitions": 4}'),
+        ("sampled", '{"batch_size": 64, "loader_workers": 0}'),
+    }
+    prof = advice["profile"]
+    assert len(prof["parts_step_s"]["4"]) == 4 and prof["full_step_s"] > 0
+    # Cora: 140 training nodes in batches of 64 -> 3 sampled steps per epoch
+    sampled = next(p for p in advice["predictions"] if p["strategy"] == "sampled")
+    s = prof["sampled"]["64"]
+    step = s["main_sample_s"] + s["compute_s"] + prof["loop_step_s"]
+    assert sampled["train_time_s"] == pytest.approx(9 * step + s["first_batch_s"])
+    assert (out / "advice.png").stat().st_size > 1000
+    text = capsys.readouterr().out
+    assert "recommended:" in text and "simulated from a profile taken on" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--hosts", "2"], "--network"),
+        (["--hosts", "2", "--network", "fast"], "BANDWIDTH,LATENCY"),
+        (["--hosts", "2", "--network", "1gbit,1parsec"], "BANDWIDTH,LATENCY"),
+        (["--hosts", "0", "--network", "1gbit,1ms"], "--hosts must be"),
+        (["--ranks-per-host", "2"], "--hosts"),
+        (["--hosts", "2", "--workers", "2", "--network", "1gbit,1ms"], "--ranks-per-host"),
+        (["--strategies", "allreduce,warp"], "warp"),
+        (["--workers", "2", "--slowdown", "2=3"], "--slowdown names rank 2"),
+        (["--workers", "2", "--slowdown", "1=0.5"], "factor must be >= 1"),
+        (["--workers", "2", "--strategies", "allreduce", "--partitions", "1"], "--partitions"),
+        (["--model", "nope"], "--model"),
+        (["--strategy", "allreduce"], "unrecognized arguments"),
+    ],
+)
+def test_bad_requests_exit_2_with_one_message(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) if "--strategy" in args else _no_raise():
+        code = main(["advise", "--dataset", "cora", "--out", str(tmp_path / "o"), *args])
+        assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "advice.json").exists()
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_profiling(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["advise", "--dataset", "cora", "--out", str(blocker)]) == 2
+    err = capsys.readouterr()
+    assert "is a file" in err.err and "profiling" not in err.out
+
+
+def test_network_parses_as_tc_writes_it():
+    fast, slow = parse_network("10gbit,50us"), parse_network("100mbit, 5ms")
+    assert (fast.latency_s, fast.bandwidth_Bps) == pytest.approx((50e-6, 10e9 / 8))
+    assert (slow.latency_s, slow.bandwidth_Bps) == pytest.approx((5e-3, 100e6 / 8))
+
+
+def test_default_grid_covers_every_strategy_that_applies():
+    grid = build_grid(
+        ("sequential", "allreduce", "gossip", "pipeline", "hybrid", "sampled"), 4, 2, {}
+    )
+    names = {c.strategy for c in grid}
+    assert names == {"sequential", "allreduce", "gossip", "hybrid", "sampled"}  # 4 > 2 layers
+    ks = {c.settings["sync_every"] for c in grid if c.strategy == "allreduce"}
+    assert ks == {1, 20}
+    hybrid = [c.settings for c in grid if c.strategy == "hybrid"]
+    assert {(h["stages"], h["replicas"]) for h in hybrid} == {(2, 2)}
+    fixed = build_grid(("allreduce",), 4, 2, {"sync_every": 5, "partitions": 12})
+    assert [c.settings for c in fixed] == [{"partitions": 12, "sync_every": 5}]
+    assert ClusterSpec(3, 2).world == 6
+
+
+@pytest.mark.slow
+def test_validate_on_a_two_configuration_grid(tmp_path):
+    """Profiles gloo between two ranks, predicts allreduce and gossip at K = 1 on 2 ranks,
+    trains both with gnnpar train and records predicted against measured."""
+    out = tmp_path / "v"
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2"]
+    args += ["--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1"]
+    args += ["--timeout", "60", "--validate", "--out", str(out)]
+    done = run_cli(*args, timeout=240)
+    assert done.returncode == 0, done.stderr
+    advice = json.loads((out / "advice.json").read_text())
+    check_contract(advice)
+    assert len(advice["predictions"]) == 2
+    comm = advice["profile"]["comm"]
+    assert comm["allreduce"] and comm["p2p"] and comm["store_rtt_s"] > 0
+    cases = advice["validation"]["cases"]
+    assert {c["strategy"] for c in cases} == {"allreduce", "gossip"}
+    for c in cases:
+        assert c["measured_epoch_s"] > 0, c
+        assert c["error"] == pytest.approx(
+            (c["predicted_epoch_s"] - c["measured_epoch_s"]) / c["measured_epoch_s"]
+        )
+        (run,) = (out / "validate").glob(f"*-{c['strategy']}")
+        result = json.loads((run / "result.json").read_text())
+        assert result["workers"] == 2 and result["epochs"] == 2
+    assert "measured" in done.stdout and "error" in done.stdout
+
+
+def saved_profile(path, **overrides) -> str:
+    """An advice.json holding a profile with round numbers (as an earlier advise writes it)."""
+    prof = Profile(
+        machine="test",
+        cores=2,
+        threads=1,
+        dataset="cora",
+        model="gcn",
+        epochs=2,
+        seed=0,
+        num_nodes=2708,
+        num_train=140,
+        param_bytes=1_000_000,
+        base_rss_bytes=100 << 20,
+        full_step_s=0.03,
+        parts_step_s={"4": [0.01] * 4},
+        comm={
+            "ring_step": [1e-4, 1e9],
+            "p2p_link": [1e-4, 1e9],
+            "store_rtt_s": 0.0,
+            "allreduce": [],
+            "p2p": [],
+        },
+    )
+    for k, v in overrides.items():
+        setattr(prof, k, v)
+    path.write_text(json.dumps({"profile": prof.to_dict()}))
+    return str(path)
+
+
+def test_two_hosts_from_a_saved_profile(tmp_path):
+    """allreduce, 2 hosts x 1 rank over 1 Gbit/s and 1 ms: 2 steps of 10 ms per epoch, each
+    followed by a 2-rank ring all-reduce of 1 MB: 2 steps of (0.1 + 1 ms + 0.5 MB / 125 MB/s)."""
+    saved = saved_profile(tmp_path / "earlier.json")
+    out = tmp_path / "o"
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--threads", "1"]
+    args += ["--hosts", "2", "--ranks-per-host", "1", "--network", "1gbit,1ms"]
+    args += ["--strategies", "allreduce", "--partitions", "4", "--sync-every", "1"]
+    args += ["--profile", saved, "--out", str(out)]
+    assert main(args) == 0
+    advice = json.loads((out / "advice.json").read_text())
+    (p,) = advice["predictions"]
+    allreduce = 2 * (1e-4 + 1e-3 + 0.5e6 / 125e6)
+    assert p["epoch_s"] == pytest.approx(2 * (0.01 + allreduce))
+    assert p["speedup"] == pytest.approx(0.04 / p["epoch_s"])
+    assert advice["profile_s"] == 0.0 and advice["cluster"]["hosts"] == 2
+    assert p["bytes_on_network"] == pytest.approx(4 * 2 * 2 * 0.5e6)  # 4 all-reduces, 2 edges
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model": "gat"}, "--model gat"),
+        ({"threads": 2}, "--threads 2"),
+        ({"parts_step_s": {"8": [0.01] * 8}}, "lacks"),
+        ({"comm": {}}, "gloo between two ranks"),
+    ],
+)
+def test_a_saved_profile_that_does_not_fit_is_refused(tmp_path, capsys, change, message):
+    saved = saved_profile(tmp_path / "earlier.json", **change)
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--threads", "1", "--workers", "2"]
+    args += ["--strategies", "allreduce", "--partitions", "4", "--profile", saved]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gloo_cost_fit_keeps_the_latency_of_small_messages():
+    from gnnpar.advise.profile import _line
+
+    points = [[n, 2e-4 + n / 1e9] for n in (1 << 10, 1 << 14, 1 << 20, 1 << 22)]
+    a, b = _line(points)
+    assert a == pytest.approx(2e-4) and 1 / b == pytest.approx(1e9)
+    # a noisy large message moves the slope, but not the small messages' cost much
+    points[-1][1] *= 1.5
+    a, b = _line(points)
+    assert a + b * 1024 == pytest.approx(2e-4 + 1024 / 1e9, rel=0.05)

@@ -1,0 +1,196 @@
+"""The simulator reproduces hand-computed schedules exactly (times chosen as binary fractions,
+so that every sum below is exact in floating point)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gnnpar.advise import simulate as sim
+from gnnpar.advise.events import Rendezvous, Sim
+from gnnpar.training import straggler as straggler_module
+from gnnpar.training.straggler import Straggler
+
+INF = float("inf")
+FREE = sim.Link(0.0, INF)  # costs nothing
+
+
+def one_host(ranks: int, ring=FREE, p2p=FREE) -> sim.Cluster:
+    return sim.Cluster(1, ranks, ring, p2p)
+
+
+def test_engine_rendezvous_releases_everyone_after_the_last_plus_the_cost():
+    s = Sim()
+    meet = Rendezvous(s, 2, cost=0.5)
+    seen = []
+
+    def proc(name, t):
+        yield s.delay(t)
+        yield meet.arrive()
+        seen.append((name, s.now))
+
+    s.start(proc("a", 1.0))
+    s.start(proc("b", 3.0))
+    s.run()
+    assert seen == [("a", 3.5), ("b", 3.5)]
+
+
+def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
+    ring = sim.Link(0.125, 1024.0)
+    # 2 ranks: 2 steps of 256 / 2 bytes
+    assert one_host(2, ring).allreduce_s(256) == 2 * (0.125 + 128 / 1024)
+    # 2 hosts x 2 ranks: 6 steps of 64 bytes, each as slow as the host-to-host edge
+    net = sim.Link(0.25, 64.0)
+    c = sim.Cluster(2, 2, ring, ring, net)
+    assert c.allreduce_s(256) == 6 * (0.125 + 0.25 + 64 / 64)
+    moved, between = c.allreduce_bytes(256)
+    assert (moved, between) == (6 * 64 * 4, 6 * 64 * 2)  # 2 of the 4 ring edges cross
+    assert c.p2p_s(0, 1, 64) == 0.125 + 64 / 1024 and c.p2p_s(1, 2, 64) == 0.375 + 1.0
+
+
+def test_two_lockstep_ranks_meet_every_k_steps():
+    """K = 2, all-reduce 0.5 s. Rank 0: 1,1,1,1 s; rank 1: 2,1,2,1 s. Steps 1-2 end at 2 and 3,
+    the all-reduce at 3 + 0.5; steps 3-4 end at 5.5 and 6.5, the all-reduce at 7."""
+    c = one_host(2, ring=sim.Link(0.125, 1024.0))  # 0.5 s for 256 bytes
+    r = sim.lockstep(c, [[[1.0] * 4], [[2.0, 1.0, 2.0, 1.0]]], every=2, sync_bytes=256)
+    assert r.epoch_s == [7.0] and r.train_time_s == 7.0
+    assert r.exchanges == 2 and r.batches == [4, 4]
+    assert r.wait_s == [2.0, 0.0]  # rank 0 waits 1 s at each all-reduce
+    assert r.bytes_moved == 2 * 256 * 2  # per all-reduce, each rank sends 2 x 128 bytes
+
+
+def test_lockstep_epochs_end_at_a_barrier_and_a_missing_batch_only_joins():
+    c = one_host(2)
+    r = sim.lockstep(c, [[[1.0, 1.0], [3.0]], [[2.0, None], [1.0]]], every=100, sync_bytes=0)
+    assert r.epoch_s == [2.0, 3.0] and r.train_time_s == 5.0 and r.batches == [3, 2]
+
+
+def test_gpipe_bubble_and_1f1b_two_stages_two_microbatches():
+    """f = 1, b = 2, 0.5 s per activation: stage 1 starts its forwards at 1.5 and 2.5, its
+    backwards run 3.5-7.5; stage 0's backwards wait for the gradients at 6 and 8, ending at 10
+    = (M + S - 1)(f + b) + 2 (S - 1) x 0.5, plus the optimizer step."""
+    c = one_host(2, p2p=sim.Link(0.5, INF))
+    fwd, bwd = [[1.0, 1.0]] * 2, [[2.0, 2.0]] * 2
+    gp = sim.pipeline(c, fwd, bwd, [100.0], steps=1, opt_s=[0.25, 0.25])
+    assert gp.train_time_s == 10.25 and gp.epoch_s == [10.25]
+    assert gp.busy_s == [6.25, 6.25] and gp.bytes_moved == 400.0
+    one = sim.pipeline(c, fwd, bwd, [100.0], steps=1, schedule="1f1b", opt_s=[0.25, 0.25])
+    assert one.train_time_s == 10.25
+    # two steps back to back: stage 0 starts step 2 right after its own optimizer step
+    two = sim.pipeline(c, fwd, bwd, [100.0], steps=2, opt_s=[0.25, 0.25])
+    assert two.epoch_s == [10.25, 10.25]
+
+
+def test_schedule_orders_are_torchs():
+    assert sim.schedule_ops("gpipe", 0, 2, 3) == [("F", 0), ("F", 1), ("F", 2)] + [
+        ("B", 0),
+        ("B", 1),
+        ("B", 2),
+    ]
+    # torch's Schedule1F1B: stage s warms up with min(M, S - s) forwards
+    assert sim.schedule_ops("1f1b", 1, 2, 3) == [
+        ("F", 0),
+        ("B", 0),
+        ("F", 1),
+        ("B", 1),
+        ("F", 2),
+        ("B", 2),
+    ]
+    assert sim.schedule_ops("1f1b", 0, 2, 3) == [
+        ("F", 0),
+        ("F", 1),
+        ("B", 0),
+        ("F", 2),
+        ("B", 1),
+        ("B", 2),
+    ]
+
+
+def test_hybrid_copies_allreduce_each_stage_after_their_schedules():
+    c = sim.Cluster(1, 4, sim.Link(0.125, INF), sim.Link(0.0, INF))
+    fwd, bwd = [[1.0]] * 2, [[1.0]] * 2
+    r = sim.pipeline(c, fwd, bwd, [0.0], steps=1, replicas=2, grad_bytes=[8.0, 8.0])
+    # one copy: F 0-1, 1-2, B 2-3, 3-4; then a 2-rank all-reduce of 2 x 0.125 s per stage
+    assert r.train_time_s == 4.25 and r.exchanges == 2
+
+
+def test_pool_drained_by_one_fast_and_one_slow_rank():
+    """6 subgraphs of 1 s, rank 1 slowed 2.5x, no averaging due (K = 100). Rank 0 takes at 0, 1,
+    2, 3 and finds the pool empty at 4; rank 1 takes at 0 and 2.5 and ends at 5."""
+    c = one_host(2)
+    slow = sim.Stragglers({1: 2.5})
+    r = sim.gossip(c, [1.0] * 6, epochs=1, every=100, sync_bytes=0, seed=0, stragglers=slow)
+    assert r.train_time_s == 5.0 and r.batches == [4, 2] and r.exchanges == 0
+    assert r.busy_s == [4.0, 5.0] and r.wait_s == [1.0, 0.0]  # rank 0 at the final barrier
+
+
+def test_gossip_claim_ready_exchange_with_k1():
+    """Two equal ranks (1 s steps), K = 1, exchanges of 0.25 s, 4 subgraphs. At 1 rank 0 claims
+    rank 1, which turns ready and waits; rank 0 finds it ready at its next boundary (2): the
+    exchange ends at 2.25, and rank 0 claims rank 1 again at once. Rank 1 trains until 3.25,
+    rank 0 (out of work, polling every 0.25 s) finds it ready at 3.25: second exchange, ends 3.5.
+    """
+    c = one_host(2, p2p=sim.Link(0.25, INF))
+    r = sim.gossip(c, [1.0] * 4, epochs=1, every=1, sync_bytes=16, seed=0, poll_s=0.25)
+    assert r.train_time_s == 3.5 and r.exchanges == 2 and r.batches == [2, 2]
+    assert [(t, a, b) for t, a, b in r.log] == [(2.25, 0, 1), (3.5, 0, 1)]
+    assert r.bytes_moved == 2 * 2 * 16
+
+
+def test_gossip_slow_rank_is_never_picked_by_faster_ranks_only_picks_them():
+    """The speed filter: once step times are published, the 3x slower rank 1 finds rank 0's steps
+    under 80% of its own and never picks it; rank 0 may pick rank 1."""
+    c = one_host(2, p2p=sim.Link(0.0, INF))
+    r = sim.gossip(c, [1.0] * 40, 1, 1, 0, 0, stragglers=sim.Stragglers({1: 3.0}))
+    assert all(a == 0 for _, a, _ in r.log[1:])  # the first pick precedes any published time
+    assert sum(r.batches) == 40 and r.batches[0] > 2 * r.batches[1]
+
+
+def test_sampled_loader_workers_feed_the_rank():
+    """sample 2 s, compute 1 s, 3 steps. W = 0: 3 x 3 s. W = 1 (2 batches prefetched): batches
+    ready at 2, 4, 6 (the third dispatched when the first is taken): ends at 7. W = 2: at 5."""
+    c = one_host(1)
+    times = [sim.sampled(c, 3, 1, 1.0, 2.0, w, 0).train_time_s for w in (0, 1, 2)]
+    assert times == [9.0, 7.0, 5.0]
+    # a worker that needs 1 s to start delivers at 3, 5, 7; the rank itself pays it once
+    started = [sim.sampled(c, 3, 1, 1.0, 2.0, w, 0, start_s=1.0).train_time_s for w in (0, 1)]
+    assert started == [10.0, 8.0]
+    two_epochs = sim.sampled(c, 2, 2, 1.0, 2.0, 1, 0)
+    # batch 3 (of epoch 2) is made 4-6, while epoch 1 trains: the loader runs across epochs
+    assert two_epochs.epoch_s == [5.0, 4.0]
+
+
+def test_sampled_ranks_meet_in_ddps_allreduce_every_step():
+    c = one_host(2, ring=sim.Link(0.125, INF))
+    r = sim.sampled(c, 2, 1, 1.0, 0.0, 0, 8, stragglers=sim.Stragglers({1: 2.0}))
+    assert r.train_time_s == 2 * (2.0 + 0.25) and r.exchanges == 2
+
+
+def test_simulated_straggler_pauses_are_the_emulations(monkeypatch):
+    """The pauses the simulation adds are exactly what Straggler.after_step sleeps."""
+    slept = []
+    monkeypatch.setattr(straggler_module.time, "sleep", slept.append)
+    real = Straggler.for_rank({0: 1.5}, 0.5, 7, 0)
+    steps = [0.5, 0.25, 1.0] * 20
+    for t in steps:
+        real.after_step(t)
+    r = sim.lockstep(one_host(1), [[steps]], 1, 0, sim.Stragglers({0: 1.5}, 0.5, 7))
+    assert r.busy_s[0] == sum(t + p for t, p in zip(steps, slept))
+    assert len(slept) == len(steps) and any(p > 0.5 * t for p, t in zip(slept, steps))
+
+
+def test_gossip_never_deadlocks_and_trains_every_position_once():
+    for world in (2, 3, 4):
+        for k in (1, 3):
+            c = one_host(world, p2p=sim.Link(0.01, INF))
+            times = [0.1 + 0.01 * (i % 7) for i in range(30)]
+            r = sim.gossip(c, times, 3, k, 0, seed=world, stragglers=sim.Stragglers({0: 3.0}))
+            assert sum(r.batches) == 30
+            assert r.exchanges > 0
+
+
+@pytest.mark.parametrize("bipartite", [False, True])
+def test_gossip_bipartite_only_active_ranks_pick(bipartite):
+    c = one_host(4, p2p=sim.Link(0.01, INF))
+    r = sim.gossip(c, [0.1] * 40, 1, 1, 0, 0, bipartite=bipartite)
+    pickers = {a for _, a, _ in r.log}
+    assert pickers <= ({0, 1} if bipartite else {0, 1, 2, 3}) and r.exchanges > 0
