@@ -64,7 +64,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_one_before_used(tmp_path, caps
     b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
     assert main([*SEQ, "--epochs", "3", *b]) == 0
     newest = tmp_path / "b/checkpoints/epoch-000002-step-00000000"
-    (part,) = newest.glob("*.distcp")
+    part = newest / "rank0.pt"
     part.write_bytes(part.read_bytes()[:100])  # truncated, as by a full disk
     capsys.readouterr()
     assert main([*SEQ, "--epochs", "5", *b, "--resume"]) == 0
