@@ -173,15 +173,16 @@ def setup(timeout_s: float = 120.0) -> DistContext:
 
 def peer_failure(e: BaseException) -> str | None:
     """The message for a rank whose collective or store call failed because a peer went away
-    (a gloo/NCCL timeout or a closed connection: torch's ``DistError``s, or a store wait that
-    timed out); None for any other error. A rank of torchrun's prints it (the CLI) instead of a
+    (a gloo/NCCL timeout or a closed connection: torch's ``DistError``s and gloo's own
+    RuntimeErrors, or a store wait that timed out); None for any other error. A rank of torchrun's prints it (the CLI) instead of a
     traceback; gnnpar's own launcher reports its ranks' failures itself."""
     from gnnpar.runtime.heartbeat import next_step
     from gnnpar.runtime.store import PeerTimeoutError
 
     if isinstance(e, PeerTimeoutError):
         return f"{str(e).rstrip('.')}.{next_step()}"
-    if not isinstance(e, dist.DistError):
+    gloo = "/gloo/" in str(e)  # gloo's own errors (a timed-out recv, a closed peer) are plain
+    if not isinstance(e, dist.DistError) and not gloo:
         return None
     who = f"rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')}"
     return (

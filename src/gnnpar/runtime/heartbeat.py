@@ -87,6 +87,7 @@ class Heartbeat:
         self.silence_s = 0.9 * timeout_s
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="gnnpar-heartbeat", daemon=True)
+        self.io = threading.Thread(target=self._exchange, name="gnnpar-heartbeat-io", daemon=True)
         self.machine = machine_id()
         me = [socket.gethostname(), str(os.getpid()), local_address() or "-", self.machine or "-"]
         self.me = " ".join(me)
@@ -99,6 +100,8 @@ class Heartbeat:
         """This rank is done: say so, so that nobody takes its silence for a stall."""
         self.stop_event.set()
         self.thread.join(timeout=5 * self.interval + 1)
+        if self.io.ident is not None:  # its last count must not follow "done"
+            self.io.join(timeout=5 * self.interval + 1)
         try:
             self.store.set(self._key(self.rank), "done")
         except Exception:  # the store may already be gone at the very end of a run
@@ -108,21 +111,26 @@ class Heartbeat:
         return f"heartbeat/{rank}"
 
     def _run(self) -> None:
-        count = 0
-        start = last_ok = time.monotonic()
+        """Watch: every ``interval``, the newest answer of the store (:meth:`_exchange`) and
+        the peers' beats in it. A call to a store across a network that went down does not
+        return (TCPStore's timeout does not bound it) until the network is back, so the calls
+        run in a thread of their own and the watch reads their newest result."""
+        start = time.monotonic()
+        self._answer: tuple[float, list[bytes | None] | None, Exception | None] = (
+            start,
+            None,
+            None,
+        )  # (when the store last answered, the peers' beats then, the newest error since)
+        self.io.start()
         seen: dict[int, tuple[bytes | None, float]] = {}  # rank -> (last value, when it changed)
         peers = [r for r in range(self.world) if r != self.rank]
-        while not self.stop_event.wait(self.interval if count else 0):
-            count += 1
-            try:
-                self.store.set(self._key(self.rank), f"{count} {self.me}")
-                values = [self._get(r) for r in peers]
-            except Exception as e:  # the store itself stopped answering
-                if time.monotonic() - last_ok > self.silence_s:
-                    self._fail(self._store_silent(time.monotonic() - last_ok, e, seen))
+        while not self.stop_event.wait(self.interval):
+            now = time.monotonic()
+            answered, values, error = self._answer
+            if now - answered > self.silence_s:  # the store itself stopped answering
+                self._fail(self._store_silent(now - answered, error, seen))
                 continue
-            now = last_ok = time.monotonic()
-            for r, value in zip(peers, values):
+            for r, value in zip(peers, values or []):
                 old, since = seen.get(r, (None, start))
                 if value != old:
                     seen[r] = (value, now)
@@ -138,14 +146,32 @@ class Heartbeat:
                         machine=machine,
                     )
 
+    def _exchange(self) -> None:
+        """Beat: write this rank's count and read the peers' beats, every ``interval``."""
+        count = 0
+        peers = [r for r in range(self.world) if r != self.rank]
+        while not self.stop_event.is_set():
+            count += 1
+            try:
+                self.store.set(self._key(self.rank), f"{count} {self.me}")
+                values = [self._get(r) for r in peers]
+            except Exception as e:  # refused, reset, timed out: the watch decides
+                self._answer = (*self._answer[:2], e)
+            else:
+                self._answer = (time.monotonic(), values, None)
+            self.stop_event.wait(self.interval)
+
     def _store_silent(
-        self, silent_s: float, e: Exception, seen: dict[int, tuple[bytes | None, float]]
+        self, silent_s: float, e: Exception | None, seen: dict[int, tuple[bytes | None, float]]
     ) -> str:
         """The message for a store that stopped answering: where it is, and who holds it."""
         addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         where = f" at {addr}:{port}" if addr and port else ""
         holder = f" (on the host of {describe(0, seen[0][0])[0]})" if seen.get(0) else ""
-        cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if e is None:
+            cause = "a call to it has not returned"
+        else:
+            cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         return (
             f"the run's key-value store{where}{holder} stopped answering for {silent_s:.1f} s "
             f"(--timeout {self.timeout_s:g}; {cause}): that host is down, or the network "
