@@ -176,6 +176,7 @@ def peer_failure(e: BaseException) -> str | None:
     (a gloo/NCCL timeout or a closed connection: torch's ``DistError``s and gloo's own
     RuntimeErrors, or a store wait that timed out); None for any other error. A rank of torchrun's prints it (the CLI) instead of a
     traceback; gnnpar's own launcher reports its ranks' failures itself."""
+    from gnnpar.runtime import heartbeat
     from gnnpar.runtime.heartbeat import next_step
     from gnnpar.runtime.store import PeerTimeoutError
 
@@ -185,9 +186,10 @@ def peer_failure(e: BaseException) -> str | None:
     if not isinstance(e, dist.DistError) and not gloo:
         return None
     who = f"rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')}"
+    seen = f" (by then {heartbeat.silence})" if heartbeat.silence else ""
     return (
-        f"{who}: a collective or store call with the other ranks failed ({_first_line(e)}): a "
-        "peer stopped answering (crashed, stalled, or its host went down), or the network "
+        f"{who}: a collective or store call with the other ranks failed ({_first_line(e)}){seen}:"
+        " a peer stopped answering (crashed, stalled, or its host went down), or the network "
         f"between the hosts is down.{next_step()}"
     )
 

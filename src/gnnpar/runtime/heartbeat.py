@@ -115,6 +115,7 @@ class Heartbeat:
         the peers' beats in it. A call to a store across a network that went down does not
         return (TCPStore's timeout does not bound it) until the network is back, so the calls
         run in a thread of their own and the watch reads their newest result."""
+        global silence  # what it saw silent last: dist.peer_failure names it
         start = time.monotonic()
         self._answer: tuple[float, list[bytes | None] | None, Exception | None] = (
             start,
@@ -130,11 +131,20 @@ class Heartbeat:
             if now - answered > self.silence_s:  # the store itself stopped answering
                 self._fail(self._store_silent(now - answered, error, seen))
                 continue
+            quiet = 2 * self.interval  # a silence worth naming should a collective fail now
+            silence = None
+            if now - answered > quiet:
+                silence = f"the store had not answered for {now - answered:.1f} s"
             for r, value in zip(peers, values or []):
                 old, since = seen.get(r, (None, start))
                 if value != old:
                     seen[r] = (value, now)
-                elif value != b"done" and now - since > self.silence_s:
+                    continue
+                if value != b"done" and now - since > quiet and silence is None:
+                    silence = (
+                        f"{describe(r, value)[0]} had sent no heartbeat for {now - since:.1f} s"
+                    )
+                if value != b"done" and now - since > self.silence_s:
                     who, host, pid, machine = describe(r, value)
                     self._fail(
                         f"{who} stopped answering: no heartbeat for {now - since:.0f} s "
@@ -210,6 +220,11 @@ class Heartbeat:
         if pid:
             self._end_local(host, pid, machine)  # after the report: the launcher finds it first
         os._exit(1)
+
+
+# What this rank's heartbeat watch last saw silent, if anything: the store, or the peer silent
+# longest (``None`` when all answered). A collective that fails names it (dist.peer_failure).
+silence: str | None = None
 
 
 def next_step() -> str:
