@@ -174,10 +174,13 @@ class Heartbeat:
     def _store_silent(
         self, silent_s: float, e: Exception | None, seen: dict[int, tuple[bytes | None, float]]
     ) -> str:
-        """The message for a store that stopped answering: where it is, and who holds it."""
+        """The message for a store that stopped answering: where it is, and which rank's host
+        holds it (a rank there beats with the store's address as its own)."""
         addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         where = f" at {addr}:{port}" if addr and port else ""
-        holder = f" (on the host of {describe(0, seen[0][0])[0]})" if seen.get(0) else ""
+        # the store lives on the host whose ranks reach it at its own address
+        near = [r for r, (value, _) in seen.items() if addr and _field(value, 3) == addr]
+        holder = f" (on the host of {describe(near[0], seen[near[0]][0])[0]})" if near else ""
         if e is None:
             cause = "a call to it has not returned"
         else:
@@ -243,9 +246,13 @@ def describe(rank: int, value: bytes | None) -> tuple[str, str, int, str]:
     ("<count> <host> <pid>[ <address> <machine>]"; "-" for one it did not know)."""
     if not value:
         return f"rank {rank}", "", 0, ""
-    fields = value.decode(errors="replace").split(" ")
-    host, pid = fields[1], int(fields[2]) if fields[2:3] and fields[2].isdigit() else 0
-    addr = fields[3] if len(fields) > 3 and fields[3] != "-" else ""
-    machine = fields[4] if len(fields) > 4 and fields[4] != "-" else ""
+    host, pid_text, addr, machine = (_field(value, i) for i in (1, 2, 3, 4))
+    pid = int(pid_text) if pid_text.isdigit() else 0
     at = f" at {addr}" if addr else ""
     return f"rank {rank} (host {host}{at}, pid {pid})", host, pid, machine
+
+
+def _field(value: bytes | None, i: int) -> str:
+    """Field ``i`` of a beat ("" where it has none, or "-")."""
+    fields = value.decode(errors="replace").split(" ") if value else []
+    return fields[i] if len(fields) > i and fields[i] != "-" else ""
