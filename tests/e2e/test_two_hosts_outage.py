@@ -168,6 +168,7 @@ def test_an_outage_of_three_timeouts_is_survived_and_each_host_names_the_other(o
     r = run.result()
     assert r["restarts"] == 1 and r["resumed_from"], r
     assert r["epochs"] == EPOCHS
+    assert r["storage"]["result.json, model.pt, metrics.jsonl"] == "global rank 0's host only"
     # each host holds its own rank's checkpoint parts and no other: no folder was shared
     held = [{p.name for p in (out / "checkpoints").glob("*/rank*")} for out in run.outs]
     assert sorted(held, key=sorted) == [{"rank0.json", "rank0.pt"}, {"rank1.json", "rank1.pt"}]

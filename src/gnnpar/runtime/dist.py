@@ -182,7 +182,9 @@ def peer_failure(e: BaseException) -> str | None:
 
     if isinstance(e, PeerTimeoutError):
         return f"{str(e).rstrip('.')}.{next_step()}"
-    gloo = "/gloo/" in str(e)  # gloo's own errors (a timed-out recv, a closed peer) are plain
+    gloo = isinstance(e, RuntimeError) and "/gloo/" in str(
+        e
+    )  # gloo's own errors (a timed-out recv, a closed peer) are plain
     if not isinstance(e, dist.DistError) and not gloo:
         return None
     who = f"rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')}"
