@@ -11,6 +11,11 @@ Specification:
   once the link is back, they agree on the newest checkpoint both hold and resume from it, and
   both hosts exit 0. Allreduce ends with the single-host run's weights, bit for bit; gossip
   trains every subgraph of every epoch exactly once across the two attempts;
+* afterwards, one rank's part of the newest checkpoint damaged on its host: ``--resume`` on
+  both hosts reports it (naming the rank and its host) and resumes from the one before, which
+  both hold, ending with the same weights; every part of that rank damaged: each host ends
+  with one message naming the folder and what to do (exit 2 from gnnpar, 1 from torchrun),
+  no traceback from gnnpar;
 * the link goes down for good: both hosts end (exit 1) within the README's bounds — the host
   holding the rendezvous after --timeout plus torchrun's ``join_timeout``, the other after
   --timeout plus the kernel's TCP give-up time (``tcp_retries2`` 7: ~51 s) — each with one
@@ -49,8 +54,10 @@ ARGS += ["--eval-every", "0", "--timeout", str(TIMEOUT), "--partitions", "4"]
 ARGS += ["--epochs", str(EPOCHS), "--checkpoint-every", "1", "--slowdown", "0=8,1=8"]
 
 
-def torchrun_pair(h: Hosts, tmp: Path, name: str, port: int, join_s: int, args: list) -> Run:
-    """The README's two commands with --max-restarts 2, host A holding the rendezvous."""
+def torchrun_pair(
+    h: Hosts, tmp: Path, name: str, port: int, join_s: int, args: list, restarts: int = 2
+) -> Run:
+    """The README's two commands with --max-restarts, host A holding the rendezvous."""
     procs, outs, logs = [], [], []
     for ns, ifname, addr, conf in (
         (h.a, h.if_a, h.addr_a, f"is_host=true,join_timeout={join_s}"),
@@ -60,7 +67,7 @@ def torchrun_pair(h: Hosts, tmp: Path, name: str, port: int, join_s: int, args: 
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run"]
         cmd += ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
         cmd += ["--rdzv-endpoint", f"{h.addr_a}:{port}", "--rdzv-id", name, "--rdzv-conf", conf]
-        cmd += ["--local-addr", addr, "--max-restarts", "2"]
+        cmd += ["--local-addr", addr, "--max-restarts", str(restarts)]
         cmd += ["-m", "gnnpar", "train", *args, "--out", str(out)]
         procs.append(_start(cmd, log, _env(GLOO_SOCKET_IFNAME=ifname)))
         outs.append(out)
@@ -202,3 +209,66 @@ def test_a_host_that_never_comes_back_ends_both_hosts_within_the_readmes_bounds(
         assert len(errors) == 1 and peer in errors[0], run.tail()
     _no_gnnpar_traceback(run)
     assert not any((out / "result.json").exists() for out in run.outs)
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+
+
+@pytest.fixture(scope="module")
+def damaged(outage, hosts, tmp_path_factory):
+    """The allreduce pair's --outs copied twice; in one, rank 1's newest part damaged, in the
+    other every part of rank 1; then ``--resume`` on both hosts, both runs at once."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("damaged")
+    ar = outage.runs["allreduce"]
+    one = next(i for i, out in enumerate(ar.outs) if any(out.glob("checkpoints/*/rank1.pt")))
+    runs = {}
+    for name, port, which in (("newest", 29414, slice(-1, None)), ("all", 29415, slice(None))):
+        for host, out in enumerate(ar.outs):
+            shutil.copytree(out, tmp / f"{name}-{'ab'[host]}")
+        parts = sorted((tmp / f"{name}-{'ab'[one]}").glob("checkpoints/*/rank1.pt"))
+        assert len(parts) == 2, parts
+        for part in parts[which]:
+            _flip_last_byte(part)
+        args = [*ARGS, "--strategy", "allreduce", "--resume"]
+        runs[name] = torchrun_pair(hosts, tmp, name, port, 60, args, restarts=0)
+    t0 = time.monotonic()
+    try:
+        for run in runs.values():
+            for p in run.procs:
+                p.wait(timeout=max(1, DEADLINE_S - (time.monotonic() - t0)))
+    except BaseException:
+        _kill(list(runs.values()))
+        raise
+    return runs, one
+
+
+@pytest.mark.timeout(600)
+def test_a_part_damaged_on_one_host_is_named_and_both_resume_from_the_one_before(damaged, outage):
+    runs, one = damaged
+    run = runs["newest"]
+    assert [p.returncode for p in run.procs] == [0, 0], run.tail()
+    text = "\n".join(log.read_text() for log in run.logs)
+    assert (
+        "epoch-000039-step-00000000 is damaged (its rank1.pt does not match its manifest's "
+        "SHA-256) on rank 1 (host " in text
+    ), text
+    assert "resuming from" in text and "epoch-000038-step-00000000" in text, text
+    wa, wb = run.weights(), outage.runs["one-host"].weights()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.timeout(600)
+def test_every_part_damaged_on_one_host_ends_both_hosts_with_one_message(damaged):
+    runs, _ = damaged
+    run = runs["all"]
+    assert all(p.returncode in (1, 2) for p in run.procs), run.tail()
+    for host in (0, 1):
+        errors = _gnnpar_errors(run, host)
+        assert len(errors) == 1, run.tail()
+        assert "can be resumed from" in errors[0] and "on every host" in errors[0], errors
+        assert "on rank 1 (host " in errors[0], errors
+    _no_gnnpar_traceback(run)
