@@ -71,6 +71,7 @@ from gnnpar.config.schema import Config
 from gnnpar.data import safe_load
 from gnnpar.parallel.collectives import barrier, gather_to_all
 from gnnpar.runtime.dist import restart_count
+from gnnpar.runtime.heartbeat import local_address, machine_id
 
 KEEP = 2
 FORMAT = "gnnpar-checkpoint-part-1"
@@ -188,8 +189,11 @@ class Checkpointer:
             manifest, mine[path.name] = self._check(path)
             if manifest is not None:
                 manifests[path.name] = manifest
-        reports = gather_to_all({"host": socket.gethostname(), "parts": mine})
-        hosts = [r["host"] for r in reports]
+        me = {"host": socket.gethostname(), "addr": local_address(), "machine": machine_id()}
+        reports = gather_to_all({**me, "parts": mine})
+        # hosts may share a name (clones, containers): the address tells them apart in messages
+        hosts = [r["host"] + (f" at {r['addr']}" if r["addr"] else "") for r in reports]
+        machines = {(r["host"], r["machine"]) for r in reports}
         everyone = [r["parts"] for r in reports]  # per rank: {name: (why, refusal)}
         tried: dict[str, str] = {}  # name -> what is wrong with it, in the order reported
         while True:
@@ -222,7 +226,7 @@ class Checkpointer:
             return None
         listed = [f"{name} {why}" for name, why in tried.items()]
         found = "; ".join(listed[:3]) + (f"; and {len(listed) - 3} more" if listed[3:] else "")
-        where = f"{self.folder}" + (" on every host" if len(set(hosts)) > 1 else "")
+        where = f"{self.folder}" + (" on every host" if len(machines) > 1 else "")
         raise UsageError(
             f"no checkpoint in {self.folder} can be resumed from ({found}). To start the "
             f"run afresh, delete {where} (a run without --resume removes it too)."
