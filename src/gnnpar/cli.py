@@ -250,14 +250,23 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # a cache lock whose holder stopped answering: exit 1, its message
         from gnnpar.data.filelock import CacheLockTimeout
 
-        if not isinstance(e, CacheLockTimeout):
+        peer = _peer_failure(e)  # torchrun's rank: a peer (or the network to it) went away
+        if not isinstance(e, CacheLockTimeout) and peer is None:
             raise
-        print(f"gnnpar: error: {e}", file=sys.stderr)
+        print(f"gnnpar: error: {peer or e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("gnnpar: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _peer_failure(e: RuntimeError) -> str | None:
+    if "torch.distributed" not in sys.modules:  # no rank ever joined a group here
+        return None
+    from gnnpar.runtime.dist import peer_failure
+
+    return peer_failure(e)
 
 
 def _print_summary(r: dict) -> None:

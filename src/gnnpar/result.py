@@ -170,6 +170,13 @@ CHECKPOINT: dict[str, str] = {
     "restarts": "restarts of the ranks before this attempt (--max-restarts, torchrun)",
     "resumed_from": "the checkpoint this attempt continued from (only when resumed)",
     "lost_time_s": "from that checkpoint's writing to its restoring (only when resumed)",
+    "storage": "which host holds which file (STORAGE): no file system need be shared",
+}
+# result.json's "storage": where a multi-host run leaves its files, each host in its own --out
+STORAGE = {
+    "result.json, model.pt, metrics.jsonl": "global rank 0's host only",
+    "checkpoints": "each rank's host: its own part, <out>/checkpoints/*/rank<R>.pt + rank<R>.json;"
+    " resuming needs only those (gnnpar.training.checkpoint)",
 }
 REQUIRED_KEYS = tuple(CONTRACT)
 KEYS: dict[str, str] = {
@@ -254,6 +261,7 @@ def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]
         result["checkpoints_written"] = len(c.save_times)
         result["checkpoint_time_s"] = summarize(c.save_times)
         result["restarts"] = c.restarts
+        result["storage"] = STORAGE
         if c.resumed_from is not None:
             result["resumed_from"] = c.resumed_from
             result["lost_time_s"] = c.lost_time_s

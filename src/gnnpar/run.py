@@ -36,7 +36,7 @@ from gnnpar.runtime import dist, launch, slurm
 from gnnpar.runtime.footprint import check_memory
 from gnnpar.runtime.heartbeat import Heartbeat
 from gnnpar.strategies import registry
-from gnnpar.training.checkpoint import Checkpointer, complete_checkpoints
+from gnnpar.training.checkpoint import Checkpointer, checkpoint_folders
 from gnnpar.training.checkpoint import clear as clear_checkpoints
 from gnnpar.training.loop import Outcome, train
 
@@ -94,7 +94,7 @@ def run(cfg: Config) -> dict[str, Any] | None:
         cfg.run.out = default_out(cfg)
     if cfg.run.out is not None:
         check_out(cfg.run.out)
-    if cfg.run.resume and not complete_checkpoints(cfg.run.out):
+    if cfg.run.resume and not checkpoint_folders(cfg.run.out):
         raise UsageError(
             f"--resume: {cfg.run.out}/checkpoints/ holds no complete checkpoint to continue "
             "from (was the run started with --checkpoint-every N?)."
@@ -196,4 +196,5 @@ def checkpointer(cfg: Config, ctx: dist.DistContext) -> Checkpointer | None:
         r.out, ctx.rank, ctx.world_size, every, steps, r.resume or dist.restart_count() > 0
     )
     ckpt.config = cfg.to_dict()
+    ckpt.explicit = r.resume
     return ckpt

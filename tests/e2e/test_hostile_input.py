@@ -10,6 +10,7 @@ set with monkeypatch. Rows that start processes, wait for --timeout or need a si
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import signal
@@ -157,15 +158,14 @@ def _random_bytes(n: int, seed: int) -> bytes:
 CKPT = "run/checkpoints"
 
 
-def _checkpoints(*markers: bytes | str, metadata: bytes | None = None) -> dict[str, bytes | str]:
-    """Checkpoint folders under {tmp}/run (train()'s --out), one per marker (gnnpar.json); the
-    other files random bytes, or ``metadata`` as .metadata."""
+def _checkpoints(*manifests: bytes | str) -> dict[str, bytes | str]:
+    """Checkpoint folders under {tmp}/run (train()'s --out), one per manifest (rank0.json); the
+    part (rank0.pt) random bytes."""
     files: dict[str, bytes | str] = {}
-    for i, marker in enumerate(markers, 1):
+    for i, manifest in enumerate(manifests, 1):
         folder = f"{CKPT}/epoch-{i:06d}-step-00000000"
-        files[f"{folder}/gnnpar.json"] = marker
-        files[f"{folder}/.metadata"] = _random_bytes(300, i) if metadata is None else metadata
-        files[f"{folder}/__0_0.distcp"] = _random_bytes(5000, 10 + i)
+        files[f"{folder}/rank0.json"] = manifest
+        files[f"{folder}/rank0.pt"] = _random_bytes(5000, 10 + i)
     return files
 
 
@@ -426,14 +426,14 @@ ROWS = [
         "resume foreign checkpoint folders",
         train("--resume"),
         2,
-        "has a gnnpar.json that is not a gnnpar checkpoint's",
+        "has a rank0.json that is not a gnnpar checkpoint's",
         files=_checkpoints("[1, 2]", '{"epoch": "one"}', "null"),
     ),
     Row(
         "resume marker not UTF-8",
         train("--resume"),
         2,
-        "has an unreadable gnnpar.json (not UTF-8 JSON)",
+        "has an unreadable rank0.json (not UTF-8 JSON)",
         files=_checkpoints(b"\xff\xfe{}"),
     ),
     # ------------------------------------------------ environment (torchrun's variables)
@@ -597,8 +597,17 @@ def test_hostile_input(row: Row, tmp_path, capsys, monkeypatch):
 
 
 # ------------------------------------------------ checkpoints of a real run, then tampered with
-def _pickled_command(path: Path) -> None:
-    path.write_bytes(_pickle(_RunsCode()))
+def _pickled_command(path: Path, pwned: Path | None = None) -> None:
+    """``path`` (a rank's part) made a pickle that runs a command, and its manifest made to
+    match it: only the loader's allowlist stands between the file and the command."""
+    import hashlib
+
+    data = _pickle(_RunsCode() if pwned is None else _RunsCode(pwned))
+    path.write_bytes(data)
+    manifest_path = path.with_suffix(".json")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["file"] |= {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest_path.write_text(json.dumps(manifest))
 
 
 def _halved(path: Path) -> None:
@@ -610,14 +619,14 @@ def _random(path: Path) -> None:
 
 
 TAMPERED = {  # files of each checkpoint -> change, phrase
-    ".metadata running code": (
-        ".metadata",
+    "part running code, manifest to match": (
+        "rank0.pt",
         _pickled_command,
-        "its .metadata holds posix.system, which loading would have to execute",
+        "its rank0.pt holds posix.system, which loading would have to execute",
     ),
-    "parts truncated": ("*.distcp", _halved, "is damaged (CheckpointException)"),
-    ".metadata truncated": (".metadata", _halved, "is damaged (UnpicklingError in .metadata)"),
-    "every file random bytes": ("*", _random, "has an unreadable gnnpar.json"),
+    "parts truncated": ("rank0.pt", _halved, "is damaged (its rank0.pt has"),
+    "manifest truncated": ("rank0.json", _halved, "has an unreadable rank0.json (not UTF-8"),
+    "every file random bytes": ("*", _random, "has an unreadable rank0.json"),
 }
 
 
@@ -689,7 +698,7 @@ def test_rendezvous_failures_end_with_one_message(case, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["every file random bytes", ".metadata running code"])
+@pytest.mark.parametrize("case", ["every file random bytes", "part running code"])
 def test_two_ranks_resuming_over_tampered_checkpoints_exit_2(case, tmp_path):
     """Two ranks (allreduce) reject the same checkpoints together and the launcher reports the
     ranks' UsageError: exit 2, one message naming the folder, nothing run from the files."""
@@ -704,8 +713,8 @@ def test_two_ranks_resuming_over_tampered_checkpoints_exit_2(case, tmp_path):
         for path in folder.iterdir():
             if case == "every file random bytes":
                 path.write_bytes(_random_bytes(max(path.stat().st_size, 1), len(path.name)))
-            elif path.name == ".metadata":
-                path.write_bytes(_pickle(_RunsCode(pwned)))
+            elif path.suffix == ".pt":
+                _pickled_command(path, pwned)
     proc = run_cli(*args, "--resume")
     assert proc.returncode == 2, proc.stderr
     assert f"no checkpoint in {out / 'checkpoints'} can be resumed from" in proc.stderr

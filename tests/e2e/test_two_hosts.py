@@ -17,7 +17,8 @@ traffic stays inside the namespaces. Every run is started at once (they wait on 
 start-up, not on the two cores) and each has a deadline; on failure every process is killed.
 
 Needs root and ``ip``; skipped with the reason otherwise, and a failure instead of a skip when
-``GNNPAR_REQUIRE_NETNS=1`` (CI sets it: there the machine can).
+``GNNPAR_REQUIRE_NETNS=1`` (CI sets it: there the machine can). The namespaces are made by
+tests/e2e/netns.py (fixture ``hosts``, tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,94 +38,15 @@ import pytest
 import torch
 
 from helpers import ROOT
+from tests.e2e.netns import Hosts, ip
 from tests.strategies.test_gossip import check_pool
 
 pytestmark = pytest.mark.slow
 
-ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"  # private /30; each run has its own namespaces
-PREFIX = "gnnpar-t"  # namespaces gnnpar-t<pid>-a/-b, veth ends gta<pid>/gtb<pid>
+ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"  # the fixture ``hosts``'s private /30
 DEADLINE_S = 420  # for all the runs together; they usually take well under a minute each
 COMMON = ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--seed", "5"]
 COMMON += ["--threads", "1", "--timeout", "90", "--eval-every", "0", "--quiet"]
-
-
-@dataclass
-class Hosts:
-    a: str  # namespace names
-    b: str
-    if_a: str  # veth ends
-    if_b: str
-
-
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _pid_alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def _kill_namespace_processes(ns: str) -> None:
-    for pid in _ip("netns", "pids", ns).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-
-
-def _remove(ns: str) -> None:
-    _kill_namespace_processes(ns)
-    _ip("netns", "delete", ns)  # deletes its end of the veth, and so the pair
-
-
-def _clean_stale() -> None:
-    """Namespaces and veth ends left by an earlier run that was killed before its teardown."""
-    for line in _ip("netns", "list").stdout.splitlines():
-        m = re.match(rf"({PREFIX}(\d+)-[ab])\b", line)
-        if m and not _pid_alive(int(m[2])):
-            _remove(m[1])
-    for m in re.finditer(r"^\d+: (gt[ab](\d+))[@:]", _ip("-o", "link", "show").stdout, re.M):
-        if not _pid_alive(int(m[2])):
-            _ip("link", "delete", m[1])
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("GNNPAR_REQUIRE_NETNS") == "1":
-        pytest.fail(f"GNNPAR_REQUIRE_NETNS=1 but two network namespaces cannot be made: {reason}")
-    pytest.skip(f"two-host test needs network namespaces: {reason}")
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    if shutil.which("ip") is None:
-        _unavailable("the `ip` command (iproute2) is not installed")
-    if os.geteuid() != 0:
-        _unavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
-    _clean_stale()
-    pid = os.getpid()
-    h = Hosts(f"{PREFIX}{pid}-a", f"{PREFIX}{pid}-b", f"gta{pid}", f"gtb{pid}")
-    steps = [
-        ("netns", "add", h.a),
-        ("netns", "add", h.b),
-        ("link", "add", h.if_a, "type", "veth", "peer", "name", h.if_b),
-        ("link", "set", h.if_a, "netns", h.a),
-        ("link", "set", h.if_b, "netns", h.b),
-        ("-n", h.a, "addr", "add", f"{ADDR_A}/30", "dev", h.if_a),
-        ("-n", h.b, "addr", "add", f"{ADDR_B}/30", "dev", h.if_b),
-        *[("-n", ns, "link", "set", dev, "up") for ns, dev in ((h.a, "lo"), (h.b, "lo"))],
-        ("-n", h.a, "link", "set", h.if_a, "up"),
-        ("-n", h.b, "link", "set", h.if_b, "up"),
-    ]
-    try:
-        for step in steps:
-            proc = _ip(*step)
-            if proc.returncode != 0:
-                _unavailable(f"`ip {' '.join(step)}` failed: {proc.stderr.strip()}")
-        yield h
-    finally:
-        for ns in (h.a, h.b):
-            _remove(ns)
-        _ip("link", "delete", h.if_a)  # only there if setup stopped before moving it
 
 
 # ---------------------------------------------------------------------------------- the runs
@@ -281,7 +202,7 @@ def run_all(h: Hosts, runs: list[Run]) -> Watch:
                 if ns is not None and ns not in ns_ids:
                     watch.stray.add((pid, ns))
             for ns in (h.a, h.b):  # one process per namespace shows that namespace's table
-                pids = _ip("netns", "pids", ns).stdout.split()
+                pids = ip("netns", "pids", ns).stdout.split()
                 rows = _tcp_sockets(pids[0]) if pids else []
                 watch.addresses |= {a for row in rows for a in row[:2]}
                 if any({lo, rem} == {ADDR_A, ADDR_B} and st == "01" for lo, rem, st in rows):
@@ -388,6 +309,6 @@ def test_traffic_stays_inside_the_two_namespaces(runs, hosts):
     assert watch.cross > 0
     assert watch.addresses <= {ADDR_A, ADDR_B, "127.0.0.1", "0.0.0.0"}, watch.addresses
     # the root namespace has neither address, and no socket of its own used them
-    assert not {ADDR_A, ADDR_B} & set(re.findall(r"inet ([\d.]+)", _ip("-o", "addr").stdout))
+    assert not {ADDR_A, ADDR_B} & set(re.findall(r"inet ([\d.]+)", ip("-o", "addr").stdout))
     root = {a for row in _tcp_sockets("self") for a in row[:2]}
     assert not root & {ADDR_A, ADDR_B}

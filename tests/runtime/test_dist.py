@@ -236,3 +236,34 @@ def test_two_srun_tasks_train_together_like_two_local_workers(tmp_path):
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     r = json.loads((tmp_path / "task0" / "result.json").read_text())
     assert r["workers"] == 2 and r["per_worker_batches"] == [4, 4]
+
+
+def test_a_collective_that_failed_because_a_peer_went_away_gets_one_message_naming_it(
+    monkeypatch,
+):
+    """What a torchrun rank prints (gnnpar.cli) instead of a traceback when its collective
+    fails because a peer or the network went away: gloo's plain RuntimeErrors and torch's
+    DistErrors, with what the heartbeat watch saw silent by then; other errors are not its."""
+    import torch.distributed as tdist
+
+    from gnnpar.runtime import heartbeat
+    from gnnpar.runtime.dist import peer_failure
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(
+        heartbeat, "silence", "rank 0 (host a at 10.0.0.1, pid 7) had sent no heartbeat for 4.2 s"
+    )
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+        "5000ms for recv operation to complete"
+    )
+    message = peer_failure(gloo)
+    assert message.startswith(
+        "rank 1 of 2: a collective or store call with the other ranks "
+        "failed ([../third_party/gloo/gloo/transport/tcp/unbound_buffer"
+    )
+    assert "(by then rank 0 (host a at 10.0.0.1, pid 7) had sent no heartbeat for 4.2 s)" in message
+    assert peer_failure(tdist.DistNetworkError("Connection reset by peer")) is not None
+    assert peer_failure(RuntimeError("CUDA out of memory")) is None
+    assert peer_failure(ValueError("/gloo/ is not a peer")) is None

@@ -64,7 +64,7 @@ class _Recorded(Heartbeat):
         super().__init__(*args)
         self.failures: list[tuple[str, str, int]] = []
 
-    def _fail(self, message: str, host: str = "", pid: int = 0) -> None:
+    def _fail(self, message: str, host: str = "", pid: int = 0, machine: str = "") -> None:
         self.failures.append((message, host, pid))
         self.stop_event.set()
 
@@ -131,9 +131,9 @@ def test_a_store_that_stops_answering_is_reported_after_the_silence():
     watcher = _Recorded(DeadStore(), 0, 2, 0.5).start()
     assert _wait_for(lambda: watcher.failures, 3)
     watcher.stop_event.set()
-    assert (
-        "the run's key-value store stopped answering (connection reset)" in watcher.failures[0][0]
-    )
+    message = watcher.failures[0][0]
+    assert message.startswith("the run's key-value store stopped answering for 0.")
+    assert "(--timeout 0.5; connection reset): that host is down, or the network" in message
 
 
 def test_the_beat_interval_follows_the_timeout():
@@ -142,3 +142,35 @@ def test_the_beat_interval_follows_the_timeout():
     assert Heartbeat(store, 0, 2, 10).interval == 0.5  # timeout / 20
     assert Heartbeat(store, 0, 2, 600).interval == 1.0  # at most 1 s
     assert Heartbeat(store, 0, 2, 10).silence_s == 9.0
+
+
+def test_a_silent_peer_on_another_host_is_named_by_its_address_and_never_killed_from_here():
+    """Two hosts may share a hostname (cloned VMs, containers, network namespaces of one
+    machine): the beat carries the address the peer reaches the store from and its machine id
+    (boot id and network namespace), so the message names the address, and only a peer on this
+    very machine is ended from here (one across a network is left to its own agent)."""
+    from gnnpar.runtime.heartbeat import describe, machine_id
+
+    store = tdist.HashStore()
+    watcher = _Recorded(store, 0, 2, 0.5)
+    assert watcher.machine == machine_id() and watcher.machine.count("/") == 1
+    store.set("heartbeat/1", "3 same-name 4242 10.0.0.2 boot/4026531840")
+    watcher.start()
+    assert _wait_for(lambda: watcher.failures, 3)
+    watcher.stop_event.set()
+    assert watcher.failures[0][0].startswith("rank 1 (host same-name at 10.0.0.2, pid 4242)")
+    assert describe(1, b"3 same-name 4242 - -") == (
+        "rank 1 (host same-name, pid 4242)",
+        "same-name",
+        4242,
+        "",
+    )
+    killed = []
+    watcher_end = Heartbeat(store, 0, 2, 0.5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("subprocess.Popen", lambda *a, **k: killed.append(a))
+        mp.setattr("socket.gethostname", lambda: "same-name")
+        watcher_end._end_local("same-name", 4242, "boot/4026531840")  # another namespace
+        assert killed == []
+        watcher_end._end_local("same-name", 4242, watcher_end.machine)  # this machine
+        assert len(killed) == 1

@@ -64,7 +64,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_one_before_used(tmp_path, caps
     b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
     assert main([*SEQ, "--epochs", "3", *b]) == 0
     newest = tmp_path / "b/checkpoints/epoch-000002-step-00000000"
-    (part,) = newest.glob("*.distcp")
+    part = newest / "rank0.pt"
     part.write_bytes(part.read_bytes()[:100])  # truncated, as by a full disk
     capsys.readouterr()
     assert main([*SEQ, "--epochs", "5", *b, "--resume"]) == 0
@@ -243,3 +243,92 @@ def torchrun_rank_pid(launcher: int, rank: int) -> int:
         if int(stat[1]) == launcher and f"RANK={rank}" in env:
             return int(entry.name)
     raise AssertionError(f"torchrun {launcher} has no rank {rank}")
+
+
+# ------------------------------------ issue 23: parts verifiable on their own, resume agreed on
+def _part(tmp_path: Path, name: str = "epoch-000003-step-00000000", rank: int = 1) -> Path:
+    from gnnpar.training.checkpoint import write_part
+
+    folder = tmp_path / "checkpoints" / name
+    part = {"model": {"w": torch.arange(6.0)}, "optim": {}, "loop": {"log": {}}}
+    meta = {"epoch": 3, "step": 0, "world": 2, "time": 1.5, "config": {"run": {"seed": 1}}}
+    write_part(folder, rank, part, meta)
+    return folder
+
+
+def test_a_written_part_verifies_on_its_own_and_any_change_to_it_is_named(tmp_path):
+    """A rank's part is checked with nothing but its own two files: the manifest (written last)
+    records the part's size and SHA-256, so truncation, a flipped byte, a part without its
+    manifest, or a manifest moved to another checkpoint are each found, and named."""
+    from gnnpar.training.checkpoint import MISSING, verify_part
+
+    folder = _part(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["rank1.json", "rank1.pt"]  # no temp
+    manifest, why = verify_part(folder, 1)
+    assert why == "" and (manifest["rank"], manifest["epoch"], manifest["world"]) == (1, 3, 2)
+    assert manifest["file"]["bytes"] == (folder / "rank1.pt").stat().st_size
+    assert verify_part(folder, 0) == (None, MISSING)  # another rank's part lives elsewhere
+
+    data = (folder / "rank1.pt").read_bytes()
+    (folder / "rank1.pt").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert verify_part(folder, 1) == (
+        None,
+        "is damaged (its rank1.pt does not match its manifest's SHA-256)",
+    )
+    (folder / "rank1.pt").write_bytes(data[:100])
+    assert verify_part(folder, 1)[1] == (
+        f"is damaged (its rank1.pt has 100 bytes, its manifest says {len(data)})"
+    )
+    moved = tmp_path / "checkpoints/epoch-000004-step-00000000"
+    moved.mkdir()
+    (folder / "rank1.json").rename(moved / "rank1.json")
+    (moved / "rank1.pt").write_bytes(data)
+    assert verify_part(moved, 1)[1] == "has a rank1.json of another checkpoint or rank"
+    assert verify_part(folder, 1)[1].startswith("is incomplete (its rank1.pt has no rank1.json")
+
+
+def test_rewriting_a_part_never_leaves_the_old_manifest_over_the_new_part(tmp_path):
+    """The old manifest goes before the new part is written: a rank that fails in between
+    leaves a part without a manifest (incomplete), never one that verifies against old bytes."""
+    from gnnpar.training.checkpoint import read_part, verify_part, write_part
+
+    folder = _part(tmp_path)
+
+    class Fail(Exception):
+        pass
+
+    def fail(*_):
+        raise Fail
+
+    meta = {"epoch": 3, "step": 0, "world": 2, "time": 2.5, "config": {}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "save", fail)
+        with pytest.raises(Fail):
+            write_part(folder, 1, {}, meta)
+    assert not (folder / "rank1.json").exists()
+    assert verify_part(folder, 1)[1].startswith("is incomplete")
+    (folder / "rank1.pt").unlink()
+    _part(tmp_path)
+    part, why = read_part(folder, 1)  # weights_only: the format check of the content
+    assert why == "is damaged (its rank1.pt is not a gnnpar checkpoint's part)" and part is None
+
+
+def test_ranks_agree_on_the_newest_checkpoint_every_one_of_them_holds_intact():
+    """Each host sees only its own ranks' parts: the newest checkpoint intact on every rank is
+    chosen, every newer one is reported with the first rank that lacks it, and every rank
+    computes the same from the same reports; nothing common, nothing chosen."""
+    from gnnpar.training.checkpoint import MISSING, agree
+
+    e = [f"epoch-{i:06d}-step-00000000" for i in range(5)]
+    s = "epoch-000003-step-00000007"  # a step checkpoint sorts by (epoch, step)
+    host_a = {e[1]: None, e[2]: None, e[3]: None, s: None, e[4]: None}  # wrote e4, then cut off
+    host_b = {e[1]: None, e[2]: None, e[3]: "is damaged (x)", s: None}
+    assert agree([host_a, host_b]) == (s, [(e[4], 1, MISSING)])
+    host_b[s] = "is damaged (y)"
+    assert agree([host_a, host_b]) == (
+        e[2],
+        [(e[4], 1, MISSING), (s, 1, "is damaged (y)"), (e[3], 1, "is damaged (x)")],
+    )
+    assert agree([host_b, host_a])[0] == e[2]  # the order of the ranks does not matter
+    assert agree([{e[1]: None}, {e[2]: None}]) == (None, [(e[2], 0, MISSING), (e[1], 1, MISSING)])
+    assert agree([{}, {}]) == (None, [])

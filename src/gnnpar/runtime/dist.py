@@ -162,8 +162,38 @@ def setup(timeout_s: float = 120.0) -> DistContext:
             )
             raise StoreUnreachableError(f"{what}. {_network_hint(rank, world)}") from None
     store = dist.PrefixStore(f"gnnpar/{attempt}", base)
-    beats = dist.PrefixStore(f"gnnpar/{attempt}", _make_store(rank, world, timeout, client=True))
+    # the heartbeat's own connection gives up on one call sooner, so that a store gone silent
+    # (its host, or the network to it, down) is reported by the heartbeat within --timeout
+    beat_timeout = datetime.timedelta(seconds=max(0.4 * timeout_s, 0.5))
+    beats = dist.PrefixStore(
+        f"gnnpar/{attempt}", _make_store(rank, world, beat_timeout, client=True)
+    )
     return DistContext(rank, world, local_rank, local_world, backend, device, store, beats)
+
+
+def peer_failure(e: BaseException) -> str | None:
+    """The message for a rank whose collective or store call failed because a peer went away
+    (a gloo/NCCL timeout or a closed connection: torch's ``DistError``s and gloo's own
+    RuntimeErrors, or a store wait that timed out); None for any other error. A rank of torchrun's prints it (the CLI) instead of a
+    traceback; gnnpar's own launcher reports its ranks' failures itself."""
+    from gnnpar.runtime import heartbeat
+    from gnnpar.runtime.heartbeat import next_step
+    from gnnpar.runtime.store import PeerTimeoutError
+
+    if isinstance(e, PeerTimeoutError):
+        return f"{str(e).rstrip('.')}.{next_step()}"
+    gloo = isinstance(e, RuntimeError) and "/gloo/" in str(
+        e
+    )  # gloo's own errors (a timed-out recv, a closed peer) are plain
+    if not isinstance(e, dist.DistError) and not gloo:
+        return None
+    who = f"rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')}"
+    seen = f" (by then {heartbeat.silence})" if heartbeat.silence else ""
+    return (
+        f"{who}: a collective or store call with the other ranks failed ({_first_line(e)}){seen}:"
+        " a peer stopped answering (crashed, stalled, or its host went down), or the network "
+        f"between the hosts is down.{next_step()}"
+    )
 
 
 def teardown() -> None:

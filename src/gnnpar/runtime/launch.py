@@ -53,6 +53,9 @@ GIB = 2**30
 # The modules the fork server imports after torch and PyG (comma-separated; read, and taken out
 # of the server's environment, by gnnpar.runtime.preload, which names the variable itself)
 PRELOAD_MODULES_ENV = "GNNPAR_PRELOAD_MODULES"
+# Set for the ranks this module starts: they report a failure through it, not on stderr
+# (gnnpar.runtime.heartbeat), as torchrun's ranks do
+OWN_LAUNCHER_ENV = "GNNPAR_OWN_LAUNCHER"
 
 
 def free_port() -> int:
@@ -245,6 +248,9 @@ def launch(
     old_omp = os.environ.get("OMP_NUM_THREADS")
     if old_omp is None:
         os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
+    # the ranks' own failure reports (heartbeat.py) come back through this launcher, not stderr
+    old_own = os.environ.get(OWN_LAUNCHER_ENV)
+    os.environ[OWN_LAUNCHER_ENV] = "1"
     # The agent's own chatter (and "Terminating process" notices when it stops the survivors of
     # a failure) would bury the one line that matters; failures are reported by _describe.
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
@@ -271,6 +277,8 @@ def launch(
             lg.setLevel(level)
         if old_omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
+        if old_own is None:
+            os.environ.pop(OWN_LAUNCHER_ENV, None)
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     return outputs
