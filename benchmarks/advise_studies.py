@@ -46,6 +46,19 @@ STUDY_003_REDDIT = {
     ("gossip", 8, 100): 5.27,
 }
 
+# study 002, table 2: PyG GraphSAGE, seconds for 50 epochs (longest rank), by (GPUs, workers, B)
+STUDY_002_SAGE = {
+    (1, 8, 512): 4758,
+    (1, 8, 1024): 3168,
+    (1, 8, 2048): 2138,
+    (2, 8, 512): 2818,
+    (2, 8, 1024): 2119,
+    (2, 8, 2048): 1593,
+    (4, 1, 512): 4306,
+    (4, 1, 1024): 3221,
+    (4, 1, 2048): 2407,
+}
+
 
 def load_profile(path: str) -> Profile:
     return Profile(**json.loads(Path(path).read_text())["profile"])
@@ -82,22 +95,62 @@ def study_003(prof: Profile, network: sim.Link, jitters: list[float], parts: int
     return rows
 
 
+def study_002(profs: list[Profile]) -> list[str]:
+    """Study 002's table 2 (GraphSAGE, PyG): 1, 2, 4 ranks on one host, each with its own
+    loader workers (8, 8, 1 as the study), the batch size per rank. A profile taken without
+    gloo (one rank) borrows the gloo costs of one that has them (same machine)."""
+    comm = next((p.comm for p in profs if p.comm), {})
+    rows = [
+        "| ranks | loader workers | batch | study 002 s (PyG, 50 epochs) | simulated s | "
+        "simulated speed-up over 1 rank | waiting | profile threads/rank |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for prof in profs:
+        prof.comm = prof.comm or comm
+        for b in sorted(prof.sampled, key=int):
+            one = None
+            for world, workers in ((1, 8), (2, 8), (4, 1)):
+                c = Candidate("sampled", {"batch_size": int(b), "loader_workers": workers}, world)
+                p = predict(c, prof, ClusterSpec(1, world), sim.NONE, prof.epochs)
+                one = one or p.train_time_s
+                rows.append(
+                    f"| {world} | {workers} | {b} | {STUDY_002_SAGE[(world, workers, int(b))]} | "
+                    f"{p.train_time_s:.0f} | {one / p.train_time_s:.2f} | {p.wait_share:.0%} | "
+                    f"{prof.threads} |"
+                )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reddit", required=True, help="advice.json of the Reddit stand-in")
+    ap.add_argument("--reddit", help="advice.json of the Reddit stand-in (Cluster-GCN)")
+    ap.add_argument("--sampled", nargs="*", default=[], help="advice.json files (study 002)")
     ap.add_argument("--network", default="100gbit,5us")
     ap.add_argument("--jitter", default="0,0.5,2", help="comma-separated --jitter values")
     ap.add_argument("--partitions", type=int, default=40)
-    args = ap.parse_args()
-    prof = load_profile(args.reddit)
-    jitters = [float(j) for j in args.jitter.split(",")]
-    rows = study_003(prof, parse_network(args.network), jitters, args.partitions)
-    print("\n".join(rows))
-    part = prof.parts_step_s[str(args.partitions)]
-    print(
-        f"\nper-part step (s): median {statistics.median(part):.4f}, "
-        f"min {min(part):.4f}, max {max(part):.4f}; parameters {prof.param_bytes / 1e3:.0f} kB"
+    ap.add_argument(
+        "--cores",
+        type=int,
+        help="study 002: cores of the simulated host, each as fast as one here "
+        "(default: this machine's); the study does not say its N1's",
     )
+    args = ap.parse_args()
+    if args.reddit:
+        prof = load_profile(args.reddit)
+        jitters = [float(j) for j in args.jitter.split(",")]
+        rows = study_003(prof, parse_network(args.network), jitters, args.partitions)
+        print("\n".join(rows))
+        part = prof.parts_step_s[str(args.partitions)]
+        print(
+            f"\nper-part step (s): median {statistics.median(part):.4f}, min {min(part):.4f}, "
+            f"max {max(part):.4f}; parameters {prof.param_bytes / 1e3:.0f} kB\n"
+        )
+    if args.sampled:
+        profs = [load_profile(p) for p in args.sampled]
+        for prof in profs:
+            prof.cores = args.cores or prof.cores
+        print(f"host of {profs[0].cores} cores")
+        print("\n".join(study_002(profs)))
 
 
 if __name__ == "__main__":
