@@ -264,3 +264,20 @@ def test_a_requested_strategy_left_out_says_why():
     one = {k: v for k, v in flags.items() if k not in ("hosts", "ranks_per_host", "network")}
     with pytest.raises(UsageError, match="hybrid: needs 2 or more ranks; the cluster has 1"):
         parse_request({**one, "strategies": "hybrid"})
+
+
+def test_running_out_of_memory_while_profiling_is_one_message(tmp_path, capsys, monkeypatch):
+    import gnnpar.advise.profile as profile
+
+    def too_big(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 58921892352 bytes."
+        )
+
+    monkeypatch.setattr(profile, "take_profile", too_big)
+    code = main(["advise", "--dataset", "cora", "--model", "gcn", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "ran out of memory profiling" in err and "58921892352 bytes" in err
+    assert "Traceback" not in err

@@ -283,7 +283,16 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     if req.profile is not None:
         prof = reuse_profile(req, needs, comm)
     else:
-        prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+        try:
+            prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            raise UsageError(
+                "gnnpar advise ran out of memory profiling a batch here "
+                f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
+                "leave sequential out of --strategies, or profile a smaller --scale."
+            ) from None
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
     c = req.cluster
@@ -321,6 +330,12 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")
     return content
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed (torch raises RuntimeError on CPU)."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
 def reuse_profile(req: Request, needs: list, comm: bool):
