@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from gnnpar import UsageError
 from gnnpar.advise.command import parse_network
 from gnnpar.advise.predict import ClusterSpec, build_grid
 from gnnpar.advise.profile import Profile
@@ -242,3 +243,41 @@ def test_gloo_cost_fit_keeps_the_latency_of_small_messages():
     points[-1][1] *= 1.5
     a, b = _line(points)
     assert a + b * 1024 == pytest.approx(2e-4 + 1024 / 1e9, rel=0.05)
+
+
+def test_a_requested_strategy_left_out_says_why():
+    from gnnpar.advise.command import parse_request
+
+    flags = {
+        "dataset": "cora",
+        "model": "pyg:GIN",
+        "partitions": 16,
+        "hosts": 4,
+        "ranks_per_host": 2,
+        "network": "10gbit,50us",
+        "strategies": "sequential,allreduce,gossip,pipeline",
+    }
+    req = parse_request(flags)
+    assert {c.strategy for c in req.grid} == {"sequential", "allreduce", "gossip"}
+    why = req.omitted["pipeline"]
+    assert f"2..{req.layers} ranks" in why and "8 rank(s)" in why
+    one = {k: v for k, v in flags.items() if k not in ("hosts", "ranks_per_host", "network")}
+    with pytest.raises(UsageError, match="hybrid: needs 2 or more ranks; the cluster has 1"):
+        parse_request({**one, "strategies": "hybrid"})
+
+
+def test_running_out_of_memory_while_profiling_is_one_message(tmp_path, capsys, monkeypatch):
+    import gnnpar.advise.profile as profile
+
+    def too_big(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 58921892352 bytes."
+        )
+
+    monkeypatch.setattr(profile, "take_profile", too_big)
+    code = main(["advise", "--dataset", "cora", "--model", "gcn", "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "ran out of memory profiling" in err and "58921892352 bytes" in err
+    assert "Traceback" not in err

@@ -82,6 +82,8 @@ class Request:
     dataset: str = ""
     model: str = ""
     grid: list[Candidate] = field(default_factory=list)
+    # a requested strategy with no configuration on this cluster -> why, in one line
+    omitted: dict[str, str] = field(default_factory=dict)
 
 
 def parse_request(flags: dict[str, Any]) -> Request:
@@ -201,6 +203,7 @@ def checked_grid(req: Request) -> list[Candidate]:
 
     grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed)
     kept = []
+    refused: dict[str, str] = {}
     for c in grid:
         flags = candidate_flags(req, c)
         try:
@@ -210,14 +213,51 @@ def checked_grid(req: Request) -> list[Candidate]:
         except UsageError as e:
             if c.strategy in req.strategies and req.strategies != DEFAULT:
                 raise UsageError(f"--strategies {c.strategy} on this cluster: {e}") from None
+            refused.setdefault(c.strategy, str(e))
             continue  # a default strategy that does not apply here
         kept.append(c)
+    present = {c.strategy for c in kept}
+    req.omitted = {
+        s: refused.get(s) or why_no_configuration(s, req)
+        for s in req.strategies
+        if s not in present
+    }
     if not kept:
         raise UsageError(
             f"No configuration of {', '.join(req.strategies)} applies to "
-            f"{req.cluster.world} rank(s); use more ranks or other --strategies."
+            f"{req.cluster.world} rank(s) ("
+            + "; ".join(f"{n}: {w}" for n, w in req.omitted.items())
+            + "); use more ranks or other --strategies."
         )
     return kept
+
+
+def why_no_configuration(strategy: str, req: Request) -> str:
+    """Why :func:`~gnnpar.advise.predict.build_grid` made no configuration of ``strategy``
+    for this request (its rules, in words)."""
+    world, layers = req.cluster.world, req.layers
+    ranks = f"the cluster has {world} rank(s)"
+    if strategy in ("allreduce", "gossip", "gossip-bipartite", "hybrid") and world < 2:
+        return f"needs 2 or more ranks; {ranks}"
+    if strategy == "pipeline":
+        if not 2 <= world <= layers:
+            return (
+                f"one stage per rank needs 2..{layers} ranks (the model has {layers} layers, "
+                f"--layers), {ranks}; hybrid runs stages x replicas"
+            )
+        return f"--schedule 1f1b needs --chunks >= {world} (the stages); got --chunks {req.fixed.get('chunks')}"
+    if strategy == "hybrid":
+        stages = req.fixed.get("stages")
+        if stages is not None:
+            return (
+                f"--stages {stages} must divide the {world} ranks into 2 or more replicas "
+                f"and be at most the model's {layers} layers"
+            )
+        return (
+            f"no stage count 2..{layers} (the model's layers) divides {world} ranks into "
+            "2 or more replicas"
+        )
+    return "no configuration applies"
 
 
 def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +269,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
 
     req = parse_request(flags)
     check_out(str(req.out))
+    for name, why in req.omitted.items():
+        print(f"gnnpar advise: left out {name}: {why}.", flush=True)
     needs = sorted({c.need() for c in req.grid} | {c.need() for c in _references(req)}, key=str)
     comm = any(c.world > 1 for c in req.grid)
     timeout = float(req.base.get("timeout", 120))
@@ -241,7 +283,16 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     if req.profile is not None:
         prof = reuse_profile(req, needs, comm)
     else:
-        prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+        try:
+            prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            raise UsageError(
+                "gnnpar advise ran out of memory profiling a batch here "
+                f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
+                "leave sequential out of --strategies, or profile a smaller --scale."
+            ) from None
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
     c = req.cluster
@@ -269,6 +320,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         "epochs": req.epochs,
     }
     content = report.advice(prof.profile_s, preds, rec, cluster, prof.to_dict())
+    if req.omitted:
+        content["omitted"] = dict(req.omitted)
     if req.validate:
         from gnnpar.advise.validate import validate
 
@@ -277,6 +330,12 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")
     return content
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed (torch raises RuntimeError on CPU)."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
 def reuse_profile(req: Request, needs: list, comm: bool):
