@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
     """``gnnpar advise``: train's flags (but those naming one strategy or a run to resume)
     and the cluster to predict (gnnpar.advise.command)."""
-    from gnnpar.advise.command import NOT_TAKEN
+    from gnnpar.advise import NOT_TAKEN  # not .command: it imports torch, --help must not
 
     a = sub.add_parser(
         "advise",

@@ -8,3 +8,7 @@ rank them (``gnnpar advise --help``; README "Which strategy for my graph?").
 * :mod:`~gnnpar.advise.report`: the table, the plot and ``advice.json``.
 * :mod:`~gnnpar.advise.validate`: predicted against measured with real ``gnnpar train`` runs.
 """
+
+# train flags advise does not take (one strategy, or a run to resume); torch-free, for the CLI
+NOT_TAKEN = ("strategy", "resume", "checkpoint-every", "checkpoint-every-steps")
+NOT_TAKEN += ("max-restarts", "tensorboard", "max-steps", "replicas")

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gnnpar import UsageError
+from gnnpar.advise import NOT_TAKEN
 from gnnpar.advise import simulate as sim
 from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid
 from gnnpar.advise.profile import flags_for
 
 # train flags that advise does not take: it chooses the strategy, and runs nothing to resume
-NOT_TAKEN = ("strategy", "resume", "checkpoint-every", "checkpoint-every-steps")
-NOT_TAKEN += ("max-restarts", "tensorboard", "max-steps", "replicas")
 # train flags that fix one axis of the grid (else the grid varies them)
 AXES = ("partitions", "sync-every", "average", "stages", "chunks", "schedule")
 AXES += ("batch-size", "loader-workers")
