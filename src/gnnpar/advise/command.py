@@ -23,7 +23,7 @@ from typing import Any
 from gnnpar import UsageError
 from gnnpar.advise import NOT_TAKEN
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid
+from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid, candidate_flags
 from gnnpar.advise.profile import flags_for
 
 # train flags that advise does not take: it chooses the strategy, and runs nothing to resume
@@ -179,20 +179,6 @@ def parse_request(flags: dict[str, Any]) -> Request:
     )
     req.grid = checked_grid(req)
     return req
-
-
-def candidate_flags(req: Request, c: Candidate) -> dict[str, Any]:
-    """The ``gnnpar train`` flags of one configuration (what --validate runs)."""
-    settings = {k.replace("_", "-"): v for k, v in c.settings.items()}
-    flags = flags_for(req.base, c.strategy, **settings)
-    flags["workers"] = c.world
-    if c.strategy in ("allreduce", "gossip", "gossip-bipartite", "sampled"):
-        s = req.stragglers
-        if s.slowdown:
-            flags["slowdown"] = ",".join(f"{r}={f:g}" for r, f in sorted(s.slowdown.items()))
-        if s.jitter:
-            flags["jitter"] = s.jitter
-    return flags
 
 
 def checked_grid(req: Request) -> list[Candidate]:

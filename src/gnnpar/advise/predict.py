@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.profile import Need, Profile
+from gnnpar.advise.profile import Need, Profile, flags_for
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
@@ -361,3 +361,18 @@ def recommend(preds: list[Prediction]) -> dict[str, Any]:
         "settings": dict(best.candidate.settings),
         "why": why,
     }
+
+
+def candidate_flags(req, c: Candidate) -> dict[str, Any]:
+    """The ``gnnpar train`` flags of one configuration (what --validate runs); ``req`` is
+    advise's request (``command.Request``: the base flags and the stragglers)."""
+    settings = {k.replace("_", "-"): v for k, v in c.settings.items()}
+    flags = flags_for(req.base, c.strategy, **settings)
+    flags["workers"] = c.world
+    if c.strategy in ("allreduce", "gossip", "gossip-bipartite", "sampled"):
+        s = req.stragglers
+        if s.slowdown:
+            flags["slowdown"] = ",".join(f"{r}={f:g}" for r, f in sorted(s.slowdown.items()))
+        if s.jitter:
+            flags["jitter"] = s.jitter
+    return flags

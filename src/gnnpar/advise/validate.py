@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Any
 
-from gnnpar.advise.predict import Prediction
+from gnnpar.advise.predict import Prediction, candidate_flags
 
 
 def measurable(req, p: Prediction) -> bool:
@@ -39,8 +39,6 @@ def _argv(flags: dict[str, Any]) -> list[str]:
 
 
 def run_one(req, p: Prediction, out: str) -> dict[str, Any]:
-    from gnnpar.advise.command import candidate_flags
-
     flags = candidate_flags(req, p.candidate)
     flags["out"] = out
     timeout = float(flags.get("timeout", 120)) + 3 * p.train_time_s + 60
