@@ -323,29 +323,32 @@ def _seeded(seed: int) -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-def _no_module(name: str, module: str) -> str:
+def _no_module(name: str, module: str, flag: str = "--dataset") -> str:
     return (
-        f"--dataset {name}: no module named '{module}' (looked in {os.getcwd()} and on "
+        f"{flag} {name}: no module named '{module}' (looked in {os.getcwd()} and on "
         f"sys.path). Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
         "install the module."
     )
 
 
+def import_target_module(flag: str, name: str, module_name: str) -> Any:
+    """The module of a user's ``module:function`` given to ``flag`` (``--dataset``, ``--model``),
+    imported (call it inside :func:`_cwd_on_path`); UsageError naming ``flag name`` when it is
+    missing or its import fails."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name == module_name or module_name.startswith(f"{e.name}."):
+            raise UsageError(_no_module(name, module_name, flag)) from None
+        raise UsageError(f"{flag} {name}: importing {module_name} failed: {_brief(e)}.") from None
+    except Exception as e:
+        raise UsageError(f"{flag} {name}: importing {module_name} failed: {_brief(e)}.") from None
+
+
 def _call_target(name: str, seed: int) -> dict[str, Any]:
     module_name, func_name = name.split(":")
     with _cwd_on_path():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name or module_name.startswith(f"{e.name}."):
-                raise UsageError(_no_module(name, module_name)) from None
-            raise UsageError(
-                f"--dataset {name}: importing {module_name} failed: {_brief(e)}."
-            ) from None
-        except Exception as e:
-            raise UsageError(
-                f"--dataset {name}: importing {module_name} failed: {_brief(e)}."
-            ) from None
+        module = import_target_module("--dataset", name, module_name)
         func = getattr(module, func_name, None)
         if not callable(func):
             raise UsageError(

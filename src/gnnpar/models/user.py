@@ -62,18 +62,10 @@ CHECK_NODES = 64  # the output-shape check runs the model on the subgraph of thi
 
 
 # ------------------------------------------------------------------------- finding the model
-def _no_module(name: str, module: str) -> str:
-    return (
-        f"--model {name}: no module named '{module}' (looked in {os.getcwd()} and on "
-        f"sys.path). Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
-        "install the module."
-    )
-
-
 def resolve_target(name: str) -> Any:
     """The class or function ``name`` denotes (``pyg:NAME`` or ``module:function``); imports
     its module. UsageError naming the model for anything that cannot be found."""
-    from gnnpar.data.user import _brief, _cwd_on_path
+    from gnnpar.data.user import _cwd_on_path, import_target_module
 
     if name.startswith("pyg:"):
         return pyg_class(name[4:])
@@ -81,18 +73,7 @@ def resolve_target(name: str) -> Any:
         raise UsageError(f"--model {name}: give {USER_MODEL_FORMS}.")
     module_name, attr = name.split(":")
     with _cwd_on_path():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name == module_name or module_name.startswith(f"{e.name}."):
-                raise UsageError(_no_module(name, module_name)) from None
-            raise UsageError(
-                f"--model {name}: importing {module_name} failed: {_brief(e)}."
-            ) from None
-        except Exception as e:
-            raise UsageError(
-                f"--model {name}: importing {module_name} failed: {_brief(e)}."
-            ) from None
+        module = import_target_module("--model", name, module_name)
     obj = getattr(module, attr, None)
     if not callable(obj):
         raise UsageError(
