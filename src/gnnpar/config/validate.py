@@ -242,11 +242,18 @@ def check_model_name(name: str) -> None:
         finally:
             sys.path.remove(cwd)
         if not found:
-            raise UsageError(
-                f"--model {name}: no module named '{module}' (looked in {cwd} and on sys.path). "
-                f"Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
-                "install the module."
-            )
+            raise UsageError(no_module_message("--model", name, module))
+
+
+def no_module_message(flag: str, name: str, module: str) -> str:
+    """What ``flag name`` (a user's ``module:function``) says when ``module`` cannot be found:
+    one wording for --dataset and --model, here and when a rank imports it
+    (gnnpar.data.user.import_target_module)."""
+    return (
+        f"{flag} {name}: no module named '{module}' (looked in {os.getcwd()} and on "
+        f"sys.path). Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
+        "install the module."
+    )
 
 
 def check_used(cfg: Config, given: Mapping[str, str]) -> None:

@@ -76,6 +76,7 @@ import torch
 from torch_geometric.data import Data
 
 from gnnpar import UsageError
+from gnnpar.config.validate import no_module_message
 from gnnpar.data import readers, safe_load
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached
 from gnnpar.data.types import GraphDataset
@@ -112,7 +113,7 @@ def check_source(name: str) -> None:
             except Exception:  # a parent package that fails to import: say so at load
                 found = True
         if not found:
-            raise UsageError(_no_module(name, module))
+            raise UsageError(no_module_message("--dataset", name, module))
         return
     _pt_or_folder(name)
 
@@ -323,14 +324,6 @@ def _seeded(seed: int) -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-def _no_module(name: str, module: str, flag: str = "--dataset") -> str:
-    return (
-        f"{flag} {name}: no module named '{module}' (looked in {os.getcwd()} and on "
-        f"sys.path). Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
-        "install the module."
-    )
-
-
 def import_target_module(flag: str, name: str, module_name: str) -> Any:
     """The module of a user's ``module:function`` given to ``flag`` (``--dataset``, ``--model``),
     imported (call it inside :func:`_cwd_on_path`); UsageError naming ``flag name`` when it is
@@ -339,7 +332,7 @@ def import_target_module(flag: str, name: str, module_name: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name == module_name or module_name.startswith(f"{e.name}."):
-            raise UsageError(_no_module(name, module_name, flag)) from None
+            raise UsageError(no_module_message(flag, name, module_name)) from None
         raise UsageError(f"{flag} {name}: importing {module_name} failed: {_brief(e)}.") from None
     except Exception as e:
         raise UsageError(f"{flag} {name}: importing {module_name} failed: {_brief(e)}.") from None
