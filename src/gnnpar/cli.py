@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dataset", default=None, help="another graph (default: the run's dataset)")
     pr.add_argument("--out", default=None, help="FILE: writes FILE.pt and FILE.csv")
     pr.add_argument("--data-root", default=None, help="default: the run's")
+    sub.add_parser(  # listed for --help; main() hands its arguments to runtime/torchrun.py
+        "torchrun",
+        help="torchrun running `gnnpar train` on every rank, ending in one message: "
+        "gnnpar torchrun [torchrun's flags] train [train's flags]",
+        add_help=False,
+    )
     d = sub.add_parser("datasets", help="list datasets and whether they are available offline")
     d.add_argument("--data-root", default=None, help="folder holding <name>/ (default: see list)")
     return p
@@ -198,6 +204,11 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["torchrun"]:  # torchrun's own flags, then train's: not argparse's to read
+        from gnnpar.runtime.torchrun import main as torchrun_main
+
+        return torchrun_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":

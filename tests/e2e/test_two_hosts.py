@@ -2,11 +2,12 @@
 
 Host A and host B are network namespaces (``ip netns``) with one veth pair between them,
 10.213.0.1/30 on A and .2 on B, and their own loopback; nothing else connects them. Each host
-runs ``torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.213.0.1:PORT`` (A with
+runs ``gnnpar torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.213.0.1:PORT`` (A with
 ``--rdzv-conf is_host=true``), ``--local-addr`` its veth address and ``GLOO_SOCKET_IFNAME`` its
-veth, exactly the README's "Two hosts" commands. Both namespaces share the machine's hostname,
-which is what makes ``--local-addr`` necessary (without it host B's ranks look for the store at
-their own address).
+veth, exactly the README's "Two hosts" commands (``gnnpar torchrun``: torchrun's agent; the run
+without ``--local-addr`` uses plain ``torchrun ... -m gnnpar train``, which works the same).
+Both namespaces share the machine's hostname, which is what makes ``--local-addr`` necessary
+(without it host B's ranks look for the store at their own address).
 
 Specification (issue 12): allreduce's final weights equal the single-host run with the same
 ranks and seed, bit for bit (gloo's reductions depend on ranks, not on where they live, and
@@ -93,20 +94,30 @@ def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
 
 
 def two_hosts(
-    h: Hosts, tmp: Path, name: str, nproc: int, port: int, args: list[str], local_addr: bool = True
+    h: Hosts,
+    tmp: Path,
+    name: str,
+    nproc: int,
+    port: int,
+    args: list[str],
+    local_addr: bool = True,
+    plain: bool = False,
 ) -> Run:
-    """The README's two commands, host A (rendezvous host) and host B, started together."""
+    """The README's two commands (``gnnpar torchrun``; ``plain``: torchrun itself, ``-m gnnpar
+    train``), host A (rendezvous host) and host B, started together."""
     procs, outs, logs = [], [], []
     for ns, ifname, addr, conf in (
         (h.a, h.if_a, ADDR_A, "is_host=true,join_timeout=120"),
         (h.b, h.if_b, ADDR_B, "join_timeout=120"),
     ):
         out, log = tmp / f"{name}-{ns[-1]}", tmp / f"{name}-{ns[-1]}.log"
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run"]
+        launcher = ["torch.distributed.run"] if plain else ["gnnpar", "torchrun"]
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", *launcher]
         cmd += ["--nnodes", "2", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d"]
         cmd += ["--rdzv-endpoint", f"{ADDR_A}:{port}", "--rdzv-id", name, "--rdzv-conf", conf]
         cmd += ["--local-addr", addr] if local_addr else []
-        cmd += ["-m", "gnnpar", "train", *COMMON, *args, "--out", str(out)]
+        cmd += ["-m", "gnnpar"] if plain else []
+        cmd += ["train", *COMMON, *args, "--out", str(out)]
         procs.append(_start(cmd, log, _env(GLOO_SOCKET_IFNAME=ifname)))
         outs.append(out)
         logs.append(log)
@@ -238,7 +249,9 @@ def runs(hosts, tmp_path_factory):
     }
     # the mistake the README warns of: no --local-addr on hosts that share a hostname
     args = [*PAIRS["allreduce-2x1"][1], "--timeout", "15"]  # the last --timeout wins
-    pairs["no-local-addr"] = two_hosts(hosts, tmp, "no-local-addr", 1, 29399, args, False)
+    pairs["no-local-addr"] = two_hosts(
+        hosts, tmp, "no-local-addr", 1, 29399, args, False, plain=True
+    )
     pairs["no-local-addr"].must_fail = True
     watch = run_all(hosts, [*pairs.values(), *refs.values()])
     times = {r.name: round(r.ended - r.started, 1) for r in [*pairs.values(), *refs.values()]}
