@@ -167,6 +167,50 @@ def test_validate_on_a_two_configuration_grid(tmp_path):
     assert "measured" in done.stdout and "error" in done.stdout
 
 
+@pytest.mark.slow
+def test_validate_across_two_namespace_hosts_on_a_shaped_link(tmp_path):
+    """``--hosts 2 --network 100mbit,5ms``: allreduce and gossip (K = 1) trained by ``gnnpar
+    torchrun`` on two network namespaces whose link tc shapes (netem, or tbf's rate alone where
+    the kernel has no netem: then predicted again for the link as emulated); rank 0's host has
+    result.json, the other none; the namespaces are gone afterwards."""
+    import os
+    import shutil
+
+    from gnnpar.runtime.netns import PREFIX, ip
+    from tests.e2e.netns import unavailable
+
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        unavailable("root and iproute2's `ip` are needed")
+    out = tmp_path / "v"
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2"]
+    args += ["--hosts", "2", "--ranks-per-host", "1", "--network", "100mbit,5ms"]
+    args += ["--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1"]
+    args += ["--timeout", "60", "--validate", "--out", str(out)]
+    done = run_cli(*args, timeout=240)
+    assert done.returncode == 0, done.stderr
+    advice = json.loads((out / "advice.json").read_text())
+    cases = advice["validation"]["cases"]
+    assert sorted(c["strategy"] for c in cases) == ["allreduce", "gossip"], cases
+    for c in cases:
+        assert c["hosts"] == 2 and "Mbit/s" in c["link"], c
+        assert c["measured_epoch_s"] > 0 and c["predicted_epoch_s"] > 0, c
+        assert c["predicted_epoch_s_asked_network"] >= c["predicted_epoch_s"], c
+        assert "gnnpar torchrun --nnodes 2" in c["command"], c
+        (run,) = (out / "validate").glob(f"*-{c['strategy']}")
+        held = [
+            json.loads((run / h / "result.json").read_text())
+            for h in "ab"
+            if (run / h / "result.json").exists()
+        ]
+        assert len(held) == 1 and held[0]["workers"] == 2 and held[0]["epochs"] == 2, held
+    assert "across 2 hosts" in done.stdout and "two hosts: network namespaces" in done.stdout
+    assert not [
+        n
+        for n in ip("netns", "list").stdout.split()
+        if n.startswith(PREFIX) and n[-2:] in ("-v", "-w")
+    ]
+
+
 def saved_profile(path, **overrides) -> str:
     """An advice.json holding a profile with round numbers (as an earlier advise writes it)."""
     prof = Profile(

@@ -1,16 +1,5 @@
-"""Two hosts on one machine: two network namespaces joined by a veth pair (shared by the
-two-host tests; fixtures in tests/e2e/conftest.py).
-
-Host A and host B are network namespaces (``ip netns``) with one veth pair between them and
-their own loopback; nothing else connects them. Each pair has its own /30. Both namespaces share
-the machine's hostname (as cloned VMs and containers often do), its processes and its disk: a
-test gives each host an ``--out`` of its own so that no folder is shared.
-
-``net.ipv4.tcp_retries2`` is set to 7 in each namespace, as the README recommends for hosts
-that must notice a peer that never comes back: the kernel then gives up on a TCP connection
-whose data go unacknowledged for ~51 s (the default 15: ~15 min), which bounds how long
-torchrun's agent on a host that does not hold the rendezvous waits on it, and still lets
-connections live through an outage of up to ~25 s (retransmissions at 0.2, 0.6, ... 25.4 s).
+"""Two hosts on one machine for the tests: gnnpar.runtime.netns (network namespaces joined by a
+veth pair; fixtures in tests/e2e/conftest.py), skipped where namespaces cannot be made.
 
 Needs root and ``ip``; skipped with the reason otherwise, and a failure instead of a skip when
 ``GNNPAR_REQUIRE_NETNS=1`` (CI sets it: there the machine can).
@@ -20,65 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import shutil
-import signal
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-PREFIX = "gnnpar-t"  # namespaces gnnpar-t<pid>-<x>, veth ends gt<x><pid>
-TCP_RETRIES2 = 7
+from gnnpar.runtime import netns
+from gnnpar.runtime.netns import TCP_RETRIES2, Hosts, NetnsUnavailable, ip
 
-
-@dataclass
-class Hosts:
-    a: str  # namespace names
-    b: str
-    if_a: str  # veth ends
-    if_b: str
-    addr_a: str
-    addr_b: str
-
-    def link(self, up: bool) -> None:
-        """Take the link between the hosts down (as a pulled cable or a failed switch) or up."""
-        proc = ip("-n", self.a, "link", "set", self.if_a, "up" if up else "down")
-        assert proc.returncode == 0, proc.stderr
-
-
-def ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
-def _pid_alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def _kill_namespace_processes(ns: str) -> None:
-    for pid in ip("netns", "pids", ns).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-
-
-def _remove(ns: str) -> None:
-    _kill_namespace_processes(ns)
-    ip("netns", "delete", ns)  # deletes its end of the veth, and so the pair
-
-
-def _clean_stale() -> None:
-    """Namespaces and veth ends left by an earlier run that was killed before its teardown."""
-    for line in ip("netns", "list").stdout.splitlines():
-        m = re.match(rf"({PREFIX}(\d+)-[a-z])\b", line)
-        if m and not _pid_alive(int(m[2])):
-            _remove(m[1])
-    for m in re.finditer(r"^\d+: (gt[a-z](\d+))[@:]", ip("-o", "link", "show").stdout, re.M):
-        if not _pid_alive(int(m[2])):
-            ip("link", "delete", m[1])
+__all__ = ["TCP_RETRIES2", "Hosts", "ip", "make_hosts", "unavailable"]
 
 
 def unavailable(reason: str) -> None:
@@ -89,37 +27,10 @@ def unavailable(reason: str) -> None:
 
 @contextlib.contextmanager
 def make_hosts(a: str, b: str, addr_a: str, addr_b: str) -> Iterator[Hosts]:
-    """Hosts ``a`` and ``b`` (one letter each) at ``addr_a`` and ``addr_b`` (one /30)."""
-    if shutil.which("ip") is None:
-        unavailable("the `ip` command (iproute2) is not installed")
-    if os.geteuid() != 0:
-        unavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
-    _clean_stale()
-    pid = os.getpid()
-    h = Hosts(
-        f"{PREFIX}{pid}-{a}", f"{PREFIX}{pid}-{b}", f"gt{a}{pid}", f"gt{b}{pid}", addr_a, addr_b
-    )
-    steps = [
-        ("netns", "add", h.a),
-        ("netns", "add", h.b),
-        ("link", "add", h.if_a, "type", "veth", "peer", "name", h.if_b),
-        ("link", "set", h.if_a, "netns", h.a),
-        ("link", "set", h.if_b, "netns", h.b),
-        ("-n", h.a, "addr", "add", f"{addr_a}/30", "dev", h.if_a),
-        ("-n", h.b, "addr", "add", f"{addr_b}/30", "dev", h.if_b),
-        *[("-n", ns, "link", "set", dev, "up") for ns, dev in ((h.a, "lo"), (h.b, "lo"))],
-        ("-n", h.a, "link", "set", h.if_a, "up"),
-        ("-n", h.b, "link", "set", h.if_b, "up"),
-        *[("netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_retries2={TCP_RETRIES2}")
-          for ns in (h.a, h.b)],
-    ]  # fmt: skip
+    """gnnpar.runtime.netns.make_hosts, skipped (or failed under GNNPAR_REQUIRE_NETNS=1) where
+    namespaces cannot be made."""
     try:
-        for step in steps:
-            proc = ip(*step)
-            if proc.returncode != 0:
-                unavailable(f"`ip {' '.join(step)}` failed: {proc.stderr.strip()}")
-        yield h
-    finally:
-        for ns in (h.a, h.b):
-            _remove(ns)
-        ip("link", "delete", h.if_a)  # only there if setup stopped before moving it
+        with netns.make_hosts(a, b, addr_a, addr_b) as h:
+            yield h
+    except NetnsUnavailable as e:
+        unavailable(str(e))

@@ -310,7 +310,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     if req.validate:
         from gnnpar.advise.validate import validate
 
-        content["validation"] = validate(req, preds)
+        content["validation"] = validate(req, preds, prof)
     report.plot(preds, req.out / "advice.png", title)
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")

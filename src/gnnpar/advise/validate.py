@@ -1,19 +1,31 @@
 """``gnnpar advise --validate``: run what can be run here with ``gnnpar train``, compare.
 
-Every configuration of the grid that this machine can run as the cluster describes it (one
-host, no more ranks than cores) is trained for real, one after the other, by ``python -m gnnpar
-train`` with the configuration's flags (stragglers included) and ``--out <out>/validate/<n>``;
-its ``train_time_s`` / epochs is compared with the predicted epoch time. Each run has a
-deadline (its ``--timeout`` plus the predicted time, with room); one that misses it or fails
-is reported as such, with the end of its output, and the others still run.
+Every configuration of the grid that this machine can run as the cluster describes it is
+trained for real, one after the other, by ``python -m gnnpar train`` with the configuration's
+flags (stragglers included) and ``--out <out>/validate/<n>``; its ``train_time_s`` / epochs is
+compared with the predicted epoch time. Each run has a deadline (its ``--timeout`` plus the
+predicted time, with room); one that misses it or fails is reported as such, with the end of
+its output, and the others still run.
+
+* One host (no ``--hosts``, or a one-rank configuration): as many ranks as there are cores.
+* ``--hosts 2``: two hosts made of network namespaces joined by a veth pair
+  (:mod:`gnnpar.runtime.netns`, needs root and iproute2), the link shaped to ``--network`` with
+  tc (``netem``: rate and one-way delay; where the kernel has no netem, ``tbf``: the rate
+  only), each host running ``gnnpar torchrun --nnodes 2`` with ``--ranks-per-host`` ranks and
+  an ``--out`` of its own, as the README's two-host commands do. What the link really was (the
+  asked delay, or none) is simulated again for the comparison, and both predictions are kept.
+  Where namespaces cannot be made, those rows are skipped with one line saying why.
 
 The error of a case is ``(predicted - measured) / measured``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -22,10 +34,36 @@ from typing import Any
 from gnnpar.advise.predict import Prediction, candidate_flags
 
 
+def _two_hosts(req, stack: contextlib.ExitStack):
+    """(hosts, a note on the link, the link as emulated) or (None, why not, None)."""
+    from gnnpar.advise.simulate import Link
+    from gnnpar.runtime.netns import NetnsUnavailable, make_hosts
+
+    net = req.cluster.network
+    try:
+        hosts = stack.enter_context(make_hosts("v", "w", "10.213.0.9", "10.213.0.10"))
+        no_delay = hosts.shape(net.bandwidth_Bps * 8, net.latency_s)
+    except NetnsUnavailable as e:
+        return None, f"two network namespaces cannot be made here ({e})", None
+    rate = f"{net.bandwidth_Bps * 8 / 1e6:g} Mbit/s"
+    if no_delay is None:
+        return hosts, f"{rate}, {net.latency_s * 1e3:g} ms one way (tc netem)", net
+    # the veth's own latency (tens of microseconds) is the delay the link then has
+    note = (
+        f"{rate} (tc tbf), no added delay: {no_delay}; the predictions compared are for the "
+        "link as emulated"
+    )
+    return hosts, note, Link(0.0, net.bandwidth_Bps)
+
+
 def measurable(req, p: Prediction) -> bool:
     c = req.cluster
     world = p.candidate.world
-    return (world == 1 or c.hosts == 1) and world <= (os.cpu_count() or 1)
+    return (world == 1 or c.hosts in (1, 2)) and world <= (os.cpu_count() or 1)
+
+
+def across_hosts(req, p: Prediction) -> bool:
+    return req.cluster.hosts == 2 and p.candidate.world > 1
 
 
 def _argv(flags: dict[str, Any]) -> list[str]:
@@ -38,57 +76,151 @@ def _argv(flags: dict[str, Any]) -> list[str]:
     return argv
 
 
-def run_one(req, p: Prediction, out: str) -> dict[str, Any]:
-    flags = candidate_flags(req, p.candidate)
-    flags["out"] = out
-    timeout = float(flags.get("timeout", 120)) + 3 * p.train_time_s + 60
-    cmd = [sys.executable, "-m", "gnnpar", "train", *_argv(flags)]
-    case = {
+def _case(p: Prediction, cmd: list[str]) -> dict[str, Any]:
+    return {
         "strategy": p.candidate.strategy,
         "settings": dict(p.candidate.settings),
         "workers": p.candidate.world,
         "predicted_epoch_s": p.epoch_s,
         "measured_epoch_s": None,
         "error": None,
-        "command": " ".join(cmd[1:]),
+        "command": " ".join(cmd),
     }
+
+
+def _measured(case: dict[str, Any], outs: list[str], code: int, output: str) -> dict[str, Any]:
+    """The case with its measured epoch time from the run's result.json (in one of ``outs``:
+    it is written on the host of global rank 0), or why it failed."""
+    results = [os.path.join(o, "result.json") for o in outs]
+    found = [r for r in results if os.path.exists(r)]
+    if code != 0 or not found:
+        tail = output.strip().splitlines()[-3:]
+        case["failed"] = f"exit {code}: {' | '.join(tail)}"
+        return case
+    with open(found[0]) as f:
+        r = json.load(f)
+    measured = r["train_time_s"] / r["epochs"]
+    case["measured_epoch_s"] = measured
+    case["error"] = (case["predicted_epoch_s"] - measured) / measured
+    return case
+
+
+def _deadline_s(flags: dict[str, Any], p: Prediction) -> float:
+    return float(flags.get("timeout", 120)) + 3 * p.train_time_s + 60
+
+
+def run_one(req, p: Prediction, out: str) -> dict[str, Any]:
+    flags = candidate_flags(req, p.candidate)
+    flags["out"] = out
+    timeout = _deadline_s(flags, p)
+    cmd = [sys.executable, "-m", "gnnpar", "train", *_argv(flags)]
+    case = _case(p, cmd[1:])
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         case["failed"] = f"gnnpar train did not finish within {timeout:.0f} s"
         return case
-    result = os.path.join(out, "result.json")
-    if done.returncode != 0 or not os.path.exists(result):
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        case["failed"] = f"exit {done.returncode}: {' | '.join(tail)}"
+    return _measured(case, [out], done.returncode, done.stderr or done.stdout)
+
+
+def run_two_hosts(req, p: Prediction, out: str, hosts, port: int) -> dict[str, Any]:
+    """One configuration on the two namespace hosts: ``gnnpar torchrun --nnodes 2`` on each,
+    host A holding the rendezvous; each host its own ``--out`` (``out``/a, ``out``/b)."""
+    flags = candidate_flags(req, p.candidate)
+    flags.pop("workers", None)  # torchrun's --nproc-per-node says it
+    timeout = _deadline_s(flags, p)
+    procs, outs, logs = [], [], []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        env.pop(k, None)
+    for side, ns, dev, addr, conf in (
+        ("a", hosts.a, hosts.if_a, hosts.addr_a, "is_host=true,join_timeout=60"),
+        ("b", hosts.b, hosts.if_b, hosts.addr_b, "join_timeout=60"),
+    ):
+        host_out = os.path.join(out, side)
+        os.makedirs(host_out, exist_ok=True)
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "gnnpar", "torchrun"]
+        cmd += ["--nnodes", "2", "--nproc-per-node", str(req.cluster.ranks_per_host)]
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addr_a}:{port}"]
+        cmd += ["--rdzv-id", f"validate{port}", "--rdzv-conf", conf, "--local-addr", addr]
+        cmd += ["train", *_argv({**flags, "out": host_out})]
+        log = open(os.path.join(out, f"host-{side}.log"), "w")  # noqa: SIM115 (closed below)
+        logs.append(log)
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**env, "GLOO_SOCKET_IFNAME": dev, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        )
+        outs.append(host_out)
+    case = _case(p, cmd[4:])  # host B's command, from `python -m gnnpar torchrun` on
+    try:
+        codes = [proc.wait(timeout=timeout) for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        case["failed"] = f"the two hosts did not finish within {timeout:.0f} s"
         return case
-    with open(result) as f:
-        r = json.load(f)
-    measured = r["train_time_s"] / r["epochs"]
-    case["measured_epoch_s"] = measured
-    case["error"] = (p.epoch_s - measured) / measured
-    return case
+    finally:
+        for log in logs:
+            log.close()
+    output = "\n".join(
+        open(os.path.join(out, f"host-{side}.log")).read()
+        for side in "ab"  # noqa: SIM115
+    )
+    return _measured(case, outs, max(codes, key=abs), output)
 
 
-def validate(req, preds: list[Prediction]) -> dict[str, Any]:
+def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
+    """Train every measurable configuration here; ``prof`` (the profile the predictions came
+    from) re-simulates two-host configurations on the link the namespaces really had."""
     cases = []
     runnable = [p for p in preds if measurable(req, p)]
+    two = [p for p in runnable if across_hosts(req, p)]
     print(f"gnnpar advise --validate: training {len(runnable)} configuration(s) here", flush=True)
-    for i, p in enumerate(runnable):
-        out = str(req.out / "validate" / f"{i:02d}-{p.candidate.strategy}")
-        case = run_one(req, p, out)
-        cases.append(case)
-        shown = p.candidate.label()
-        if case["error"] is None:
-            print(
-                f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms, {case.get('failed')}", flush=True
-            )
-        else:
-            print(
-                f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
-                f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}",
-                flush=True,
-            )
+    with contextlib.ExitStack() as stack:
+        hosts, link_note, emulated = None, None, None
+        two_ids = {id(p) for p in two}
+        if two:
+            hosts, link_note, emulated = _two_hosts(req, stack)
+            if hosts is None:
+                print(f"  {len(two)} two-host configuration(s) skipped: {link_note}", flush=True)
+                runnable = [p for p in runnable if id(p) not in two_ids]
+            else:
+                print(f"  two hosts: network namespaces, link {link_note}", flush=True)
+        for i, p in enumerate(runnable):
+            out = str(req.out / "validate" / f"{i:02d}-{p.candidate.strategy}")
+            if hosts is not None and id(p) in two_ids:
+                asked = p
+                if emulated is not req.cluster.network and prof is not None:
+                    from gnnpar.advise.predict import predict
+
+                    spec = dataclasses.replace(req.cluster, network=emulated)
+                    p = predict(p.candidate, prof, spec, req.stragglers, req.epochs)
+                case = run_two_hosts(req, p, out, hosts, 29500 + i)
+                case["hosts"] = 2
+                case["link"] = link_note
+                case["predicted_epoch_s_asked_network"] = asked.epoch_s
+            else:
+                case = run_one(req, p, out)
+            cases.append(case)
+            shown = p.candidate.label() + (" across 2 hosts" if case.get("hosts") == 2 else "")
+            if case["error"] is None:
+                print(
+                    f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms, {case.get('failed')}",
+                    flush=True,
+                )
+            else:
+                print(
+                    f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
+                    f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}",
+                    flush=True,
+                )
     errors = [abs(c["error"]) for c in cases if c["error"] is not None]
     summary = {
         "cases": cases,

@@ -1,0 +1,155 @@
+"""Two hosts on one machine: two network namespaces joined by a veth pair (``gnnpar advise
+--validate --hosts 2`` measures on them; the two-host tests use them too, tests/e2e/netns.py).
+
+Host A and host B are network namespaces (``ip netns``) with one veth pair between them and
+their own loopback; nothing else connects them. Each pair has its own /30. Both namespaces share
+the machine's hostname (as cloned VMs and containers often do), its processes and its disk: a
+run gives each host an ``--out`` of its own so that no folder is shared.
+
+``net.ipv4.tcp_retries2`` is set to 7 in each namespace, as the README recommends for hosts
+that must notice a peer that never comes back: the kernel then gives up on a TCP connection
+whose data go unacknowledged for ~51 s (the default 15: ~15 min), which bounds how long
+torchrun's agent on a host that does not hold the rendezvous waits on it, and still lets
+connections live through an outage of up to ~25 s (retransmissions at 0.2, 0.6, ... 25.4 s).
+
+:meth:`Hosts.shape` limits the link's bandwidth with tc's token bucket (``tbf``) on both ends;
+a delay needs tc's ``netem``, which kernels built without ``CONFIG_NET_SCH_NETEM`` lack
+(:meth:`Hosts.shape` then says so and adds none). Needs root and ``ip`` (iproute2); otherwise
+:class:`NetnsUnavailable` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "gnnpar-t"  # namespaces gnnpar-t<pid>-<x>, veth ends gt<x><pid>
+TCP_RETRIES2 = 7
+
+
+class NetnsUnavailable(Exception):
+    """Two network namespaces cannot be made here; the message says why."""
+
+
+@dataclass
+class Hosts:
+    a: str  # namespace names
+    b: str
+    if_a: str  # veth ends
+    if_b: str
+    addr_a: str
+    addr_b: str
+
+    def link(self, up: bool) -> None:
+        """Take the link between the hosts down (as a pulled cable or a failed switch) or up."""
+        proc = ip("-n", self.a, "link", "set", self.if_a, "up" if up else "down")
+        if proc.returncode != 0:
+            raise RuntimeError(f"ip link set {self.if_a}: {proc.stderr.strip()}")
+
+    def shape(self, rate_bit_s: float, delay_s: float) -> str | None:
+        """Each direction of the link limited to ``rate_bit_s`` and, where the kernel has netem,
+        delayed by ``delay_s``; None, or why the delay could not be added (the rate is then
+        still limited, by tbf)."""
+        rate = f"{max(int(rate_bit_s), 8000)}bit"
+        netem = ("netem", "rate", rate, "delay", f"{max(int(delay_s * 1e6), 0)}us")
+        # a bucket of ~2 ms at the rate (at least a few frames of 64 KiB GSO), queue of 50 ms
+        burst = f"{max(int(rate_bit_s / 8 * 0.002), 3 * 65536)}b"
+        tbf = ("tbf", "rate", rate, "burst", burst, "latency", "50ms")
+        why = None
+        for ns, dev in ((self.a, self.if_a), (self.b, self.if_b)):
+            proc = tc(ns, "qdisc", "replace", "dev", dev, "root", *netem)
+            if proc.returncode == 0:
+                continue
+            why = f"tc netem: {proc.stderr.strip()} (the kernel lacks CONFIG_NET_SCH_NETEM?)"
+            proc = tc(ns, "qdisc", "replace", "dev", dev, "root", *tbf)
+            if proc.returncode != 0:
+                raise NetnsUnavailable(f"tc cannot shape {dev}: {proc.stderr.strip()}")
+        return why
+
+
+def ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+def tc(ns: str, *args: str) -> subprocess.CompletedProcess:
+    return ip("netns", "exec", ns, "tc", *args)
+
+
+def _pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _kill_namespace_processes(ns: str) -> None:
+    for pid in ip("netns", "pids", ns).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def _remove(ns: str) -> None:
+    _kill_namespace_processes(ns)
+    ip("netns", "delete", ns)  # deletes its end of the veth, and so the pair
+
+
+def _clean_stale() -> None:
+    """Namespaces and veth ends left by an earlier run that was killed before its teardown."""
+    for line in ip("netns", "list").stdout.splitlines():
+        m = re.match(rf"({PREFIX}(\d+)-[a-z])\b", line)
+        if m and not _pid_alive(int(m[2])):
+            _remove(m[1])
+    for m in re.finditer(r"^\d+: (gt[a-z](\d+))[@:]", ip("-o", "link", "show").stdout, re.M):
+        if not _pid_alive(int(m[2])):
+            ip("link", "delete", m[1])
+
+
+def namespaces_left() -> list[str]:
+    """This process's namespaces that still exist (none after :func:`make_hosts` ends)."""
+    mine = f"{PREFIX}{os.getpid()}-"
+    return [line.split()[0] for line in ip("netns", "list").stdout.splitlines() if mine in line]
+
+
+@contextlib.contextmanager
+def make_hosts(a: str, b: str, addr_a: str, addr_b: str) -> Iterator[Hosts]:
+    """Hosts ``a`` and ``b`` (one letter each) at ``addr_a`` and ``addr_b`` (one /30); removed
+    again (with every process inside them) when the block ends, also on an exception or Ctrl-C."""
+    if shutil.which("ip") is None:
+        raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
+    if os.geteuid() != 0:
+        raise NetnsUnavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
+    _clean_stale()
+    pid = os.getpid()
+    h = Hosts(
+        f"{PREFIX}{pid}-{a}", f"{PREFIX}{pid}-{b}", f"gt{a}{pid}", f"gt{b}{pid}", addr_a, addr_b
+    )
+    steps = [
+        ("netns", "add", h.a),
+        ("netns", "add", h.b),
+        ("link", "add", h.if_a, "type", "veth", "peer", "name", h.if_b),
+        ("link", "set", h.if_a, "netns", h.a),
+        ("link", "set", h.if_b, "netns", h.b),
+        ("-n", h.a, "addr", "add", f"{addr_a}/30", "dev", h.if_a),
+        ("-n", h.b, "addr", "add", f"{addr_b}/30", "dev", h.if_b),
+        *[("-n", ns, "link", "set", dev, "up") for ns, dev in ((h.a, "lo"), (h.b, "lo"))],
+        ("-n", h.a, "link", "set", h.if_a, "up"),
+        ("-n", h.b, "link", "set", h.if_b, "up"),
+        *[("netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_retries2={TCP_RETRIES2}")
+          for ns in (h.a, h.b)],
+    ]  # fmt: skip
+    try:
+        for step in steps:
+            proc = ip(*step)
+            if proc.returncode != 0:
+                raise NetnsUnavailable(f"`ip {' '.join(step)}` failed: {proc.stderr.strip()}")
+        yield h
+    finally:
+        for ns in (h.a, h.b):
+            _remove(ns)
+        ip("link", "delete", h.if_a)  # only there if setup stopped before moving it
