@@ -59,8 +59,9 @@ class Hosts:
         still limited, by tbf)."""
         rate = f"{max(int(rate_bit_s), 8000)}bit"
         netem = ("netem", "rate", rate, "delay", f"{max(int(delay_s * 1e6), 0)}us")
-        # a bucket of ~2 ms at the rate (at least a few frames of 64 KiB GSO), queue of 50 ms
-        burst = f"{max(int(rate_bit_s / 8 * 0.002), 3 * 65536)}b"
+        # a bucket of 1 ms at the rate (at least 10 frames): a larger one lets a message of its
+        # size through at the veth's own speed (tbf cuts larger GSO packets into frames)
+        burst = f"{max(int(rate_bit_s / 8 * 0.001), 15000)}b"
         tbf = ("tbf", "rate", rate, "burst", burst, "latency", "50ms")
         why = None
         for ns, dev in ((self.a, self.if_a), (self.b, self.if_b)):
