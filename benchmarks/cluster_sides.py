@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -202,7 +203,9 @@ def rank_main(rank, world, side, folder, epochs, parts, port, owner):
 def main() -> None:
     side, folder = sys.argv[1], sys.argv[2]
     world, epochs, parts = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    port = 29500 + os.getpid() % 1000
+    with socket.socket() as s:  # a free port, not one derived from the pid (tests run beside)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     args = (world, side, folder, epochs, parts, port, os.getpid())
     if world == 1:
         rank_main(0, *args)
