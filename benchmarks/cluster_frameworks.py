@@ -11,9 +11,9 @@ interpreter is missing is skipped with a message). Per repetition the sides run 
 order rotated each repetition; with ``--lock`` each run holds that flock(1) lock.
 
 Reported per side: epoch time (the slowest rank's training wall time / epochs, partitioning
-excluded; the first epoch's warm-up included on every side), partitioning time (gnnpar's when
-its partition cache missed; the peers partition afresh every run), test accuracy (full-graph
-forward). Medians over repetitions and the median of per-repetition ratios gnnpar / peer.
+excluded; the first epoch's warm-up included on every side), partitioning time (every side
+partitions afresh every run: gnnpar's cache file for this setting is removed before its run),
+test accuracy (full-graph forward). Medians over repetitions and the median of per-repetition ratios gnnpar / peer.
 
     python benchmarks/cluster_frameworks.py --reps 3 --epochs 30 --lock /tmp/gnnpar-bench.lock
 """
@@ -37,6 +37,13 @@ MODEL = "--model gcn --hidden 128 --layers 3 --dropout 0.2 --optimizer adam --lr
 
 
 def run_gnnpar(ranks: int, epochs: int, parts: int, scale: float, root: Path) -> dict:
+    """One CLI run; this setting's partition cache file is removed first, so gnnpar partitions
+    afresh every run, as the peers do."""
+    from gnnpar.data.partition import cache_path, integrity_path
+
+    cached = cache_path(root, f"synthetic-reddit-scale{scale:g}", parts, "metis", 0)
+    for f in (cached, integrity_path(cached)):
+        f.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="gnnpar-cluster-") as out:
         cmd = [sys.executable, "-m", "gnnpar", "train", "--dataset", "synthetic-reddit"]
         cmd += f"--scale {scale} --strategy allreduce {MODEL} --weight-decay 0".split()
