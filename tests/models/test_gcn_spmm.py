@@ -89,3 +89,17 @@ def test_cache_stays_within_its_edge_budget():
     big = torch.randint(0, 30, (2, 400))
     cache.get(big, 30, torch.float32, False, True)  # above the budget: built, not kept
     assert cache.edges <= 300 and all(e[0].size(1) != 400 for e in cache.entries.values())
+
+
+def test_a_sparse_adjacency_takes_pygs_path():
+    """Full-graph evaluation hands the blocks a CSR ``adj_t``: PyG's own propagation runs."""
+    ei = _graph()
+    block, ref = _pair(8, 5, last=True)
+    x = torch.randn(30, 8)
+    keep = ei[0] != ei[1]
+    n, key = 30, torch.unique(ei[1, keep] * 30 + ei[0, keep], return_counts=True)
+    crow = torch.zeros(n + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(torch.bincount(key[0] // n, minlength=n), 0)
+    adj_t = torch.sparse_csr_tensor(crow, key[0] % n, key[1].float(), (n, n))
+    with torch.no_grad():
+        torch.testing.assert_close(block(x, adj_t), ref(x, ei), rtol=1e-5, atol=1e-6)

@@ -81,7 +81,9 @@ def normalised_adjacency(
     ei, w = gcn_norm(edge_index, None, num_nodes, improved, loops, "source_to_target", dtype)
 
     def csr(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), w, (num_nodes, num_nodes))
+        coo = torch.sparse_coo_tensor(
+            torch.stack([rows, cols]), w, (num_nodes, num_nodes), check_invariants=False
+        )
         with warnings.catch_warnings():  # "CSR support is in beta": the ops used are stable
             warnings.simplefilter("ignore", UserWarning)
             return coo.coalesce().to_sparse_csr()
@@ -111,11 +113,14 @@ def gcn_propagate(conv: GCNConv, x: torch.Tensor, edge_index: torch.Tensor) -> t
 
 
 def _fast(conv: GCNConv, x: torch.Tensor, edge_index) -> bool:
-    """The CSR product covers GCNConv's default path: a plain edge list, no cached or skipped
-    normalisation, float32/float64 features (sparse products of half types are not on CPU)."""
+    """The CSR product covers GCNConv's default path: a plain edge list (a sparse adjacency goes
+    PyG's way), no cached or skipped normalisation, float32/float64 features (sparse products
+    of half types are not on CPU)."""
     return (
         isinstance(edge_index, torch.Tensor)
+        and edge_index.layout == torch.strided  # not a sparse adjacency (full-graph evaluation)
         and edge_index.dim() == 2
+        and not edge_index.is_floating_point()
         and conv.normalize
         and not conv.cached
         and conv.flow == "source_to_target"
