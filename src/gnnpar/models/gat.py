@@ -205,6 +205,119 @@ class FastDropoutGATConv(GATConv):
         return dropout(alpha, self.dropout, self.training)
 
 
+# ------------------------------------------------------- attention on a sampled layer, as CSR
+@dataclass
+class AttentionCSR:
+    """A sampled layer's edges as GATConv reads them, in CSR by destination: existing self-loops
+    removed, one self-loop added per destination (``add_self_loops``; the loops GATConv adds
+    for the source-only rows feed rows nobody reads). Each row holds its edges in the
+    sampler's order, then its loop: PyG's order (loops appended after the edges)."""
+
+    crow: torch.Tensor  # [n_dst + 1]
+    col: torch.Tensor  # [E] source of each entry
+    row: torch.Tensor  # [E] destination of each entry (non-decreasing)
+    n_src: int
+    n_dst: int
+    _t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, layer: HopLayer) -> AttentionCSR:
+        src, dst = layer.edge_index[0], layer.edge_index[1]
+        loops = src == dst
+        if bool(loops.any()):
+            src, dst = src[~loops], dst[~loops]
+        n, e = layer.n_dst, src.numel()
+        count = torch.bincount(dst, minlength=n).add_(1)
+        crow = torch.zeros(n + 1, dtype=torch.long)
+        torch.cumsum(count, 0, out=crow[1:])
+        col = torch.empty(e + n, dtype=torch.long)
+        col[torch.arange(e).add_(dst)] = src  # an edge into row d follows d loops
+        col[crow[1:] - 1] = torch.arange(n)
+        row = torch.repeat_interleave(torch.arange(n), count, output_size=e + n)
+        return cls(crow, col, row, layer.n_src, n)
+
+    def matrix(self, values: torch.Tensor) -> torch.Tensor:
+        return _csr(self.crow, self.col, values, (self.n_dst, self.n_src))
+
+    def transposed(self, values: torch.Tensor) -> torch.Tensor:
+        """``A^T`` [n_src, n_dst] with ``values`` given in ``A``'s entry order."""
+        if self._t is None:
+            order = torch.sort(self.col, stable=True).indices
+            self._t = (indptr(self.col, self.n_src), self.row[order], order)
+        crow, col, order = self._t
+        return _csr(crow, col, values[order], (self.n_src, self.n_dst))
+
+
+class _EdgeWeightedSum(torch.autograd.Function):
+    """``out[i, k] = sum_e alpha[e, k] h[col[e], k]`` over row ``i``'s entries: one CSR product
+    per head forward (``torch.sparse.mm``), the transposed one for ``h``'s gradient and
+    ``<grad[i, k], h[j, k]>`` per entry for ``alpha``'s (``torch.sparse.sampled_addmm``). fp32 (CPU has no bf16 CSR product)."""
+
+    @staticmethod
+    def forward(ctx, alpha: torch.Tensor, h: torch.Tensor, adj: AttentionCSR) -> torch.Tensor:
+        ctx.adj, ctx.dtype = adj, h.dtype
+        with torch.autocast(h.device.type, enabled=False):
+            alpha, h = alpha.float(), h.float()
+            ctx.save_for_backward(alpha, h)
+            heads = [
+                torch.sparse.mm(adj.matrix(alpha[:, k].contiguous()), h[:, k].contiguous())
+                for k in range(h.size(1))
+            ]
+        return torch.stack(heads, 1).to(ctx.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        alpha, h = ctx.saved_tensors
+        adj = ctx.adj
+        grad_alpha = grad_h = None
+        with torch.autocast(grad.device.type, enabled=False):
+            grad = grad.float()
+            if ctx.needs_input_grad[0]:  # sampled dense-dense product on A's entries
+                grad_alpha = torch.stack(
+                    [
+                        torch.sparse.sampled_addmm(
+                            adj.matrix(alpha[:, k].contiguous()),
+                            grad[:, k].contiguous(),
+                            h[:, k].t(),
+                            beta=0.0,
+                        ).values()
+                        for k in range(h.size(1))
+                    ],
+                    1,
+                )
+            if ctx.needs_input_grad[1]:
+                grad_h = torch.stack(
+                    [
+                        torch.sparse.mm(
+                            adj.transposed(alpha[:, k].contiguous()), grad[:, k].contiguous()
+                        )
+                        for k in range(h.size(1))
+                    ],
+                    1,
+                ).to(ctx.dtype)
+        return grad_alpha, grad_h, None
+
+
+def attention_layer(conv: GATConv, x: torch.Tensor, layer: HopLayer) -> torch.Tensor:
+    """``conv(x, edge_index)[:n_dst]`` for a GATConv without edge features: the same function
+    of the same parameters, computed for the layer's destination rows over a CSR (segment
+    max/sum for the softmax over each row's entries, one CSR product for the weighted sum)."""
+    adj = AttentionCSR.of(layer)
+    heads, c = conv.heads, conv.out_channels
+    h = conv.lin(x).view(-1, heads, c)
+    a_src = (h * conv.att_src).sum(-1)
+    a_dst = (h[: adj.n_dst] * conv.att_dst).sum(-1)
+    e = a_src.index_select(0, adj.col) + a_dst.index_select(0, adj.row)
+    e = F.leaky_relu(e, conv.negative_slope)
+    top = torch.segment_reduce(e.detach(), "max", offsets=adj.crow, axis=0)
+    e = (e - top.index_select(0, adj.row)).exp()
+    total = torch.segment_reduce(e, "sum", offsets=adj.crow, axis=0) + 1e-16
+    alpha = dropout(e / total.index_select(0, adj.row), conv.dropout, conv.training)
+    out = _EdgeWeightedSum.apply(alpha, h, adj)
+    out = out.reshape(-1, heads * c) if conv.concat else out.mean(dim=1)
+    return out if conv.bias is None else out + conv.bias
+
+
 class GATBlock(nn.Module):
     """``dropout -> GATConv -> ELU`` (no ELU on the last block).
 
@@ -217,6 +330,7 @@ class GATBlock(nn.Module):
     """
 
     trims = True  # runs on a HopLayer (see gnnpar.models.base.BlockModel.forward)
+    csr = True  # a HopLayer through attention_layer (False: PyG's GATConv, then its rows)
 
     def __init__(
         self,
@@ -239,14 +353,15 @@ class GATBlock(nn.Module):
             self.conv.lin = lin
 
     def forward(self, x: torch.Tensor, edge_index) -> torch.Tensor:
-        rows = None
-        if isinstance(edge_index, HopLayer):
-            edge_index, rows = edge_index.edge_index, edge_index.n_dst
         if not self.sparse_input:
             x = dropout(x, self.dropout, self.training)
-        x = self.conv(x, edge_index)
-        if rows is not None:
-            x = x[:rows]
+        if isinstance(edge_index, HopLayer):
+            if self.csr:
+                x = attention_layer(self.conv, x, edge_index)
+            else:
+                x = self.conv(x, edge_index.edge_index)[: edge_index.n_dst]
+        else:
+            x = self.conv(x, edge_index)
         return x if self.last else F.elu(x)
 
 
