@@ -56,8 +56,12 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    mask = torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))
-    return x * mask
+    mask = torch.rand_like(x).ge_(p)
+    if not x.requires_grad:
+        # the mask's buffer becomes the output: one pass and one allocation fewer; the same
+        # products (mask * x * scale = x * (mask * scale) exactly: the mask is 0 or 1)
+        return mask.mul_(x).mul_(1.0 / (1.0 - p))
+    return x * mask.mul_(1.0 / (1.0 - p))
 
 
 # ------------------------------------------------------------------------------- sparse inputs
@@ -137,6 +141,16 @@ class SparseFeatures:
     def __getstate__(self) -> dict:  # copies and pickles start empty (weak references can't)
         return {**self.__dict__, "_entries": OrderedDict()}
 
+    def _surely_dense(self, x: torch.Tensor) -> bool:
+        """Whether every 64th row alone is over twice the density limit: then ``x`` is taken as
+        dense without counting all of it (a sampled batch's features are a new tensor every
+        step; counting 23K x 602 floats cost ~6 ms of a ~150 ms gat3 step). Deterministic in
+        ``x``; a borderline input is counted in full."""
+        if x.size(0) < 4096:
+            return False
+        probe = x[:: x.size(0) // 64]
+        return int(torch.count_nonzero(probe)) > 2 * self.max_density * probe.numel()
+
     def get(self, x: torch.Tensor) -> CSRPlan | None:
         entry = self._entries.get(id(x))
         if entry is not None and entry[0]() is x and entry[1] == x._version:
@@ -144,7 +158,7 @@ class SparseFeatures:
             return entry[2]
         plan = None
         usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
-        if usable and not x.requires_grad and x.numel() > 0:
+        if usable and not x.requires_grad and x.numel() > 0 and not self._surely_dense(x):
             if int(torch.count_nonzero(x)) <= self.max_density * x.numel():
                 plan = CSRPlan.from_dense(x)
         key = id(x)
