@@ -69,7 +69,7 @@ def main() -> None:
         cursor[0] += 1
         b = sampler.sample(perm[i * SEEDS : (i + 1) * SEEDS], gen)
         graph = HopGraph(b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
-        return d.x[b.n_id], graph, d.y[b.n_id[:SEEDS]]
+        return torch.index_select(d.x, 0, b.n_id), graph, d.y[b.n_id[:SEEDS]]  # as the loader
 
     def step() -> None:
         x, graph, y = batch()

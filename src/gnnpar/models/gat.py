@@ -256,7 +256,8 @@ class AttentionCSR:
     def transposed(self, values: torch.Tensor) -> torch.Tensor:
         """``A^T`` [n_src, n_dst] with ``values`` given in ``A``'s entry order."""
         if self._t is None:
-            order = torch.sort(self.col, stable=True).indices
+            # int32 keys sort ~2x faster than int64 (ids < 2^31: one batch's nodes)
+            order = torch.sort(self.col.to(torch.int32), stable=True).indices
             self._t = (indptr(self.col, self.n_src), self.row[order], order)
         crow, col, order = self._t
         return _csr(crow, col, values[order], (self.n_src, self.n_dst))
