@@ -8,7 +8,7 @@ between any two layers. With the study's dropout, gat3 stays at chance on synthe
 on 16 single-head units leaves too little to carry 41 classes); ``--dropout 0.2`` reaches 0.97
 in 3 epochs (BENCHMARKS.md, "Why gat3 stays at chance").
 
-Two CPU costs of plain PyG are avoided without changing the model:
+Three CPU costs of plain PyG are avoided without changing the model:
 
 * Sparse input features. Bag-of-words inputs such as Cora's (2708 x 1433, 98.7% zeros) make plain
   PyG spend most of a CPU epoch drawing dropout random numbers for the zeros and multiplying them
@@ -22,6 +22,11 @@ Two CPU costs of plain PyG are avoided without changing the model:
 * Dropout masks. ``bernoulli_`` on CPU costs ~10 ns per element; :func:`dropout` draws the mask
   with ``torch.rand`` (~3x cheaper) for the input, hidden and attention dropouts. Same
   distribution; on GPU it is ``F.dropout``.
+* Attention on a neighbour-sampled layer (:func:`attention_layer`): GATConv's function for the
+  layer's destination rows only, its softmax as segment max/sum over a CSR by destination and
+  its weighted sum as one ``torch.sparse.mm`` (gat3's sampled step 178-180 -> 154-158 ms on
+  one thread, BENCHMARKS.md issue 21). Full-batch graphs keep PyG's GATConv (with 8 heads the
+  per-head CSR products were slower).
 
     gnnpar train --dataset cora --model gat
     gnnpar train --dataset cora --model gat3 --epochs 50
