@@ -30,8 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+USER_SPINCOUNT = os.environ.get("GOMP_SPINCOUNT")  # before gnnpar sets its default
+
+try:  # first, as for the CLI: gnnpar's OpenMP settings apply only before torch loads
+    import gnnpar  # noqa: F401
+except ImportError:  # a peer's interpreter
+    pass
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PEERS = {"pyg": "/work/peers/pyg/bin/python", "dgl": "/work/peers/dgl/bin/python"}
@@ -159,6 +166,8 @@ def run_side(side, folder, name, threads, epochs, seed, lock):
     cmd = lock + [py, __file__, "--side", side, str(folder), name, str(threads), str(epochs)]
     cmd.append(str(seed))
     env = {k: v for k, v in os.environ.items() if side == "gnnpar" or k != "PYTHONPATH"}
+    if side != "gnnpar" and USER_SPINCOUNT is None:
+        env.pop("GOMP_SPINCOUNT", None)  # gnnpar's default, not the peers'
     if side == "gnnpar":
         env["PYTHONPATH"] = str(HERE.parent / "src")
     env.update(OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")
@@ -177,12 +186,14 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=300)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--lock", default=None, help="flock this file around each timed run")
+    p.add_argument("--sides", default="gnnpar,pyg,dgl")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     lock = ["flock", a.lock] if a.lock else []
-    sides = ["gnnpar"] + [s for s in ("pyg", "dgl") if Path(PEERS[s]).exists()]
+    wanted = a.sides.split(",")
+    sides = ["gnnpar"] + [s for s in ("pyg", "dgl") if s in wanted and Path(PEERS[s]).exists()]
     for s in ("pyg", "dgl"):
-        if s not in sides:
+        if s in wanted and s not in sides:
             print(f"skipping {s}: {PEERS[s]} not found", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="gat-frameworks-"))
     report = {"load_before": os.getloadavg(), "epochs": a.epochs, "rows": {}}

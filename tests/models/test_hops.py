@@ -181,3 +181,52 @@ def test_seed_loss_gives_a_hop_graph_only_to_block_models_that_trim():
         seed_loss(own, data, False), seed_loss(model, data, False), rtol=1e-5, atol=1e-6
     )
     assert seen == [torch.Tensor]
+
+
+@pytest.mark.parametrize("heads,concat", [(1, True), (3, True), (3, False)])
+@pytest.mark.parametrize("train", [False, True])
+def test_gat_attention_on_csr_equals_pyg_gatconv(heads, concat, train):
+    """attention_layer (segment softmax + CSR products) computes PyG GATConv's function on a
+    layer's destination rows: outputs and the gradients of every parameter and of the input,
+    with self-loops among the edges (GATConv removes them) and a destination without edges.
+    Train mode without attention dropout (its draws differ in number), eval mode with it."""
+    from gnnpar.models.gat import FastDropoutGATConv, attention_layer
+
+    g = torch.Generator().manual_seed(5)
+    n_src, n_dst, e = 50, 30, 260
+    dst = torch.sort(torch.randint(0, n_dst - 1, (e,), generator=g)).values  # last: no edges
+    src = torch.randint(0, n_src, (e,), generator=g)
+    src[:7] = dst[:7]  # self-loops
+    layer = HopLayer(torch.stack([src, dst]), n_src, n_dst)
+    torch.manual_seed(0)
+    conv = FastDropoutGATConv(12, 4, heads=heads, concat=concat, dropout=0.0 if train else 0.6)
+    conv.train(train)
+    x = torch.randn(n_src, 12, generator=g)
+    w = torch.randn(n_dst, heads * 4 if concat else 4, generator=g)
+    results = []
+    for fn in (
+        lambda xi: conv(xi, layer.edge_index)[:n_dst],
+        lambda xi: attention_layer(conv, xi, layer),
+    ):
+        conv.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = fn(xi)
+        (out * w).sum().backward()
+        results.append((out.detach(), xi.grad, [p.grad.clone() for p in conv.parameters()]))
+    (ref, ref_gx, ref_gp), (got, got_gx, got_gp) = results
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_gx, ref_gx, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_gp, ref_gp):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_gat_attention_csr_puts_each_rows_loop_after_its_edges():
+    from gnnpar.models.gat import AttentionCSR
+
+    src, dst = torch.tensor([3, 1, 2, 0, 4]), torch.tensor([0, 0, 1, 1, 3])
+    adj = AttentionCSR.of(HopLayer(torch.stack([src, dst]), 5, 4))  # no self-loops
+    assert adj.crow.tolist() == [0, 3, 6, 7, 9]
+    assert adj.col.tolist() == [3, 1, 0, 2, 0, 1, 2, 4, 3]
+    assert adj.row.tolist() == [0, 0, 0, 1, 1, 1, 2, 3, 3]
+    loops = AttentionCSR.of(HopLayer(torch.tensor([[1, 0], [1, 1]]), 2, 2))  # 1 -> 1 removed
+    assert loops.col.tolist() == [0, 0, 1] and loops.crow.tolist() == [0, 1, 3]

@@ -278,3 +278,30 @@ def test_sparse_gcn_first_block_equals_plain_gcnconv_outputs_and_gradients():
     out.sum().backward()
     ref.sum().backward()
     torch.testing.assert_close(block.conv.lin.weight.grad, plain.lin.weight.grad)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_fast_dropout_is_x_times_the_scaled_rand_mask_bit_for_bit(grad):
+    """Without a gradient the mask's buffer becomes the output (mask * x * scale); the values
+    are x * (mask * scale) exactly, from the same draws, with or without a gradient."""
+    x = torch.randn(300, 7, requires_grad=grad)
+    torch.manual_seed(4)
+    out = dropout(x, 0.6, True)
+    torch.manual_seed(4)
+    ref = x.detach() * torch.rand(300, 7).ge_(0.6).mul_(1 / 0.4)
+    assert torch.equal(out.detach(), ref)
+    if grad:
+        out.sum().backward()
+        assert torch.equal(x.grad, (ref != 0).float() / 0.4)
+
+
+def test_sparse_features_probe_decides_only_clearly_dense_inputs():
+    cache = SparseFeatures()
+    dense = torch.randn(5000, 30)
+    assert cache._surely_dense(dense) and cache.get(dense) is None
+    sparse = torch.zeros(5000, 30)
+    sparse[::7, 3] = 1.0  # 0.5% non-zero: counted in full, the CSR path
+    assert not cache._surely_dense(sparse) and cache.get(sparse) is not None
+    rows = torch.zeros(5000, 30)
+    rows[:, :4] = 1.0  # 13%, every row alike: the probe is not conclusive, the count says dense
+    assert not cache._surely_dense(rows) and cache.get(rows) is None

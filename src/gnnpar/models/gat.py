@@ -8,7 +8,7 @@ between any two layers. With the study's dropout, gat3 stays at chance on synthe
 on 16 single-head units leaves too little to carry 41 classes); ``--dropout 0.2`` reaches 0.97
 in 3 epochs (BENCHMARKS.md, "Why gat3 stays at chance").
 
-Two CPU costs of plain PyG are avoided without changing the model:
+Three CPU costs of plain PyG are avoided without changing the model:
 
 * Sparse input features. Bag-of-words inputs such as Cora's (2708 x 1433, 98.7% zeros) make plain
   PyG spend most of a CPU epoch drawing dropout random numbers for the zeros and multiplying them
@@ -22,6 +22,11 @@ Two CPU costs of plain PyG are avoided without changing the model:
 * Dropout masks. ``bernoulli_`` on CPU costs ~10 ns per element; :func:`dropout` draws the mask
   with ``torch.rand`` (~3x cheaper) for the input, hidden and attention dropouts. Same
   distribution; on GPU it is ``F.dropout``.
+* Attention on a neighbour-sampled layer (:func:`attention_layer`): GATConv's function for the
+  layer's destination rows only, its softmax as segment max/sum over a CSR by destination and
+  its weighted sum as one ``torch.sparse.mm`` (gat3's sampled step 178-180 -> 154-158 ms on
+  one thread, BENCHMARKS.md issue 21). Full-batch graphs keep PyG's GATConv (with 8 heads the
+  per-head CSR products were slower).
 
     gnnpar train --dataset cora --model gat
     gnnpar train --dataset cora --model gat3 --epochs 50
@@ -56,8 +61,12 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    mask = torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))
-    return x * mask
+    mask = torch.rand_like(x).ge_(p)
+    if not x.requires_grad:
+        # the mask's buffer becomes the output: one pass and one allocation fewer; the same
+        # products (mask * x * scale = x * (mask * scale) exactly: the mask is 0 or 1)
+        return mask.mul_(x).mul_(1.0 / (1.0 - p))
+    return x * mask.mul_(1.0 / (1.0 - p))
 
 
 # ------------------------------------------------------------------------------- sparse inputs
@@ -137,6 +146,16 @@ class SparseFeatures:
     def __getstate__(self) -> dict:  # copies and pickles start empty (weak references can't)
         return {**self.__dict__, "_entries": OrderedDict()}
 
+    def _surely_dense(self, x: torch.Tensor) -> bool:
+        """Whether every 64th row alone is over twice the density limit: then ``x`` is taken as
+        dense without counting all of it (a sampled batch's features are a new tensor every
+        step; counting 23K x 602 floats cost ~6 ms of a ~150 ms gat3 step). Deterministic in
+        ``x``; a borderline input is counted in full."""
+        if x.size(0) < 4096:
+            return False
+        probe = x[:: x.size(0) // 64]
+        return int(torch.count_nonzero(probe)) > 2 * self.max_density * probe.numel()
+
     def get(self, x: torch.Tensor) -> CSRPlan | None:
         entry = self._entries.get(id(x))
         if entry is not None and entry[0]() is x and entry[1] == x._version:
@@ -144,7 +163,7 @@ class SparseFeatures:
             return entry[2]
         plan = None
         usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
-        if usable and not x.requires_grad and x.numel() > 0:
+        if usable and not x.requires_grad and x.numel() > 0 and not self._surely_dense(x):
             if int(torch.count_nonzero(x)) <= self.max_density * x.numel():
                 plan = CSRPlan.from_dense(x)
         key = id(x)
@@ -205,6 +224,120 @@ class FastDropoutGATConv(GATConv):
         return dropout(alpha, self.dropout, self.training)
 
 
+# ------------------------------------------------------- attention on a sampled layer, as CSR
+@dataclass
+class AttentionCSR:
+    """A sampled layer's edges as GATConv reads them, in CSR by destination: existing self-loops
+    removed, one self-loop added per destination (``add_self_loops``; the loops GATConv adds
+    for the source-only rows feed rows nobody reads). Each row holds its edges in the
+    sampler's order, then its loop: PyG's order (loops appended after the edges)."""
+
+    crow: torch.Tensor  # [n_dst + 1]
+    col: torch.Tensor  # [E] source of each entry
+    row: torch.Tensor  # [E] destination of each entry (non-decreasing)
+    n_src: int
+    n_dst: int
+    _t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, layer: HopLayer) -> AttentionCSR:
+        src, dst = layer.edge_index[0], layer.edge_index[1]
+        loops = src == dst
+        if bool(loops.any()):
+            src, dst = src[~loops], dst[~loops]
+        n, e = layer.n_dst, src.numel()
+        count = torch.bincount(dst, minlength=n).add_(1)
+        crow = torch.zeros(n + 1, dtype=torch.long)
+        torch.cumsum(count, 0, out=crow[1:])
+        col = torch.empty(e + n, dtype=torch.long)
+        col[torch.arange(e).add_(dst)] = src  # an edge into row d follows d loops
+        col[crow[1:] - 1] = torch.arange(n)
+        row = torch.repeat_interleave(torch.arange(n), count, output_size=e + n)
+        return cls(crow, col, row, layer.n_src, n)
+
+    def matrix(self, values: torch.Tensor) -> torch.Tensor:
+        return _csr(self.crow, self.col, values, (self.n_dst, self.n_src))
+
+    def transposed(self, values: torch.Tensor) -> torch.Tensor:
+        """``A^T`` [n_src, n_dst] with ``values`` given in ``A``'s entry order."""
+        if self._t is None:
+            # int32 keys sort ~2x faster than int64 (ids < 2^31: one batch's nodes)
+            order = torch.sort(self.col.to(torch.int32), stable=True).indices
+            self._t = (indptr(self.col, self.n_src), self.row[order], order)
+        crow, col, order = self._t
+        return _csr(crow, col, values[order], (self.n_src, self.n_dst))
+
+
+class _EdgeWeightedSum(torch.autograd.Function):
+    """``out[i, k] = sum_e alpha[e, k] h[col[e], k]`` over row ``i``'s entries: one CSR product
+    per head forward (``torch.sparse.mm``), the transposed one for ``h``'s gradient and
+    ``<grad[i, k], h[j, k]>`` per entry for ``alpha``'s (``torch.sparse.sampled_addmm``). fp32 (CPU has no bf16 CSR product)."""
+
+    @staticmethod
+    def forward(ctx, alpha: torch.Tensor, h: torch.Tensor, adj: AttentionCSR) -> torch.Tensor:
+        ctx.adj, ctx.dtype = adj, h.dtype
+        with torch.autocast(h.device.type, enabled=False):
+            alpha, h = alpha.float(), h.float()
+            ctx.save_for_backward(alpha, h)
+            heads = [
+                torch.sparse.mm(adj.matrix(alpha[:, k].contiguous()), h[:, k].contiguous())
+                for k in range(h.size(1))
+            ]
+        return torch.stack(heads, 1).to(ctx.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        alpha, h = ctx.saved_tensors
+        adj = ctx.adj
+        grad_alpha = grad_h = None
+        with torch.autocast(grad.device.type, enabled=False):
+            grad = grad.float()
+            if ctx.needs_input_grad[0]:  # sampled dense-dense product on A's entries
+                grad_alpha = torch.stack(
+                    [
+                        torch.sparse.sampled_addmm(
+                            adj.matrix(alpha[:, k].contiguous()),
+                            grad[:, k].contiguous(),
+                            h[:, k].t(),
+                            beta=0.0,
+                        ).values()
+                        for k in range(h.size(1))
+                    ],
+                    1,
+                )
+            if ctx.needs_input_grad[1]:
+                grad_h = torch.stack(
+                    [
+                        torch.sparse.mm(
+                            adj.transposed(alpha[:, k].contiguous()), grad[:, k].contiguous()
+                        )
+                        for k in range(h.size(1))
+                    ],
+                    1,
+                ).to(ctx.dtype)
+        return grad_alpha, grad_h, None
+
+
+def attention_layer(conv: GATConv, x: torch.Tensor, layer: HopLayer) -> torch.Tensor:
+    """``conv(x, edge_index)[:n_dst]`` for a GATConv without edge features: the same function
+    of the same parameters, computed for the layer's destination rows over a CSR (segment
+    max/sum for the softmax over each row's entries, one CSR product for the weighted sum)."""
+    adj = AttentionCSR.of(layer)
+    heads, c = conv.heads, conv.out_channels
+    h = conv.lin(x).view(-1, heads, c)
+    a_src = (h * conv.att_src).sum(-1)
+    a_dst = (h[: adj.n_dst] * conv.att_dst).sum(-1)
+    e = a_src.index_select(0, adj.col) + a_dst.index_select(0, adj.row)
+    e = F.leaky_relu(e, conv.negative_slope)
+    top = torch.segment_reduce(e.detach(), "max", offsets=adj.crow, axis=0)
+    e = (e - top.index_select(0, adj.row)).exp()
+    total = torch.segment_reduce(e, "sum", offsets=adj.crow, axis=0) + 1e-16
+    alpha = dropout(e / total.index_select(0, adj.row), conv.dropout, conv.training)
+    out = _EdgeWeightedSum.apply(alpha, h, adj)
+    out = out.reshape(-1, heads * c) if conv.concat else out.mean(dim=1)
+    return out if conv.bias is None else out + conv.bias
+
+
 class GATBlock(nn.Module):
     """``dropout -> GATConv -> ELU`` (no ELU on the last block).
 
@@ -217,6 +350,7 @@ class GATBlock(nn.Module):
     """
 
     trims = True  # runs on a HopLayer (see gnnpar.models.base.BlockModel.forward)
+    csr = True  # a HopLayer through attention_layer (False: PyG's GATConv, then its rows)
 
     def __init__(
         self,
@@ -239,14 +373,15 @@ class GATBlock(nn.Module):
             self.conv.lin = lin
 
     def forward(self, x: torch.Tensor, edge_index) -> torch.Tensor:
-        rows = None
-        if isinstance(edge_index, HopLayer):
-            edge_index, rows = edge_index.edge_index, edge_index.n_dst
         if not self.sparse_input:
             x = dropout(x, self.dropout, self.training)
-        x = self.conv(x, edge_index)
-        if rows is not None:
-            x = x[:rows]
+        if isinstance(edge_index, HopLayer):
+            if self.csr:
+                x = attention_layer(self.conv, x, edge_index)
+            else:
+                x = self.conv(x, edge_index.edge_index)[: edge_index.n_dst]
+        else:
+            x = self.conv(x, edge_index)
         return x if self.last else F.elu(x)
 
 
