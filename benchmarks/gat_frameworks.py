@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-USER_SPINCOUNT = os.environ.get("GOMP_SPINCOUNT")  # before gnnpar sets its default
+USER_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # before gnnpar sets its default
 
 try:  # first, as for the CLI: gnnpar's OpenMP settings apply only before torch loads
     import gnnpar  # noqa: F401
@@ -166,8 +166,8 @@ def run_side(side, folder, name, threads, epochs, seed, lock):
     cmd = lock + [py, __file__, "--side", side, str(folder), name, str(threads), str(epochs)]
     cmd.append(str(seed))
     env = {k: v for k, v in os.environ.items() if side == "gnnpar" or k != "PYTHONPATH"}
-    if side != "gnnpar" and USER_SPINCOUNT is None:
-        env.pop("GOMP_SPINCOUNT", None)  # gnnpar's default, not the peers'
+    if side != "gnnpar" and USER_WAIT_POLICY is None:
+        env.pop("OMP_WAIT_POLICY", None)  # gnnpar's default, not the peers'
     if side == "gnnpar":
         env["PYTHONPATH"] = str(HERE.parent / "src")
     env.update(OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")

@@ -16,18 +16,19 @@ See README.md for multi-process (``--workers N``) and multi-machine (``torchrun`
 
 import os
 
-# How long an idle OpenMP thread spins before it sleeps. libgomp's default (300,000 spins, far
-# longer when OMP_WAIT_POLICY=ACTIVE) turned a 2-thread step into a 40x slower one when the cores
-# are shared with other processes (ranks, loader workers, other jobs): measured 0.6 s -> 26 s
-# for 2 epochs of sampled SAGE on Cora. Sleeping at once (OMP_WAIT_POLICY=PASSIVE, the setting
-# here until issue 21) wakes the other thread by a system call at every parallel region: a
-# full-batch GAT step on CiteSeer, ~1,000 small regions, took 29-30 ms at 2 threads against 23 ms
-# at 1. A short spin (10,000: tens of microseconds) catches the next region of the same step and
-# still sleeps between steps: 16 ms at 2 threads (BENCHMARKS.md, issue 21). libgomp reads these
-# when torch is first imported, so they are set here, before any gnnpar module imports torch;
-# a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
-if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# Idle OpenMP threads sleep at once (OMP_WAIT_POLICY=PASSIVE). libgomp's default spin (300,000
+# spins) turned a 2-thread step into a 40x slower one when the cores are shared with other
+# processes (ranks, loader workers, other jobs): measured 0.6 s -> 26 s for 2 epochs of sampled
+# SAGE on Cora. A short spin (GOMP_SPINCOUNT=10000) was tried as the default (issue 21): it made
+# full-batch GAT on CiteSeer 16 ms per step at 2 threads instead of 29-30 ms (PASSIVE wakes the
+# other thread by a system call at each of ~1,000 small parallel regions), but with two
+# processes on the two cores `gnnpar advise`'s co-run probe measured a step 8-11x slower than
+# alone instead of ~2x (4 runs, alternating, quiet machine: BENCHMARKS.md, issue 21), so PASSIVE
+# stays the default. A user running one process per core can set GOMP_SPINCOUNT=10000 (without
+# OMP_WAIT_POLICY); a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins. libgomp reads these
+# when torch is first imported, so they are set here, before any gnnpar module imports torch.
+if "GOMP_SPINCOUNT" not in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.1.0"
 
