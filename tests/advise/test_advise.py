@@ -171,7 +171,7 @@ def test_validate_on_a_two_configuration_grid(tmp_path):
 def test_validate_across_two_namespace_hosts_on_a_shaped_link(tmp_path):
     """``--hosts 2 --network 100mbit,5ms``: allreduce and gossip (K = 1) trained by ``gnnpar
     torchrun`` on two network namespaces whose link tc shapes (netem, or tbf's rate alone where
-    the kernel has no netem: then predicted again for the link as emulated); rank 0's host has
+    the kernel has no netem: then predicted again for the link as emulated, which for lock-step allreduce is no slower than the asked link); rank 0's host has
     result.json, the other none; the namespaces are gone afterwards."""
     import os
     import shutil
@@ -194,7 +194,9 @@ def test_validate_across_two_namespace_hosts_on_a_shaped_link(tmp_path):
     for c in cases:
         assert c["hosts"] == 2 and "Mbit/s" in c["link"], c
         assert c["measured_epoch_s"] > 0 and c["predicted_epoch_s"] > 0, c
-        assert c["predicted_epoch_s_asked_network"] >= c["predicted_epoch_s"], c
+        assert c["predicted_epoch_s_asked_network"] > 0, c
+        if c["strategy"] == "allreduce":  # lock-step: the asked link's delay only adds time
+            assert c["predicted_epoch_s_asked_network"] >= c["predicted_epoch_s"], c
         assert "gnnpar torchrun --nnodes 2" in c["command"], c
         (run,) = (out / "validate").glob(f"*-{c['strategy']}")
         held = [
