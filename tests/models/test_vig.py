@@ -284,8 +284,11 @@ def test_recompute_in_chunks_of_images_matches_the_whole_batch(monkeypatch):
     (out1, gx1, gp1, _), (out3, gx3, gp3, saved3) = runs
     assert torch.allclose(out3, out1, rtol=0, atol=1e-6)
     assert torch.allclose(gx3, gx1, rtol=1e-5, atol=1e-6)
+    # a weight gradient is a sum over 7 x 64 rows in float32, chunked here and whole there: its
+    # rounding scales with the gradient's size (on an Intel Xeon, ffn2.weight's entries up to
+    # 14.7 differed by 2.1e-5), so the absolute tolerance does too
     for a, b in zip(gp3, gp1):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(b.abs().max())))
     # what autograd keeps: the three input chunks (views of x), nothing of the activations
     weights = {p.data_ptr() for p in block.parameters()}
     kept = [t for t in saved3 if t.data_ptr() not in weights]
