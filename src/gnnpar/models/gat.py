@@ -37,7 +37,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -224,23 +224,30 @@ class FastDropoutGATConv(GATConv):
         return dropout(alpha, self.dropout, self.training)
 
 
-# ------------------------------------------------------- attention on a sampled layer, as CSR
+# ---------------------------------------------------------------------- attention as a CSR
 @dataclass
 class AttentionCSR:
-    """A sampled layer's edges as GATConv reads them, in CSR by destination: existing self-loops
+    """A layer's edges as GATConv reads them, in CSR by destination: existing self-loops
     removed, one self-loop added per destination (``add_self_loops``; the loops GATConv adds
-    for the source-only rows feed rows nobody reads). Each row holds its edges in the
-    sampler's order, then its loop: PyG's order (loops appended after the edges)."""
+    for the source-only rows of a sampled layer feed rows nobody reads). Each row holds its
+    edges in the given order, then its loop: PyG's order within every row.
+
+    ``order`` (whole graphs, :meth:`of_graph`): the index in PyG's own entry list (the kept
+    edges as given, then the ``n`` loops) of each CSR entry, so that attention dropout can draw
+    its mask in PyG's order and the transpose can hold each source's entries in that order."""
 
     crow: torch.Tensor  # [n_dst + 1]
     col: torch.Tensor  # [E] source of each entry
     row: torch.Tensor  # [E] destination of each entry (non-decreasing)
     n_src: int
     n_dst: int
+    order: torch.Tensor | None = None
     _t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    _heads: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, layer: HopLayer) -> AttentionCSR:
+        """A sampled layer: its edges sorted by destination already (the sampler's order)."""
         src, dst = layer.edge_index[0], layer.edge_index[1]
         loops = src == dst
         if bool(loops.any()):
@@ -255,74 +262,147 @@ class AttentionCSR:
         row = torch.repeat_interleave(torch.arange(n), count, output_size=e + n)
         return cls(crow, col, row, layer.n_src, n)
 
+    @classmethod
+    def of_graph(cls, edge_index: torch.Tensor, n: int) -> AttentionCSR:
+        """A whole graph of ``n`` nodes, its edges in any order (GATConv's full-batch input)."""
+        src, dst = edge_index[0], edge_index[1]
+        keep = src != dst
+        if not bool(keep.all()):
+            src, dst = src[keep], dst[keep]
+        loops = torch.arange(n, dtype=src.dtype, device=src.device)
+        src, dst = torch.cat([src, loops]), torch.cat([dst, loops])  # PyG's entries
+        order = torch.sort(dst, stable=True).indices  # by row; a row's loop stays last
+        row = dst[order]
+        adj = cls(indptr(row, n), src[order], row, n, n, order)
+        by_src = torch.sort(src, stable=True).indices  # each source's entries in PyG's order
+        position = torch.empty_like(order)
+        position[order] = torch.arange(order.numel(), device=order.device)
+        adj._t = (indptr(src, n), dst[by_src], position[by_src])
+        return adj
+
     def matrix(self, values: torch.Tensor) -> torch.Tensor:
         return _csr(self.crow, self.col, values, (self.n_dst, self.n_src))
 
-    def transposed(self, values: torch.Tensor) -> torch.Tensor:
-        """``A^T`` [n_src, n_dst] with ``values`` given in ``A``'s entry order."""
+    def _transpose(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``A^T``'s row offsets, columns, and the ``A`` entry of each of its entries."""
         if self._t is None:
             # int32 keys sort ~2x faster than int64 (ids < 2^31: one batch's nodes)
             order = torch.sort(self.col.to(torch.int32), stable=True).indices
             self._t = (indptr(self.col, self.n_src), self.row[order], order)
-        crow, col, order = self._t
+        return self._t
+
+    def transposed(self, values: torch.Tensor) -> torch.Tensor:
+        """``A^T`` [n_src, n_dst] with ``values`` given in ``A``'s entry order."""
+        crow, col, order = self._transpose()
         return _csr(crow, col, values[order], (self.n_src, self.n_dst))
+
+    def heads(self, k: int) -> HeadsCSR:
+        """The ``k`` heads' attention matrices as one block-diagonal CSR (:class:`HeadsCSR`)."""
+        if k not in self._heads:
+            self._heads[k] = HeadsCSR.of(self, k)
+        return self._heads[k]
+
+
+@dataclass
+class HeadsCSR:
+    """``k`` attention heads over the same edges as one CSR: row ``i * k + h`` holds row ``i``'s
+    entries for head ``h`` (columns ``j * k + h``), so that ``h.view(n_src * k, c)`` is
+    multiplied by every head at once (one ``torch.sparse.mm`` instead of one per head).
+    ``take`` / ``take_t``: the flat index into ``alpha.view(-1)`` (``alpha``: [E, k], ``A``'s
+    entry order) of each entry of the matrix and of its transpose."""
+
+    crow: torch.Tensor
+    col: torch.Tensor
+    take: torch.Tensor | None  # None: one head, alpha's entries in order
+    t_crow: torch.Tensor
+    t_col: torch.Tensor
+    take_t: torch.Tensor
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, adj: AttentionCSR, k: int) -> HeadsCSR:
+        t_crow, t_col, t_entry = adj._transpose()
+        if k == 1:  # the matrix itself: its entries are alpha's rows in order
+            return cls(adj.crow, adj.col, None, t_crow, t_col, t_entry, (adj.n_dst, adj.n_src))
+        heads = torch.arange(k)
+        t_row = torch.repeat_interleave(torch.arange(adj.n_src), torch.diff(t_crow))
+
+        def expand(rows, cols, entries, n_rows):
+            # every (entry, head) pair, ordered by (row, head) and then by the entry's place
+            key = (rows[:, None] * k + heads).reshape(-1)
+            pick = torch.sort(key, stable=True).indices
+            entry, head = pick // k, pick % k
+            flat = entries[entry] * k + head
+            return indptr(key, n_rows * k), cols[entry] * k + head, flat
+
+        entries = torch.arange(adj.col.numel())
+        crow, col, take = expand(adj.row, adj.col, entries, adj.n_dst)
+        t_crow_k, t_col_k, take_t = expand(t_row, t_col, t_entry, adj.n_src)
+        return cls(crow, col, take, t_crow_k, t_col_k, take_t, (adj.n_dst * k, adj.n_src * k))
+
+    def matrix(self, alpha: torch.Tensor) -> torch.Tensor:
+        values = alpha.reshape(-1)
+        if self.take is not None:
+            values = values.index_select(0, self.take)
+        return _csr(self.crow, self.col, values, self.shape)
+
+    def transposed(self, alpha: torch.Tensor) -> torch.Tensor:
+        values = alpha.reshape(-1).index_select(0, self.take_t)
+        return _csr(self.t_crow, self.t_col, values, self.shape[::-1])
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 class _EdgeWeightedSum(torch.autograd.Function):
-    """``out[i, k] = sum_e alpha[e, k] h[col[e], k]`` over row ``i``'s entries: one CSR product
-    per head forward (``torch.sparse.mm``), the transposed one for ``h``'s gradient and
-    ``<grad[i, k], h[j, k]>`` per entry for ``alpha``'s (``torch.sparse.sampled_addmm``). fp32 (CPU has no bf16 CSR product)."""
+    """``out[i, h] = sum_e alpha[e, h] x[col[e], h]`` over row ``i``'s entries, every head in
+    one CSR product (:class:`HeadsCSR`); the transposed product for ``x``'s gradient and
+    ``<grad[i, h], x[j, h]>`` per entry for ``alpha``'s. bf16
+    and fp16 are computed in fp32 (CPU has no bf16 CSR product), fp64 in fp64."""
 
     @staticmethod
-    def forward(ctx, alpha: torch.Tensor, h: torch.Tensor, adj: AttentionCSR) -> torch.Tensor:
-        ctx.adj, ctx.dtype = adj, h.dtype
-        with torch.autocast(h.device.type, enabled=False):
-            alpha, h = alpha.float(), h.float()
-            ctx.save_for_backward(alpha, h)
-            heads = [
-                torch.sparse.mm(adj.matrix(alpha[:, k].contiguous()), h[:, k].contiguous())
-                for k in range(h.size(1))
-            ]
-        return torch.stack(heads, 1).to(ctx.dtype)
+    def forward(ctx, alpha: torch.Tensor, x: torch.Tensor, adj: AttentionCSR) -> torch.Tensor:
+        n_src, k, c = x.shape
+        ctx.adj, ctx.dtype = adj, x.dtype
+        wide = _wide(x.dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            alpha, x = alpha.to(wide), x.to(wide).contiguous()
+            ctx.save_for_backward(alpha, x)
+            out = torch.sparse.mm(adj.heads(k).matrix(alpha), x.view(n_src * k, c))
+        return out.view(adj.n_dst, k, c).to(ctx.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        alpha, h = ctx.saved_tensors
+        alpha, x = ctx.saved_tensors
+        n_src, k, c = x.shape
         adj = ctx.adj
-        grad_alpha = grad_h = None
+        grad_alpha = grad_x = None
         with torch.autocast(grad.device.type, enabled=False):
-            grad = grad.float()
-            if ctx.needs_input_grad[0]:  # sampled dense-dense product on A's entries
-                grad_alpha = torch.stack(
-                    [
-                        torch.sparse.sampled_addmm(
-                            adj.matrix(alpha[:, k].contiguous()),
-                            grad[:, k].contiguous(),
-                            h[:, k].t(),
-                            beta=0.0,
-                        ).values()
-                        for k in range(h.size(1))
-                    ],
-                    1,
-                )
+            grad = grad.to(x.dtype).contiguous().view(-1, c)
+            if ctx.needs_input_grad[0]:  # <grad[row], x[col]> per entry, over the channels
+                # (torch.sparse.sampled_addmm computes the same, ~4x slower on CPU)
+                g = grad.view(adj.n_dst, k, c).index_select(0, adj.row)
+                grad_alpha = g.mul_(x.index_select(0, adj.col)).sum(-1)
             if ctx.needs_input_grad[1]:
-                grad_h = torch.stack(
-                    [
-                        torch.sparse.mm(
-                            adj.transposed(alpha[:, k].contiguous()), grad[:, k].contiguous()
-                        )
-                        for k in range(h.size(1))
-                    ],
-                    1,
-                ).to(ctx.dtype)
-        return grad_alpha, grad_h, None
+                grad_x = torch.sparse.mm(adj.heads(k).transposed(alpha), grad)
+                grad_x = grad_x.view(n_src, k, c).to(ctx.dtype)
+        return grad_alpha, grad_x, None
 
 
-def attention_layer(conv: GATConv, x: torch.Tensor, layer: HopLayer) -> torch.Tensor:
+def _attention_dropout(alpha: torch.Tensor, p: float, training: bool, adj: AttentionCSR):
+    """:func:`dropout` of the attention weights; on a whole graph the mask is drawn in PyG's
+    entry order (``adj.order``), so the same seed drops the same edges as GATConv does."""
+    if adj.order is None or not training or p == 0.0 or alpha.device.type != "cpu":
+        return dropout(alpha, p, training)
+    keep = torch.rand(alpha.shape, dtype=alpha.dtype).ge_(p).mul_(1.0 / (1.0 - p))
+    return alpha * keep.index_select(0, adj.order)
+
+
+def attention(conv: GATConv, x: torch.Tensor, adj: AttentionCSR) -> torch.Tensor:
     """``conv(x, edge_index)[:n_dst]`` for a GATConv without edge features: the same function
-    of the same parameters, computed for the layer's destination rows over a CSR (segment
+    of the same parameters, computed for ``adj``'s destination rows over its CSR (segment
     max/sum for the softmax over each row's entries, one CSR product for the weighted sum)."""
-    adj = AttentionCSR.of(layer)
     heads, c = conv.heads, conv.out_channels
     h = conv.lin(x).view(-1, heads, c)
     a_src = (h * conv.att_src).sum(-1)
@@ -332,10 +412,48 @@ def attention_layer(conv: GATConv, x: torch.Tensor, layer: HopLayer) -> torch.Te
     top = torch.segment_reduce(e.detach(), "max", offsets=adj.crow, axis=0)
     e = (e - top.index_select(0, adj.row)).exp()
     total = torch.segment_reduce(e, "sum", offsets=adj.crow, axis=0) + 1e-16
-    alpha = dropout(e / total.index_select(0, adj.row), conv.dropout, conv.training)
+    alpha = _attention_dropout(e / total.index_select(0, adj.row), conv.dropout, conv.training, adj)
     out = _EdgeWeightedSum.apply(alpha, h, adj)
     out = out.reshape(-1, heads * c) if conv.concat else out.mean(dim=1)
     return out if conv.bias is None else out + conv.bias
+
+
+def attention_layer(conv: GATConv, x: torch.Tensor, layer: HopLayer) -> torch.Tensor:
+    """:func:`attention` on a neighbour-sampled layer's edges."""
+    return attention(conv, x, AttentionCSR.of(layer))
+
+
+class GraphCSRs:
+    """The :class:`AttentionCSR` of each whole graph seen recently (``capacity`` of them), keyed
+    like :class:`SparseFeatures`: the edge tensor itself (a weak reference), its version
+    counter and the node count, so a new or modified ``edge_index`` is converted again."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[int, int], tuple[weakref.ref, int, AttentionCSR]] = (
+            OrderedDict()
+        )
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_entries": OrderedDict()}
+
+    def get(self, edge_index: torch.Tensor, n: int) -> AttentionCSR:
+        key = (id(edge_index), n)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is edge_index and entry[1] == edge_index._version:
+            self._entries.move_to_end(key)
+            return entry[2]
+        adj = AttentionCSR.of_graph(edge_index, n)
+
+        def forget(ref: weakref.ref) -> None:
+            if key in self._entries and self._entries[key][0] is ref:
+                del self._entries[key]
+
+        self._entries[key] = (weakref.ref(edge_index, forget), edge_index._version, adj)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return adj
 
 
 class GATBlock(nn.Module):
@@ -367,6 +485,7 @@ class GATBlock(nn.Module):
         self.last = last
         self.sparse_input = sparse_input
         self.conv = FastDropoutGATConv(in_dim, out_dim, heads=heads, concat=concat, dropout=dropout)
+        self.graphs = GraphCSRs()  # whole graphs' CSRs, kept across steps
         if sparse_input:
             lin = SparseInputLinear(in_dim, heads * out_dim, dropout)
             lin.weight = self.conv.lin.weight  # keep GATConv's own initialisation
@@ -380,6 +499,8 @@ class GATBlock(nn.Module):
                 x = attention_layer(self.conv, x, edge_index)
             else:
                 x = self.conv(x, edge_index.edge_index)[: edge_index.n_dst]
+        elif self.csr and isinstance(edge_index, torch.Tensor) and x.device.type == "cpu":
+            x = attention(self.conv, x, self.graphs.get(edge_index, x.size(0)))
         else:
             x = self.conv(x, edge_index)
         return x if self.last else F.elu(x)
