@@ -322,8 +322,10 @@ class HeadsCSR:
     @classmethod
     def of(cls, adj: AttentionCSR, k: int) -> HeadsCSR:
         t_crow, t_col, t_entry = adj._transpose()
+        shape = (adj.n_dst * k, adj.n_src * k)
         if k == 1:  # the matrix itself: its entries are alpha's rows in order
-            return cls(adj.crow, adj.col, None, t_crow, t_col, t_entry, (adj.n_dst, adj.n_src))
+            a, t = _narrow(adj.crow, adj.col, max(shape)), _narrow(t_crow, t_col, max(shape))
+            return cls(*a, None, *t, t_entry, shape)
         heads = torch.arange(k)
         t_row = torch.repeat_interleave(torch.arange(adj.n_src), torch.diff(t_crow))
 
@@ -338,7 +340,8 @@ class HeadsCSR:
         entries = torch.arange(adj.col.numel())
         crow, col, take = expand(adj.row, adj.col, entries, adj.n_dst)
         t_crow_k, t_col_k, take_t = expand(t_row, t_col, t_entry, adj.n_src)
-        return cls(crow, col, take, t_crow_k, t_col_k, take_t, (adj.n_dst * k, adj.n_src * k))
+        a, t = _narrow(crow, col, max(shape)), _narrow(t_crow_k, t_col_k, max(shape))
+        return cls(*a, take, *t, take_t, shape)
 
     def matrix(self, alpha: torch.Tensor) -> torch.Tensor:
         values = alpha.reshape(-1)
@@ -349,6 +352,14 @@ class HeadsCSR:
     def transposed(self, alpha: torch.Tensor) -> torch.Tensor:
         values = alpha.reshape(-1).index_select(0, self.take_t)
         return _csr(self.t_crow, self.t_col, values, self.shape[::-1])
+
+
+def _narrow(crow: torch.Tensor, col: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 CSR indices where they fit: MKL's product takes them as they are (int64 ones are
+    converted on every call: 220 -> 158 us for Cora's 106K-entry product, one thread)."""
+    if max(n, crow.numel(), int(crow[-1]) if crow.numel() else 0) < 2**31:
+        return crow.to(torch.int32), col.to(torch.int32)
+    return crow, col
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
