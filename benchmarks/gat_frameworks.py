@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-USER_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # before gnnpar sets its default
+# the user's OpenMP policy, read before gnnpar sets its own (gnnpar/__init__.py)
+USER_WAIT_POLICY = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
 
 try:  # first, as for the CLI: gnnpar's OpenMP settings apply only before torch loads
     import gnnpar  # noqa: F401
@@ -166,8 +167,12 @@ def run_side(side, folder, name, threads, epochs, seed, lock):
     cmd = lock + [py, __file__, "--side", side, str(folder), name, str(threads), str(epochs)]
     cmd.append(str(seed))
     env = {k: v for k, v in os.environ.items() if side == "gnnpar" or k != "PYTHONPATH"}
-    if side != "gnnpar" and USER_WAIT_POLICY is None:
-        env.pop("OMP_WAIT_POLICY", None)  # gnnpar's default, not the peers'
+    if side != "gnnpar":  # gnnpar's default policy is not the peers': theirs is the user's
+        for key, value in USER_WAIT_POLICY.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
     if side == "gnnpar":
         env["PYTHONPATH"] = str(HERE.parent / "src")
     env.update(OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore")

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gnnpar
 from gnnpar import RankFailedError, UsageError
 
 _USAGE_PREFIX = "UsageError: "
@@ -259,11 +260,11 @@ def launch(
         lg.setLevel(logging.CRITICAL)
     keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
     entry, entry_args = fn, (*args, log_dir)
-    if method == "forkserver":
-        entry, entry_args = _rank_entry, (fn, os.getpid(), dict(os.environ), *args, log_dir)
     try:
-        with _ranks_ignore_ctrl_c(nprocs):
+        # several ranks share this host's cores: their idle OpenMP threads sleep at once
+        with _ranks_ignore_ctrl_c(nprocs), gnnpar.ranks_sleep_at_once():
             if method == "forkserver":
+                entry, entry_args = _rank_entry, (fn, os.getpid(), dict(os.environ), *args, log_dir)
                 _start_fork_server(",".join((fn.__module__, *warm)))
             outputs = elastic_launch(launch_cfg, entry)(*entry_args)
     except ChildFailedError as e:
@@ -279,6 +280,7 @@ def launch(
             os.environ.pop("OMP_NUM_THREADS", None)
         if old_own is None:
             os.environ.pop(OWN_LAUNCHER_ENV, None)
+
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     return outputs

@@ -29,8 +29,9 @@ The usual culprits, all multiplied by ranks x workers:
 2. Oversubscription. Each worker would inherit the rank's thread count: 4 ranks x 2 workers x
    all cores of OpenMP threads spin against each other and the gloo threads, which stalls steps
    until a timeout looks like a hang. Workers run ``torch.set_num_threads(1)``; each rank gets
-   cores / local ranks threads (``train.set_threads``); idle OpenMP threads sleep instead of
-   spinning (``OMP_WAIT_POLICY=PASSIVE``, set in :mod:`gnnpar`).
+   cores / local ranks threads (``train.set_threads``); where several ranks share a host their
+   idle OpenMP threads sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, see
+   :mod:`gnnpar`; one process alone on the cores spins briefly, ``GOMP_SPINCOUNT=10000``).
 3. Memory. Reddit (~6 GB in memory) loaded by 4 ranks, plus copy-on-write faults in forked
    workers, exceeds 16 GB; a worker killed by the OOM killer leaves the rank waiting for a batch
    that never comes. Here the graph is written once per machine to ``/dev/shm`` and every rank

@@ -10,12 +10,14 @@ training process that owns them.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import threading
 import time
 
 import torch
 
+import gnnpar
 from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler, SampledBatch
 
 
@@ -192,6 +194,8 @@ def build_loader(
         # the fork server imports these once; each worker is then a cheap fork of a process
         # that has no threads, no OpenMP pool and no process group
         ctx.set_forkserver_preload(["torch", __name__])
+        with gnnpar.ranks_sleep_at_once():  # ranks may be forked from this server later
+            multiprocessing.forkserver.ensure_running()
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=None,
