@@ -391,8 +391,17 @@ class _EdgeWeightedSum(torch.autograd.Function):
         grad_alpha = grad_x = None
         with torch.autocast(grad.device.type, enabled=False):
             grad = grad.to(x.dtype).contiguous().view(-1, c)
-            if ctx.needs_input_grad[0]:  # <grad[row], x[col]> per entry, over the channels
-                # (torch.sparse.sampled_addmm computes the same, ~4x slower on CPU)
+            if ctx.needs_input_grad[0] and k == 1:  # <grad[row], x[col]> per entry
+                csr = adj.heads(1)
+                grad_alpha = torch.sparse.sampled_addmm(
+                    csr.matrix(alpha), grad, x.view(n_src, c).t(), beta=0.0
+                ).values()
+                grad_alpha = grad_alpha.view_as(alpha)
+            elif ctx.needs_input_grad[0]:
+                # several heads: gathered rows, multiplied, summed over the channels. On one
+                # Intel Xeon thread, Cora's 13K entries x 8 heads x 8 channels: 1.1 ms, against
+                # 2.8 ms for sampled_addmm on the block-diagonal matrix; one head of a gat3
+                # layer (250K entries x 16 channels): 9.5 ms, against 1.8 ms for sampled_addmm.
                 g = grad.view(adj.n_dst, k, c).index_select(0, adj.row)
                 grad_alpha = g.mul_(x.index_select(0, adj.col)).sum(-1)
             if ctx.needs_input_grad[1]:
