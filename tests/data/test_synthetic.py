@@ -10,6 +10,7 @@ import torch
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.synthetic import (
     AMAZON,
+    PAPERS100M,
     REDDIT,
     cifar_sizes,
     generate_cifar,
@@ -24,6 +25,27 @@ def test_full_size_matches_study_003_table_3_1():
     assert n == 232_965 and abs(2 * m - 114_848_857) <= 1
     n, m = graph_size(AMAZON, 1.0)
     assert n == 1_598_960 and abs(2 * m - 132_169_734) <= 1
+
+
+def test_papers100m_shape():
+    n, m = graph_size(PAPERS100M, 1.0)
+    assert n == 111_059_956 and abs(2 * m - 1_615_685_872) <= 1  # OGB's directed citations
+    assert (PAPERS100M.num_features, PAPERS100M.num_classes) == (128, 172)
+    n, m = graph_size(PAPERS100M, 0.01)  # the stand-in advise profiles: same mean degree
+    assert n == 1_110_600 and abs(2 * m / n - 1_615_685_872 / 111_059_956) < 1e-5
+
+
+def test_papers100m_split_leaves_most_nodes_unlabelled():
+    t, meta = generate_graph(PAPERS100M, 0.001, seed=3)
+    n = meta["num_nodes"]
+    masks = [t[f"{s}_mask"] for s in ("train", "val", "test")]
+    # OGB's 1,207,179 / 125,265 / 214,338 of 111,059,956, at 1/1000 of the size
+    assert [int(mk.sum()) for mk in masks] == [round(f * n) for f in PAPERS100M.split]
+    assert [int(mk.sum()) for mk in masks] == [1207, 125, 214]
+    covered = sum(mk.long() for mk in masks)
+    assert int(covered.max()) == 1  # disjoint
+    assert int(covered.sum()) == 1546 and n == 111_060  # the other 98.6%: in no split
+    assert t["x"].shape == (n, 128) and int(t["y"].max()) < 172
 
 
 def test_scale_keeps_degree_where_it_fits():

@@ -7,6 +7,7 @@ rank them (``gnnpar advise --help``; README "Which strategy for my graph?").
 * :mod:`~gnnpar.advise.predict`: the grid of configurations, simulated from a profile.
 * :mod:`~gnnpar.advise.report`: the table, the plot and ``advice.json``.
 * :mod:`~gnnpar.advise.validate`: predicted against measured with real ``gnnpar train`` runs.
+* :mod:`~gnnpar.advise.scale`: a stand-in's profile mapped onto a larger graph (papers100M).
 """
 
 # train flags advise does not take (one strategy, or a run to resume); torch-free, for the CLI

@@ -12,8 +12,8 @@ the folder, and where to obtain them (the CLI exits 2).
   ``$XDG_CACHE_HOME/gnnpar``): pubmed, reddit, amazon, ogbn-arxiv, ogbn-products, cifar10
   (formats in readers.py). Except pubmed (small), they are converted once into
   ``<data_root>/cache/<name>/`` and memory-mapped from there (cache.py).
-- generated: synthetic-reddit, synthetic-amazon, synthetic-cifar10 (synthetic.py), cached in
-  ``<data_root>/cache/<name>-scale<F>-seed<S>/``.
+- generated: synthetic-reddit, synthetic-amazon, synthetic-papers100m, synthetic-cifar10
+  (synthetic.py), cached in ``<data_root>/cache/<name>-scale<F>-seed<S>/``.
 - your own graph (user.py): ``--dataset FILE.pt``, an OGB-layout folder, or ``module:function``;
   cached by content in ``<data_root>/cache/user-<sha256[:20]>/``. A registered name always wins:
   write ``./cora`` for a folder called cora.
@@ -357,6 +357,14 @@ REGISTRY: dict[str, DatasetSpec] = {
         (),
         "generated on first use (stochastic block model, gnnpar.data.synthetic)",
         _generated_graph(synthetic.AMAZON),
+    ),
+    "synthetic-papers100m": _spec(
+        "synthetic-papers100m",
+        "111,059,956 nodes, 1,615,685,872 edges, 128 features, 172 classes, 1.1% train "
+        "(x scale; use a small one: 0.01 is 1.1M nodes)",
+        (),
+        "generated on first use (stochastic block model, gnnpar.data.synthetic)",
+        _generated_graph(synthetic.PAPERS100M),
     ),
     "synthetic-cifar10": _spec(
         "synthetic-cifar10",

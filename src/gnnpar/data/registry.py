@@ -37,6 +37,7 @@ DATASETS: dict[str, Named] = {
     "cifar10": Named("image", "user files"),
     "synthetic-reddit": Named("graph", "generated"),
     "synthetic-amazon": Named("graph", "generated"),
+    "synthetic-papers100m": Named("graph", "generated"),
     "synthetic-cifar10": Named("image", "generated"),
 }
 

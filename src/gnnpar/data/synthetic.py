@@ -4,17 +4,27 @@
 (Karrer & Newman 2011) whose blocks are the classes, with label-correlated Gaussian features. At
 scale 1 they have the sizes of study 003, table 3.1:
 
-=================  =========  ========  =====  ============  ==================
-dataset            nodes      features  class  edge_index    split train/val/test
-=================  =========  ========  =====  ============  ==================
-synthetic-reddit   232,965    602       41 s   114,848,856   0.66 / 0.10 / 0.24
-synthetic-amazon   1,598,960  200       107 m  132,169,734   0.80 / 0.10 / 0.10
-=================  =========  ========  =====  ============  ==================
+=====================  ===========  ========  =====  =============  ============================
+dataset                nodes        features  class  edge_index     split train/val/test
+=====================  ===========  ========  =====  =============  ============================
+synthetic-reddit       232,965      602       41 s   114,848,856    0.66 / 0.10 / 0.24
+synthetic-amazon       1,598,960    200       107 m  132,169,734    0.80 / 0.10 / 0.10
+synthetic-papers100m   111,059,956  128       172 s  1,615,685,872  0.01087 / 0.001128 / 0.00193
+=====================  ===========  ========  =====  =============  ============================
 
 Edge counts are ``edge_index`` columns of a symmetric graph without self-loops or duplicates, so
 the count is even (table 3.1's Reddit figure, 114,848,857, is PyG's 114,615,892 edges plus one
 self-loop per node; its Amazon figure is GraphSAINT's undirected count, which we use here as the
 number of columns, as the table does for Reddit).
+
+``synthetic-papers100m`` has the shape of OGB's ogbn-papers100M (Hu et al. 2020): its nodes,
+feature width, classes and split sizes (1,207,179 / 125,265 / 214,338 labelled nodes; the other
+98.6% are in no split, as there), and as many ``edge_index`` columns as papers100M has directed
+citations (1,615,685,872: mean degree 14.5 columns per node; a symmetrised papers100M has twice
+as many). Its homophily is ogbn-arxiv's edge homophily (0.65; arXiv's papers are a subset of
+the same MAG citation graph) and its degrees are as heterogeneous as Amazon's. It exists to be
+generated at a small ``--scale`` (0.01: 1.1M nodes, 16M columns, 12,072 training nodes) as a
+stand-in that ``gnnpar advise`` profiles; full size would need ~85 GB.
 
 How labels become learnable: a fraction ``homophily`` of the edges join two nodes of the same
 block (class; for Amazon the node's primary class), the rest join uniformly chosen nodes, and
@@ -78,7 +88,19 @@ REDDIT = GraphRecipe(
 AMAZON = GraphRecipe(
     "synthetic-amazon", 1_598_960, 200, 107, 132_169_734, True, (0.80, 0.10, 0.10), 0.7, 6.0, 1.0
 )
-RECIPES = {r.name: r for r in (REDDIT, AMAZON)}
+PAPERS100M = GraphRecipe(
+    "synthetic-papers100m",
+    111_059_956,
+    128,
+    172,
+    1_615_685_872,
+    False,
+    (0.01087, 0.001128, 0.00193),
+    0.65,
+    3.0,
+    1.0,
+)
+RECIPES = {r.name: r for r in (REDDIT, AMAZON, PAPERS100M)}
 
 MAX_BLOCK_DENSITY = 0.25  # cap on the mean fraction of within-block pairs that are edges
 AMAZON_RELATED = (1, 7, 31)  # extra labels of a node with primary class b: (b + k) % C
@@ -146,13 +168,17 @@ def _sample_edges(
 
 
 def _split_masks(n: int, split: tuple[float, float, float], g: torch.Generator) -> dict:
+    """Disjoint random train / val / test masks of ``split``'s fractions. Fractions that sum to
+    1 cover every node (test takes what train and val leave); fractions that sum to less leave
+    the rest of the nodes in no split (unlabelled, as most of papers100M's)."""
     perm = torch.randperm(n, generator=g)
     n_train, n_val = round(split[0] * n), round(split[1] * n)
+    end = n if sum(split) > 1 - 1e-9 else min(n, n_train + n_val + round(split[2] * n))
     masks = {}
     for name, idx in (
         ("train_mask", perm[:n_train]),
         ("val_mask", perm[n_train : n_train + n_val]),
-        ("test_mask", perm[n_train + n_val :]),
+        ("test_mask", perm[n_train + n_val : end]),
     ):
         mask = torch.zeros(n, dtype=torch.bool)
         mask[idx] = True
