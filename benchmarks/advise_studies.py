@@ -1,21 +1,38 @@
 """The studies' tables simulated by ``gnnpar advise`` at their size, beside the studies' figures.
 
 Each table is simulated from a profile that ``gnnpar advise`` took here (the ``profile`` of its
-advice.json, passed with ``--reddit``), with gnnpar's own simulation
-(:func:`gnnpar.advise.predict.predict`); nothing is trained. The studies' figures are quoted
-from /work/shared/seeds (study 003, tables 3.10, 3.11, 4.6, 4.7) for comparison only.
+advice.json, passed with ``--reddit``, ``--amazon`` or ``--sampled``), with gnnpar's own
+simulation (:func:`gnnpar.advise.predict.predict`); nothing is trained. The studies' figures are
+quoted from /work/shared/seeds (study 003, tables 3.10, 3.11, 4.6, 4.7; study 002, table 2) for
+comparison only.
 
     # the profile: the Reddit stand-in at study 003's size and settings (table 3.3)
     gnnpar advise --dataset synthetic-reddit --scale 1 --model gcn --hidden 128 --layers 2 \\
         --dropout 0.2 --partitions 40 --epochs 30 --sync-every 1 --hosts 8 --ranks-per-host 1 \\
         --network 100gbit,5us --threads 2 --strategies allreduce,gossip --out runs/reddit
     python benchmarks/advise_studies.py --reddit runs/reddit/advice.json [--network 100gbit,5us]
+    # the Amazon stand-in (table 3.3: 640 subgraphs, 2 hidden layers of 512 = 3 convolutions as
+    # gnnpar's presets read it, dropout 0.1, lr 1e-2, 30 epochs); S = 1, P = 640 at full size
+    gnnpar advise --dataset synthetic-amazon --scale S --model gcn --hidden 512 --layers 3 \\
+        --dropout 0.1 --lr 0.01 --weight-decay 0 --partitions P --epochs 30 --sync-every 1 \\
+        --hosts 8 --ranks-per-host 1 --network 100gbit,5us --threads 2 \\
+        --strategies allreduce,gossip --out runs/amazon
+    python benchmarks/advise_studies.py --amazon runs/amazon/advice.json
+    # study 002: one profile per batch size (each an advice.json), the 3 x 3 table of table 2
+    python benchmarks/advise_studies.py --sampled runs/s002-{512,1024,2048}/advice.json \\
+        [--cores 16]
 
 Study 003 ran one V100 per rank on one 8-GPU node (NCCL). The simulation puts each rank on a
 host of its own like the profiling machine (its cores, its measured step times), joined by
 ``--network`` (default 100 Gbit/s, 5 us: an NVLink/PCIe-class link); ``--jitter`` adds the
 study's "non-dedicated cluster" as gnnpar's emulation defines it (a pause of up to X times the
 step, with probability 0.1 per step).
+
+Amazon below scale 1: the study's 640 subgraphs have 1,598,960 / 640 = 2,498 nodes each. A
+profile of the stand-in at ``--scale S`` with ``--partitions P = 640 S`` measures subgraphs of
+that many nodes; the study's epoch is then simulated as 640 such subgraphs, the P measured step
+times each standing for 640 / P of them (:func:`at_study_parts`), so each rank has the study's
+number of steps per epoch (and the averaging interval K means what it meant there).
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from gnnpar.advise import simulate as sim
@@ -46,6 +64,23 @@ STUDY_003_REDDIT = {
     ("gossip", 8, 100): 5.27,
 }
 
+# study 003, table 4.7 (its allreduce rows are table 3.11): Amazon, speed-up over one GPU
+STUDY_003_AMAZON = {
+    ("allreduce", 4, 1): 1.74,
+    ("allreduce", 4, 20): 2.07,
+    ("allreduce", 4, 100): 2.27,
+    ("allreduce", 8, 1): 2.81,
+    ("allreduce", 8, 20): 3.05,
+    ("allreduce", 8, 100): 3.39,
+    ("gossip", 4, 1): 2.44,
+    ("gossip", 4, 20): 3.17,
+    ("gossip", 4, 100): 3.47,
+    ("gossip", 8, 1): 2.93,
+    ("gossip", 8, 20): 4.36,
+    ("gossip", 8, 100): 6.13,
+}
+STUDY_003_AMAZON_PARTS = 640  # table 3.3 ("Subgraph number"); Reddit: 40
+
 # study 002, table 2: PyG GraphSAGE, seconds for 50 epochs (longest rank), by (GPUs, workers, B)
 STUDY_002_SAGE = {
     (1, 8, 512): 4758,
@@ -60,17 +95,56 @@ STUDY_002_SAGE = {
 }
 
 
+RANKS_002 = ((1, 8), (2, 8), (4, 1))  # (GPUs, data workers) of table 2's rows
+
+
 def load_profile(path: str) -> Profile:
     return Profile(**json.loads(Path(path).read_text())["profile"])
 
 
-def study_003(prof: Profile, network: sim.Link, jitters: list[float], parts: int) -> list[str]:
+def at_study_parts(prof: Profile, parts: int) -> tuple[Profile, int]:
+    """``prof`` with ``parts`` subgraphs per epoch, and the partition count it measured. A
+    profile that measured ``parts`` is returned as it is; one that measured a single other
+    count P (a scaled-down stand-in cut so that its subgraphs have the study's nodes each)
+    gets ``parts`` subgraphs whose step times are its P measured ones, each used ``parts / P``
+    times (subgraph i takes measured step ``i mod P``)."""
+    if str(parts) in prof.parts_step_s:
+        return prof, parts
+    if len(prof.parts_step_s) != 1:
+        raise SystemExit(
+            f"the profile measured --partitions {', '.join(prof.parts_step_s) or 'none'}: "
+            f"give one profile with a single partition count to stand for {parts} subgraphs"
+        )
+    ((measured, steps),) = prof.parts_step_s.items()
+    tiled = [steps[i % len(steps)] for i in range(parts)]
+    return replace(prof, parts_step_s={**prof.parts_step_s, str(parts): tiled}), int(measured)
+
+
+def study_003(
+    prof: Profile,
+    network: sim.Link,
+    jitters: list[float],
+    parts: int,
+    study: dict[tuple[str, int, int], float],
+) -> list[str]:
+    """Study 003's speed-up table (allreduce and gossip, 4 and 8 workers, K = 1, 20, 100) of
+    the figures ``study``, simulated from ``prof`` with ``parts`` subgraphs per epoch."""
+    prof, measured = at_study_parts(prof, parts)
+    epoch_1 = sum(prof.parts_step_s[str(parts)])
+    stand_in = ""
+    if measured != parts:
+        stand_in = (
+            f" Each of the {parts} subgraphs takes the step time of one of the {measured} "
+            f"measured subgraphs ({prof.num_nodes:,} nodes / {measured} = "
+            f"{prof.num_nodes / measured:,.0f} nodes each), each measured one standing for "
+            f"{parts / measured:g}."
+        )
     rows = [
         f"Simulated from a profile taken on {prof.machine} ({prof.cores} cores, "
-        f"{prof.threads} thread(s) per rank): {prof.dataset} {prof.model}, "
-        f"--partitions {parts}, {prof.epochs} epochs, one rank per host, "
+        f"{prof.threads} thread(s) per rank): {prof.dataset} ({prof.num_nodes:,} nodes) "
+        f"{prof.model}, {parts} subgraphs per epoch, {prof.epochs} epochs, one rank per host, "
         f"{network.bandwidth_Bps * 8 / 1e9:g} Gbit/s {network.latency_s * 1e6:g} us between "
-        f"hosts. One-rank epoch: {sum(prof.parts_step_s[str(parts)]):.2f} s.",
+        f"hosts. One-rank epoch: {epoch_1:.2f} s.{stand_in}",
         "",
         "| strategy | workers | K | study 003 speed-up | "
         + " | ".join(f"simulated, jitter {j:g}" for j in jitters)
@@ -88,46 +162,117 @@ def study_003(prof: Profile, network: sim.Link, jitters: list[float], parts: int
                 ]
                 p0 = preds[0]
                 rows.append(
-                    f"| {strategy} | {world} | {k} | {STUDY_003_REDDIT[(strategy, world, k)]:.2f} | "
+                    f"| {strategy} | {world} | {k} | {study[(strategy, world, k)]:.2f} | "
                     + " | ".join(f"{p.speedup:.2f}" for p in preds)
                     + f" | {p0.epoch_s:.3f} | {p0.bytes_on_network / prof.epochs / 1e6:.1f} MB |"
                 )
+    steps = prof.parts_step_s[str(measured)]
+    rows += [
+        "",
+        f"per-part step (s, {measured} measured): median {statistics.median(steps):.4f}, "
+        f"min {min(steps):.4f}, max {max(steps):.4f}; parameters {prof.param_bytes / 1e3:.0f} kB; "
+        f"profile {prof.profile_s:.1f} s",
+    ]
     return rows
+
+
+def sampled_by_batch(profs: list[Profile]) -> dict[int, Profile]:
+    """Each batch size the profiles measured, with its profile. They must be of one dataset,
+    model and epoch count; a profile taken without gloo (one rank) borrows the gloo costs of
+    one that has them."""
+    kinds = {(p.dataset, p.model, p.epochs) for p in profs}
+    if len(kinds) > 1:
+        raise SystemExit(
+            "--sampled: the profiles are of different runs (dataset, model, epochs): "
+            + "; ".join(" ".join(map(str, k)) for k in sorted(kinds))
+        )
+    comm = next((p.comm for p in profs if p.comm), {})
+    out: dict[int, Profile] = {}
+    for prof in profs:
+        for b in prof.sampled:
+            if int(b) in out:
+                raise SystemExit(f"--sampled: batch size {b} is in more than one profile")
+            out[int(b)] = replace(prof, comm=prof.comm or comm)
+    return dict(sorted(out.items()))
 
 
 def study_002(profs: list[Profile]) -> list[str]:
     """Study 002's table 2 (GraphSAGE, PyG): 1, 2, 4 ranks on one host, each with its own
-    loader workers (8, 8, 1 as the study), the batch size per rank. A profile taken without
-    gloo (one rank) borrows the gloo costs of one that has them (same machine)."""
-    comm = next((p.comm for p in profs if p.comm), {})
+    loader workers (8, 8, 1 as the study), by the batch size per rank, one column pair per
+    batch size the profiles measured: the study's seconds for 50 epochs beside the simulated
+    ones, then the speed-ups over one rank beside each other."""
+    by_batch = sampled_by_batch(profs)
+    sims: dict[tuple[int, int], object] = {}
+    for b, prof in by_batch.items():
+        for world, workers in RANKS_002:
+            c = Candidate("sampled", {"batch_size": b, "loader_workers": workers}, world)
+            sims[world, b] = predict(c, prof, ClusterSpec(1, world), sim.NONE, prof.epochs)
+
+    def study(world: int, workers: int, b: int) -> str:
+        s = STUDY_002_SAGE.get((world, workers, b))
+        return "-" if s is None else f"{s}"
+
+    batches = list(by_batch)
     rows = [
-        "| ranks | loader workers | batch | study 002 s (PyG, 50 epochs) | simulated s | "
-        "simulated speed-up over 1 rank | waiting | profile threads/rank |",
-        "|---|---|---|---|---|---|---|---|",
+        "Seconds for all epochs (study: 50 epochs, longest rank):",
+        "",
+        "| ranks | loader workers | "
+        + " | ".join(f"B={b}: study 002 s | B={b}: simulated s" for b in batches)
+        + " |",
+        "|---|---|" + "---|---|" * len(batches),
     ]
-    for prof in profs:
-        prof.comm = prof.comm or comm
-        for b in sorted(prof.sampled, key=int):
-            one = None
-            for world, workers in ((1, 8), (2, 8), (4, 1)):
-                c = Candidate("sampled", {"batch_size": int(b), "loader_workers": workers}, world)
-                p = predict(c, prof, ClusterSpec(1, world), sim.NONE, prof.epochs)
-                one = one or p.train_time_s
-                rows.append(
-                    f"| {world} | {workers} | {b} | {STUDY_002_SAGE[(world, workers, int(b))]} | "
-                    f"{p.train_time_s:.0f} | {one / p.train_time_s:.2f} | {p.wait_share:.0%} | "
-                    f"{prof.threads} |"
-                )
+    for world, workers in RANKS_002:
+        cells = [f"{study(world, workers, b)} | {sims[world, b].train_time_s:.0f}" for b in batches]
+        rows.append(f"| {world} | {workers} | " + " | ".join(cells) + " |")
+    rows += [
+        "",
+        "Speed-up over 1 rank (simulated: share of the ranks' time spent waiting on data or "
+        "others):",
+        "",
+        "| ranks | loader workers | "
+        + " | ".join(f"B={b}: study 002 | B={b}: simulated" for b in batches)
+        + " |",
+        "|---|---|" + "---|---|" * len(batches),
+    ]
+    for world, workers in RANKS_002:
+        cells = []
+        for b in batches:
+            one_study = STUDY_002_SAGE.get((1, 8, b))
+            here = STUDY_002_SAGE.get((world, workers, b))
+            st = "-" if one_study is None or here is None else f"{one_study / here:.2f}"
+            p = sims[world, b]
+            cells.append(
+                f"{st} | {sims[1, b].train_time_s / p.train_time_s:.2f} ({p.wait_share:.0%})"
+            )
+        rows.append(f"| {world} | {workers} | " + " | ".join(cells) + " |")
+    rows.append("")
+    for b, prof in by_batch.items():
+        s = prof.sampled[str(b)]
+        rows.append(
+            f"B={b}: profile of {prof.dataset} {prof.model} on {prof.machine} "
+            f"({prof.cores} cores, {prof.threads} thread(s) per rank) in {prof.profile_s:.1f} s; "
+            f"per batch: sampling + gathering {s['sample_s']:.3f} s in a loader worker "
+            f"({s['main_sample_s']:.3f} s in the main process), forward + backward "
+            f"{s['compute_s']:.3f} s; gloo costs {'measured' if prof.comm else 'none (free)'}"
+        )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reddit", help="advice.json of the Reddit stand-in (Cluster-GCN)")
+    ap.add_argument("--amazon", help="advice.json of the Amazon stand-in (Cluster-GCN)")
     ap.add_argument("--sampled", nargs="*", default=[], help="advice.json files (study 002)")
     ap.add_argument("--network", default="100gbit,5us")
     ap.add_argument("--jitter", default="0,0.5,2", help="comma-separated --jitter values")
-    ap.add_argument("--partitions", type=int, default=40)
+    ap.add_argument("--partitions", type=int, default=40, help="Reddit's subgraphs per epoch")
+    ap.add_argument(
+        "--amazon-partitions",
+        type=int,
+        default=STUDY_003_AMAZON_PARTS,
+        help="Amazon's subgraphs per epoch (the study's 640); a profile that measured another "
+        "count stands for this many (see the module's docstring)",
+    )
     ap.add_argument(
         "--cores",
         type=int,
@@ -135,21 +280,21 @@ def main() -> None:
         "(default: this machine's); the study does not say its N1's",
     )
     args = ap.parse_args()
-    if args.reddit:
-        prof = load_profile(args.reddit)
-        jitters = [float(j) for j in args.jitter.split(",")]
-        rows = study_003(prof, parse_network(args.network), jitters, args.partitions)
-        print("\n".join(rows))
-        part = prof.parts_step_s[str(args.partitions)]
-        print(
-            f"\nper-part step (s): median {statistics.median(part):.4f}, min {min(part):.4f}, "
-            f"max {max(part):.4f}; parameters {prof.param_bytes / 1e3:.0f} kB\n"
-        )
+    network = parse_network(args.network)
+    jitters = [float(j) for j in args.jitter.split(",")]
+    for name, path, parts, study in (
+        ("Reddit", args.reddit, args.partitions, STUDY_003_REDDIT),
+        ("Amazon", args.amazon, args.amazon_partitions, STUDY_003_AMAZON),
+    ):
+        if path:
+            print(f"Study 003, {name}:\n")
+            print("\n".join(study_003(load_profile(path), network, jitters, parts, study)))
+            print()
     if args.sampled:
         profs = [load_profile(p) for p in args.sampled]
         for prof in profs:
             prof.cores = args.cores or prof.cores
-        print(f"host of {profs[0].cores} cores")
+        print(f"Study 002, table 2 (GraphSAGE): a host of {profs[0].cores} cores\n")
         print("\n".join(study_002(profs)))
 
 

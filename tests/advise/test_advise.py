@@ -327,3 +327,20 @@ def test_running_out_of_memory_while_profiling_is_one_message(tmp_path, capsys, 
     assert code == 2
     assert "ran out of memory profiling" in err and "58921892352 bytes" in err
     assert "Traceback" not in err
+
+
+def test_loop_overhead_does_not_evaluate_the_whole_graph(tmp_path, monkeypatch):
+    """The loop's own cost per step is measured without the plan's final evaluation (a forward
+    pass over the whole graph: at synthetic-amazon's full size, the profile's memory peak)."""
+    import gnnpar.training.evaluation as evaluation
+    from gnnpar.advise.profile import loop_overhead_s
+    from gnnpar.data.datasets import load_dataset
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("loop_overhead_s evaluated the model on the whole graph")
+
+    monkeypatch.setattr(evaluation, "evaluate_graph", no_evaluation)
+    ds = load_dataset("cora", str(tmp_path / "data"), 1.0, 0)
+    base = {"dataset": "cora", "model": "gcn", "epochs": 2, "threads": 1}
+    s = loop_overhead_s(base, ds, str(tmp_path / "loop"), steps=20)
+    assert 0 < s < 0.05
