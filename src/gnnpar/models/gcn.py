@@ -23,6 +23,7 @@ from torch import nn
 from torch_geometric.nn import GCNConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
+from gnnpar.csr import indptr
 from gnnpar.models.base import BlockModel, output_head
 from gnnpar.models.gat import SparseInputLinear, dropout
 
@@ -77,16 +78,25 @@ def normalised_adjacency(
     edge_index: torch.Tensor, num_nodes: int, dtype, improved: bool = False, loops: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``D^-1/2 (A + I) D^-1/2`` as GCNConv computes it (row = target, column = source), in CSR
-    form, and its transpose; repeated edges are summed into one entry (the same sum)."""
+    form, and its transpose. Each row holds its entries in the order PyG's scatter adds them
+    (the edges as given, then the self-loops; repeated edges apart), so the sums are rounded
+    alike on every CPU: with coalesced (column-sorted) rows an Intel Xeon's MKL product moved
+    the pinned Cluster-GCN curve by one rounding, where an AMD EPYC's did not."""
     ei, w = gcn_norm(edge_index, None, num_nodes, improved, loops, "source_to_target", dtype)
 
     def csr(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        coo = torch.sparse_coo_tensor(
-            torch.stack([rows, cols]), w, (num_nodes, num_nodes), check_invariants=False
-        )
+        # each row's entries in gcn_norm's order (the edges as given, then the self-loops),
+        # repeated edges kept apart: the order in which PyG's scatter adds the messages
+        order = torch.sort(rows, stable=True).indices
         with warnings.catch_warnings():  # "CSR support is in beta": the ops used are stable
             warnings.simplefilter("ignore", UserWarning)
-            return coo.coalesce().to_sparse_csr()
+            return torch.sparse_csr_tensor(
+                indptr(rows, num_nodes),
+                cols[order],
+                w[order],
+                (num_nodes, num_nodes),
+                check_invariants=False,
+            )
 
     return csr(ei[1], ei[0]), csr(ei[0], ei[1])
 
