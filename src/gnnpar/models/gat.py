@@ -128,23 +128,49 @@ class _CSRMatmul(torch.autograd.Function):
         return None, grad_w, None
 
 
-class SparseFeatures:
-    """The :class:`CSRPlan` of each mostly-zero dense input seen recently (``capacity`` of them).
+class TensorKeyedCache:
+    """Values derived from tensors, kept while each tensor lives unchanged: an entry is keyed on
+    the tensor object itself (a weak reference, so the cache keeps no data alive; a dead
+    tensor's entry goes at once), its version counter (every in-place write bumps it) and an
+    ``extra`` key; at most ``capacity`` entries, least recently used out first."""
 
-    Several entries, because Cluster-GCN feeds a different subgraph's features every step and
-    evaluation feeds the full graph's. An entry is keyed on the tensor object itself (a weak
-    reference, so the cache keeps no data alive) and its version counter, which every in-place
-    write bumps; a different or modified tensor is examined again. Inputs denser than
-    ``max_density`` are remembered as ``None``.
-    """
-
-    def __init__(self, max_density: float = MAX_SPARSE_DENSITY, capacity: int = 64) -> None:
-        self.max_density = max_density
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[int, tuple[weakref.ref, int, CSRPlan | None]] = OrderedDict()
+        self._entries: OrderedDict[tuple, tuple[weakref.ref, int, object]] = OrderedDict()
 
     def __getstate__(self) -> dict:  # copies and pickles start empty (weak references can't)
         return {**self.__dict__, "_entries": OrderedDict()}
+
+    def _cached(self, t: torch.Tensor, extra, make):
+        key = (id(t), extra)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is t and entry[1] == t._version:
+            self._entries.move_to_end(key)
+            return entry[2]
+        value = make()
+
+        def forget(ref: weakref.ref) -> None:  # the tensor died: drop its value now
+            if key in self._entries and self._entries[key][0] is ref:
+                del self._entries[key]
+
+        self._entries[key] = (weakref.ref(t, forget), t._version, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+        return value
+
+
+class SparseFeatures(TensorKeyedCache):
+    """The :class:`CSRPlan` of each mostly-zero dense input seen recently (``capacity`` of them;
+    :class:`TensorKeyedCache`). Several entries, because Cluster-GCN feeds a different
+    subgraph's features every step and evaluation feeds the full graph's; a different or
+    modified tensor is examined again. Inputs denser than ``max_density`` are remembered as
+    ``None``.
+    """
+
+    def __init__(self, max_density: float = MAX_SPARSE_DENSITY, capacity: int = 64) -> None:
+        super().__init__(capacity)
+        self.max_density = max_density
 
     def _surely_dense(self, x: torch.Tensor) -> bool:
         """Whether every 64th row alone is over twice the density limit: then ``x`` is taken as
@@ -157,26 +183,14 @@ class SparseFeatures:
         return int(torch.count_nonzero(probe)) > 2 * self.max_density * probe.numel()
 
     def get(self, x: torch.Tensor) -> CSRPlan | None:
-        entry = self._entries.get(id(x))
-        if entry is not None and entry[0]() is x and entry[1] == x._version:
-            self._entries.move_to_end(id(x))
-            return entry[2]
-        plan = None
+        return self._cached(x, None, lambda: self._plan(x))
+
+    def _plan(self, x: torch.Tensor) -> CSRPlan | None:
         usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
         if usable and not x.requires_grad and x.numel() > 0 and not self._surely_dense(x):
             if int(torch.count_nonzero(x)) <= self.max_density * x.numel():
-                plan = CSRPlan.from_dense(x)
-        key = id(x)
-
-        def forget(ref: weakref.ref) -> None:  # the tensor died: drop its plan now
-            if key in self._entries and self._entries[key][0] is ref:
-                del self._entries[key]
-
-        self._entries[key] = (weakref.ref(x, forget), x._version, plan)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
-        return plan
+                return CSRPlan.from_dense(x)
+        return None
 
 
 class SparseInputLinear(Linear):
@@ -443,37 +457,16 @@ def attention_layer(conv: GATConv, x: torch.Tensor, layer: HopLayer) -> torch.Te
     return attention(conv, x, AttentionCSR.of(layer))
 
 
-class GraphCSRs:
-    """The :class:`AttentionCSR` of each whole graph seen recently (``capacity`` of them), keyed
-    like :class:`SparseFeatures`: the edge tensor itself (a weak reference), its version
-    counter and the node count, so a new or modified ``edge_index`` is converted again."""
+class GraphCSRs(TensorKeyedCache):
+    """The :class:`AttentionCSR` of each whole graph seen recently (``capacity`` of them),
+    keyed on the edge tensor (:class:`TensorKeyedCache`) and the node count, so a new or
+    modified ``edge_index`` is converted again."""
 
     def __init__(self, capacity: int = 8) -> None:
-        self.capacity = capacity
-        self._entries: OrderedDict[tuple[int, int], tuple[weakref.ref, int, AttentionCSR]] = (
-            OrderedDict()
-        )
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_entries": OrderedDict()}
+        super().__init__(capacity)
 
     def get(self, edge_index: torch.Tensor, n: int) -> AttentionCSR:
-        key = (id(edge_index), n)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0]() is edge_index and entry[1] == edge_index._version:
-            self._entries.move_to_end(key)
-            return entry[2]
-        adj = AttentionCSR.of_graph(edge_index, n)
-
-        def forget(ref: weakref.ref) -> None:
-            if key in self._entries and self._entries[key][0] is ref:
-                del self._entries[key]
-
-        self._entries[key] = (weakref.ref(edge_index, forget), edge_index._version, adj)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
-        return adj
+        return self._cached(edge_index, n, lambda: AttentionCSR.of_graph(edge_index, n))
 
 
 class GATBlock(nn.Module):

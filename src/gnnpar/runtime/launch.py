@@ -280,7 +280,6 @@ def launch(
             os.environ.pop("OMP_NUM_THREADS", None)
         if old_own is None:
             os.environ.pop(OWN_LAUNCHER_ENV, None)
-
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     return outputs
