@@ -8,12 +8,14 @@ predicted time, with room); one that misses it or fails is reported as such, wit
 its output, and the others still run.
 
 * One host (no ``--hosts``, or a one-rank configuration): as many ranks as there are cores.
-* ``--hosts 2``: two hosts made of network namespaces joined by a veth pair
-  (:mod:`gnnpar.runtime.netns`, needs root and iproute2), the link shaped to ``--network`` with
-  tc (``netem``: rate and one-way delay; where the kernel has no netem, ``tbf``: the rate
-  only), each host running ``gnnpar torchrun --nnodes 2`` with ``--ranks-per-host`` ranks and
-  an ``--out`` of its own, as the README's two-host commands do. What the link really was (the
-  asked delay, or none) is simulated again for the comparison, and both predictions are kept.
+* ``--hosts 2``: two hosts made of network namespaces (:mod:`gnnpar.runtime.netns`, needs root
+  and iproute2), the link between them shaped to ``--network``: a veth pair with tc ``netem``
+  (rate and one-way delay) or, where the kernel has no netem, a link emulated in user space
+  with the same rate and delay (:mod:`gnnpar.runtime.wire`), each host running ``gnnpar
+  torchrun --nnodes 2`` with ``--ranks-per-host`` ranks and an ``--out`` of its own, as the
+  README's two-host commands do. Where the link could not have the asked delay (no netem, and
+  no emulated link), the link as it was is simulated again for the comparison, and both
+  predictions are kept.
   Where namespaces cannot be made, those rows are skipped with one line saying why.
 
 The error of a case is ``(predicted - measured) / measured``.
@@ -37,23 +39,22 @@ from gnnpar.advise.predict import Prediction, candidate_flags
 def _two_hosts(req, stack: contextlib.ExitStack):
     """(hosts, a note on the link, the link as emulated) or (None, why not, None)."""
     from gnnpar.advise.simulate import Link
-    from gnnpar.runtime.netns import NetnsUnavailable, make_hosts
+    from gnnpar.runtime.netns import NetnsUnavailable, shaped_hosts
 
     net = req.cluster.network
+    rate_bit_s = net.bandwidth_Bps * 8
     try:
-        hosts = stack.enter_context(make_hosts("v", "w", "10.213.0.9", "10.213.0.10"))
-        no_delay = hosts.shape(net.bandwidth_Bps * 8, net.latency_s)
+        hosts, how = stack.enter_context(
+            shaped_hosts("v", "w", "10.213.0.9", "10.213.0.10", rate_bit_s, net.latency_s)
+        )
     except NetnsUnavailable as e:
         return None, f"two network namespaces cannot be made here ({e})", None
-    rate = f"{net.bandwidth_Bps * 8 / 1e6:g} Mbit/s"
-    if no_delay is None:
-        return hosts, f"{rate}, {net.latency_s * 1e3:g} ms one way (tc netem)", net
-    # the veth's own latency (tens of microseconds) is the delay the link then has
-    note = (
-        f"{rate} (tc tbf), no added delay: {no_delay}; the predictions compared are for the "
-        "link as emulated"
-    )
-    return hosts, note, Link(0.0, net.bandwidth_Bps)
+    rate = f"{rate_bit_s / 1e6:g} Mbit/s"
+    if how.startswith("tc tbf") and net.latency_s > 0:  # (shaped_hosts emulates a delay instead)
+        # the veth's own latency (tens of microseconds) is the delay the link then has
+        note = f"{rate}, no added delay: {how}; the predictions compared are for the link as made"
+        return hosts, note, Link(0.0, net.bandwidth_Bps)
+    return hosts, f"{rate}, {net.latency_s * 1e3:g} ms one way ({how})", net
 
 
 def measurable(req, p: Prediction) -> bool:

@@ -12,10 +12,13 @@ whose data go unacknowledged for ~51 s (the default 15: ~15 min), which bounds h
 torchrun's agent on a host that does not hold the rendezvous waits on it, and still lets
 connections live through an outage of up to ~25 s (retransmissions at 0.2, 0.6, ... 25.4 s).
 
-:meth:`Hosts.shape` limits the link's bandwidth with tc's token bucket (``tbf``) on both ends;
-a delay needs tc's ``netem``, which kernels built without ``CONFIG_NET_SCH_NETEM`` lack
-(:meth:`Hosts.shape` then says so and adds none). Needs root and ``ip`` (iproute2); otherwise
-:class:`NetnsUnavailable` says why.
+:meth:`Hosts.shape` gives the link a rate and a one-way delay with tc's ``netem``. Kernels built
+without ``CONFIG_NET_SCH_NETEM`` lack it; there :func:`shaped_hosts` joins the hosts by an
+*emulated* link instead (``make_hosts(..., link="emulated")``): a TUN device in each namespace,
+and a process (:mod:`gnnpar.runtime.wire`) that carries each packet from one to the other when a
+cable of that rate and delay would deliver it. A veth link without netem can only be limited in
+rate (tc's token bucket, ``tbf``), which :meth:`Hosts.shape` then does, saying that it added no
+delay. Needs root and ``ip`` (iproute2); otherwise :class:`NetnsUnavailable` says why.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 PREFIX = "gnnpar-t"  # namespaces gnnpar-t<pid>-<x>, veth ends gt<x><pid>
 TCP_RETRIES2 = 7
+MTU_EMULATED = 65000  # gnnpar.runtime.wire.MTU
 
 
 class NetnsUnavailable(Exception):
@@ -46,6 +51,11 @@ class Hosts:
     if_b: str
     addr_a: str
     addr_b: str
+    wire: subprocess.Popen | None = None  # the emulated link's process (link="emulated")
+
+    @property
+    def kind(self) -> str:
+        return "veth" if self.wire is None else "emulated"
 
     def link(self, up: bool) -> None:
         """Take the link between the hosts down (as a pulled cable or a failed switch) or up."""
@@ -54,9 +64,12 @@ class Hosts:
             raise RuntimeError(f"ip link set {self.if_a}: {proc.stderr.strip()}")
 
     def shape(self, rate_bit_s: float, delay_s: float) -> str | None:
-        """Each direction of the link limited to ``rate_bit_s`` and, where the kernel has netem,
-        delayed by ``delay_s``; None, or why the delay could not be added (the rate is then
-        still limited, by tbf)."""
+        """Each direction of the link limited to ``rate_bit_s`` and delayed by ``delay_s``;
+        None, or why the delay could not be added (a veth link on a kernel without netem: the
+        rate is then still limited, by tbf)."""
+        if self.wire is not None:
+            self._ask(f"shape {float(rate_bit_s)!r} {float(delay_s)!r}")
+            return None
         rate = f"{max(int(rate_bit_s), 8000)}bit"
         netem = ("netem", "rate", rate, "delay", f"{max(int(delay_s * 1e6), 0)}us")
         # a bucket of 1 ms at the rate (at least 10 frames): a larger one lets a message of its
@@ -73,6 +86,25 @@ class Hosts:
             if proc.returncode != 0:
                 raise NetnsUnavailable(f"tc cannot shape {dev}: {proc.stderr.strip()}")
         return why
+
+    def _ask(self, command: str) -> str:
+        w = self.wire
+        assert w is not None and w.stdin is not None and w.stdout is not None
+        try:
+            w.stdin.write(command + "\n")
+            w.stdin.flush()
+            answer = w.stdout.readline().strip()
+        except (BrokenPipeError, OSError) as e:
+            answer = f"error {e}"
+        if not answer or answer.startswith("error"):
+            raise NetnsUnavailable(f"the emulated link's process: {answer or 'it ended'}")
+        return answer
+
+    def wire_stats(self) -> dict:
+        """Packets and bytes the emulated link carried and dropped, per direction."""
+        import json
+
+        return json.loads(self._ask("stats")) if self.wire is not None else {}
 
 
 def ip(*args: str) -> subprocess.CompletedProcess:
@@ -117,10 +149,51 @@ def namespaces_left() -> list[str]:
     return [line.split()[0] for line in ip("netns", "list").stdout.splitlines() if mine in line]
 
 
+def _start_wire(h: Hosts) -> subprocess.Popen:
+    """The emulated link's process, its two TUN devices created (still in this namespace)."""
+    from gnnpar.runtime import wire as wire_module
+
+    # the module as a script (it needs only the standard library), isolated from the environment
+    wire = subprocess.Popen(
+        [sys.executable, "-I", wire_module.__file__, h.if_a, h.if_b],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert wire.stdout is not None and wire.stderr is not None
+    if wire.stdout.readline().strip() != "ready":
+        wire.kill()
+        why = wire.stderr.read().strip().splitlines()
+        raise NetnsUnavailable(f"the emulated link could not start: {why[-1] if why else '?'}")
+    return wire
+
+
+def _stop_wire(wire: subprocess.Popen | None) -> None:
+    if wire is None:
+        return
+    with contextlib.suppress(OSError):
+        assert wire.stdin is not None
+        wire.stdin.close()  # it ends when its stdin closes
+    try:
+        wire.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        wire.kill()
+        wire.wait(timeout=5)
+    for f in (wire.stdout, wire.stderr):
+        if f is not None:
+            f.close()
+
+
 @contextlib.contextmanager
-def make_hosts(a: str, b: str, addr_a: str, addr_b: str) -> Iterator[Hosts]:
+def make_hosts(a: str, b: str, addr_a: str, addr_b: str, link: str = "veth") -> Iterator[Hosts]:
     """Hosts ``a`` and ``b`` (one letter each) at ``addr_a`` and ``addr_b`` (one /30); removed
-    again (with every process inside them) when the block ends, also on an exception or Ctrl-C."""
+    again (with every process inside them) when the block ends, also on an exception or Ctrl-C.
+
+    ``link``: ``"veth"`` (a veth pair, shaped by tc) or ``"emulated"`` (TUN devices joined by
+    :mod:`gnnpar.runtime.wire`, for kernels without netem; unshaped until :meth:`Hosts.shape`)."""
+    if link not in ("veth", "emulated"):
+        raise ValueError(f"link {link!r}: 'veth' or 'emulated'")
     if shutil.which("ip") is None:
         raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
     if os.geteuid() != 0:
@@ -130,14 +203,27 @@ def make_hosts(a: str, b: str, addr_a: str, addr_b: str) -> Iterator[Hosts]:
     h = Hosts(
         f"{PREFIX}{pid}-{a}", f"{PREFIX}{pid}-{b}", f"gt{a}{pid}", f"gt{b}{pid}", addr_a, addr_b
     )
+    if link == "veth":
+        join = [("link", "add", h.if_a, "type", "veth", "peer", "name", h.if_b)]
+        addrs = [
+            ("-n", h.a, "addr", "add", f"{addr_a}/30", "dev", h.if_a),
+            ("-n", h.b, "addr", "add", f"{addr_b}/30", "dev", h.if_b),
+        ]
+    else:  # TUN devices are point to point: each end names its peer
+        join = []
+        addrs = [
+            ("-n", h.a, "addr", "add", addr_a, "peer", addr_b, "dev", h.if_a),
+            ("-n", h.b, "addr", "add", addr_b, "peer", addr_a, "dev", h.if_b),
+            *[("-n", ns, "link", "set", dev, "mtu", str(MTU_EMULATED))
+              for ns, dev in ((h.a, h.if_a), (h.b, h.if_b))],
+        ]  # fmt: skip
     steps = [
         ("netns", "add", h.a),
         ("netns", "add", h.b),
-        ("link", "add", h.if_a, "type", "veth", "peer", "name", h.if_b),
+        *join,
         ("link", "set", h.if_a, "netns", h.a),
         ("link", "set", h.if_b, "netns", h.b),
-        ("-n", h.a, "addr", "add", f"{addr_a}/30", "dev", h.if_a),
-        ("-n", h.b, "addr", "add", f"{addr_b}/30", "dev", h.if_b),
+        *addrs,
         *[("-n", ns, "link", "set", dev, "up") for ns, dev in ((h.a, "lo"), (h.b, "lo"))],
         ("-n", h.a, "link", "set", h.if_a, "up"),
         ("-n", h.b, "link", "set", h.if_b, "up"),
@@ -145,6 +231,8 @@ def make_hosts(a: str, b: str, addr_a: str, addr_b: str) -> Iterator[Hosts]:
           for ns in (h.a, h.b)],
     ]  # fmt: skip
     try:
+        if link == "emulated":
+            h.wire = _start_wire(h)
         for step in steps:
             proc = ip(*step)
             if proc.returncode != 0:
@@ -153,4 +241,26 @@ def make_hosts(a: str, b: str, addr_a: str, addr_b: str) -> Iterator[Hosts]:
     finally:
         for ns in (h.a, h.b):
             _remove(ns)
+        _stop_wire(h.wire)
         ip("link", "delete", h.if_a)  # only there if setup stopped before moving it
+
+
+@contextlib.contextmanager
+def shaped_hosts(
+    a: str, b: str, addr_a: str, addr_b: str, rate_bit_s: float, delay_s: float
+) -> Iterator[tuple[Hosts, str]]:
+    """Hosts joined by a link of ``rate_bit_s`` and one-way ``delay_s``, and how it is made: a
+    veth pair shaped by tc netem, or, where the kernel has no netem and a delay is asked, the
+    emulated link (:mod:`gnnpar.runtime.wire`); without a delay a veth limited by tbf."""
+    with contextlib.ExitStack() as stack:
+        h = stack.enter_context(make_hosts(a, b, addr_a, addr_b))
+        why = h.shape(rate_bit_s, delay_s)
+        how = "tc netem on a veth pair"
+        if why is not None and delay_s > 0:
+            stack.close()
+            h = stack.enter_context(make_hosts(a, b, addr_a, addr_b, link="emulated"))
+            h.shape(rate_bit_s, delay_s)
+            how = f"emulated in user space (gnnpar.runtime.wire; no netem here: {why})"
+        elif why is not None:
+            how = "tc tbf on a veth pair (rate only; no delay was asked)"
+        yield h, how
