@@ -201,6 +201,12 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
         help="also run every configuration measurable here with gnnpar train and print "
         "predicted against measured",
     )
+    a.add_argument(
+        "--repeats",
+        default=None,
+        help="with --validate: train each configuration this many times, in rounds whose "
+        "order alternates, and compare with the median (default 1)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

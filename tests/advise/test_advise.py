@@ -91,6 +91,10 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
         (["--workers", "2", "--strategies", "allreduce", "--partitions", "1"], "--partitions"),
         (["--model", "nope"], "--model"),
         (["--strategy", "allreduce"], "unrecognized arguments"),
+        (["--repeats", "3"], "add --validate"),
+        (["--validate", "--repeats", "0"], "--repeats must be"),
+        (["--validate", "--repeats", "x"], "--repeats must be"),
+        (["--validate", "--repeats", "21"], "at most 20"),
     ],
 )
 def test_bad_requests_exit_2_with_one_message(tmp_path, capsys, args, message):
@@ -142,11 +146,12 @@ def test_default_grid_covers_every_strategy_that_applies():
 @pytest.mark.slow
 def test_validate_on_a_two_configuration_grid(tmp_path):
     """Profiles gloo between two ranks, predicts allreduce and gossip at K = 1 on 2 ranks,
-    trains both with gnnpar train and records predicted against measured."""
+    trains both twice (``--repeats 2``) with gnnpar train and records predicted against the
+    median measured."""
     out = tmp_path / "v"
     args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2"]
     args += ["--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1"]
-    args += ["--timeout", "60", "--validate", "--out", str(out)]
+    args += ["--timeout", "60", "--validate", "--repeats", "2", "--out", str(out)]
     done = run_cli(*args, timeout=240)
     assert done.returncode == 0, done.stderr
     advice = json.loads((out / "advice.json").read_text())
@@ -156,15 +161,22 @@ def test_validate_on_a_two_configuration_grid(tmp_path):
     assert comm["allreduce"] and comm["p2p"] and comm["store_rtt_s"] > 0
     cases = advice["validation"]["cases"]
     assert {c["strategy"] for c in cases} == {"allreduce", "gossip"}
+    assert advice["validation"]["repeats"] == 2
     for c in cases:
         assert c["measured_epoch_s"] > 0, c
         assert c["error"] == pytest.approx(
             (c["predicted_epoch_s"] - c["measured_epoch_s"]) / c["measured_epoch_s"]
         )
-        (run,) = (out / "validate").glob(f"*-{c['strategy']}")
-        result = json.loads((run / "result.json").read_text())
-        assert result["workers"] == 2 and result["epochs"] == 2
-    assert "measured" in done.stdout and "error" in done.stdout
+        runs = sorted((out / "validate").glob(f"*-{c['strategy']}-r*"))
+        assert [r.name[-2:] for r in runs] == ["r0", "r1"], runs
+        epochs = []
+        for run in runs:
+            result = json.loads((run / "result.json").read_text())
+            assert result["workers"] == 2 and result["epochs"] == 2
+            epochs.append(result["train_time_s"] / 2)
+        assert sorted(c["measured_runs_epoch_s"]) == pytest.approx(sorted(epochs))
+        assert c["measured_epoch_s"] == pytest.approx(sum(epochs) / 2)  # the median of two
+    assert "median of 2" in done.stdout and "error" in done.stdout
 
 
 @pytest.mark.slow
@@ -346,3 +358,19 @@ def test_loop_overhead_does_not_evaluate_the_whole_graph(tmp_path, monkeypatch):
     base = {"dataset": "cora", "model": "gcn", "epochs": 2, "threads": 1}
     s = loop_overhead_s(base, ds, str(tmp_path / "loop"), steps=20)
     assert 0 < s < 0.05
+
+
+def test_repeated_validation_alternates_the_order_and_compares_with_the_median():
+    from gnnpar.advise.validate import _combined, _round_order
+
+    assert [_round_order(3, r) for r in range(3)] == [[0, 1, 2], [2, 1, 0], [0, 1, 2]]
+    run = {"strategy": "allreduce", "settings": {}, "predicted_epoch_s": 0.1}
+    runs = [{**run, "measured_epoch_s": t, "error": (0.1 - t) / t} for t in (0.08, 0.2, 0.125)] + [
+        {**run, "measured_epoch_s": None, "error": None, "failed": "exit 1: boom"}
+    ]
+    case = _combined(runs)
+    assert case["measured_epoch_s"] == 0.125 and case["error"] == pytest.approx(-0.2)
+    assert case["measured_runs_epoch_s"] == [0.08, 0.2, 0.125]
+    assert case["failed_runs"] == ["exit 1: boom"] and "failed" not in case
+    failed = _combined([{**run, "measured_epoch_s": None, "error": None, "failed": "exit 1"}])
+    assert failed["failed"] == "exit 1" and failed["error"] is None

@@ -81,6 +81,7 @@ class Request:
     dataset: str = ""
     model: str = ""
     grid: list[Candidate] = field(default_factory=list)
+    repeats: int = 1  # --validate trains each configuration this many times
     # a requested strategy with no configuration on this cluster -> why, in one line
     omitted: dict[str, str] = field(default_factory=dict)
 
@@ -147,7 +148,24 @@ def parse_request(flags: dict[str, Any]) -> Request:
         if v < 1:
             raise UsageError(f"--slowdown {f}={v}: a straggler's factor must be >= 1.")
     taken = {k: v for k, v in flags.items() if k not in NOT_TAKEN}
-    for key in ("hosts", "ranks-per-host", "network", "strategies", "validate", "workers"):
+    repeats = _positive(flags, "repeats") or 1
+    if "repeats" in flags and not flags.get("validate"):
+        raise UsageError(
+            "--repeats says how often --validate trains each configuration: add --validate."
+        )
+    if repeats > 20:
+        raise UsageError(
+            f"--repeats {repeats}: at most 20 (each repetition trains the whole grid)."
+        )
+    for key in (
+        "hosts",
+        "ranks-per-host",
+        "network",
+        "strategies",
+        "validate",
+        "workers",
+        "repeats",
+    ):
         taken.pop(key, None)
     for key in ("profile",):
         taken.pop(key, None)
@@ -177,6 +195,7 @@ def parse_request(flags: dict[str, Any]) -> Request:
         cfg.data.dataset,
         cfg.model.name,
     )
+    req.repeats = repeats
     req.grid = checked_grid(req)
     return req
 

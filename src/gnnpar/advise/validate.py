@@ -177,13 +177,45 @@ def run_two_hosts(req, p: Prediction, out: str, hosts, port: int) -> dict[str, A
     return _measured(case, outs, max(codes, key=abs), output)
 
 
+def _round_order(n: int, r: int) -> list[int]:
+    """The order of the configurations in repetition ``r``: forwards, then backwards, and so on,
+    so that a drift of the machine's speed during the grid does not always fall on the same
+    configurations."""
+    return list(range(n)) if r % 2 == 0 else list(range(n - 1, -1, -1))
+
+
+def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One case from its repetitions: the median measured epoch time (the error from it), every
+    repetition's in ``measured_runs_epoch_s``; failed where no repetition measured anything."""
+    case = dict(runs[0])
+    times = [c["measured_epoch_s"] for c in runs if c["measured_epoch_s"] is not None]
+    failures = [c["failed"] for c in runs if c.get("failed")]
+    case.pop("failed", None)
+    if failures:
+        case["failed_runs"] = failures
+    if not times:
+        case["failed"] = failures[0]
+        case["measured_epoch_s"] = case["error"] = None
+        return case
+    measured = statistics.median(times)
+    case["measured_epoch_s"] = measured
+    case["measured_runs_epoch_s"] = times
+    case["error"] = (case["predicted_epoch_s"] - measured) / measured
+    return case
+
+
 def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
-    """Train every measurable configuration here; ``prof`` (the profile the predictions came
-    from) re-simulates two-host configurations on the link the namespaces really had."""
-    cases = []
+    """Train every measurable configuration here (``req.repeats`` times each, in rounds);
+    ``prof`` (the profile the predictions came from) re-simulates two-host configurations on the
+    link the namespaces really had."""
     runnable = [p for p in preds if measurable(req, p)]
     two = [p for p in runnable if across_hosts(req, p)]
-    print(f"gnnpar advise --validate: training {len(runnable)} configuration(s) here", flush=True)
+    repeats = req.repeats
+    times = f", {repeats} times each" if repeats > 1 else ""
+    print(
+        f"gnnpar advise --validate: training {len(runnable)} configuration(s) here{times}",
+        flush=True,
+    )
     with contextlib.ExitStack() as stack:
         hosts, link_note, emulated = None, None, None
         two_ids = {id(p) for p in two}
@@ -194,37 +226,56 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                 runnable = [p for p in runnable if id(p) not in two_ids]
             else:
                 print(f"  two hosts: network namespaces, link {link_note}", flush=True)
-        for i, p in enumerate(runnable):
-            out = str(req.out / "validate" / f"{i:02d}-{p.candidate.strategy}")
-            if hosts is not None and id(p) in two_ids:
-                asked = p
-                if emulated is not req.cluster.network and prof is not None:
-                    from gnnpar.advise.predict import predict
+        compared = []
+        for p in runnable:
+            asked = p
+            if id(p) in two_ids and emulated is not req.cluster.network and prof is not None:
+                from gnnpar.advise.predict import predict
 
-                    spec = dataclasses.replace(req.cluster, network=emulated)
-                    p = predict(p.candidate, prof, spec, req.stragglers, req.epochs)
-                case = run_two_hosts(req, p, out, hosts, 29500 + i)
-                case["hosts"] = 2
-                case["link"] = link_note
-                case["predicted_epoch_s_asked_network"] = asked.epoch_s
-            else:
-                case = run_one(req, p, out)
-            cases.append(case)
-            shown = p.candidate.label() + (" across 2 hosts" if case.get("hosts") == 2 else "")
-            if case["error"] is None:
+                spec = dataclasses.replace(req.cluster, network=emulated)
+                p = predict(p.candidate, prof, spec, req.stragglers, req.epochs)
+            compared.append((asked, p))
+        runs: list[list[dict[str, Any]]] = [[] for _ in compared]
+        for r in range(repeats):
+            for i in _round_order(len(compared), r):
+                asked, p = compared[i]
+                name = f"{i:02d}-{p.candidate.strategy}" + (f"-r{r}" if repeats > 1 else "")
+                out = str(req.out / "validate" / name)
+                if hosts is not None and id(asked) in two_ids:
+                    case = run_two_hosts(req, p, out, hosts, 29500 + (i + r * len(compared)) % 500)
+                    case["hosts"] = 2
+                    case["link"] = link_note
+                    case["predicted_epoch_s_asked_network"] = asked.epoch_s
+                else:
+                    case = run_one(req, p, out)
+                runs[i].append(case)
+                shown = p.candidate.label() + (" across 2 hosts" if case.get("hosts") == 2 else "")
+                shown += f" (run {r + 1} of {repeats})" if repeats > 1 else ""
+                if case["error"] is None:
+                    print(
+                        f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms, {case.get('failed')}",
+                        flush=True,
+                    )
+                else:
+                    print(
+                        f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
+                        f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}",
+                        flush=True,
+                    )
+    cases = [_combined(c) for c in runs]
+    if repeats > 1:
+        for c in cases:
+            if c["error"] is not None:
                 print(
-                    f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms, {case.get('failed')}",
-                    flush=True,
-                )
-            else:
-                print(
-                    f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
-                    f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}",
+                    f"  median of {len(c['measured_runs_epoch_s'])}: {c['strategy']} "
+                    f"{c['settings']}: measured {c['measured_epoch_s'] * 1e3:.1f} ms/epoch, "
+                    f"error {c['error']:+.0%}",
                     flush=True,
                 )
     errors = [abs(c["error"]) for c in cases if c["error"] is not None]
     summary = {
         "cases": cases,
+        "repeats": repeats,
         "median_abs_error": statistics.median(errors) if errors else None,
         "max_abs_error": max(errors) if errors else None,
     }
