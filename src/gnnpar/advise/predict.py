@@ -16,7 +16,9 @@ on that host is slowed by the ratio (time-sharing); a loader worker counts as bu
 share of a step it spends making batches. Where a host runs several ranks, their steps are
 slowed further by the factor measured in a real two-rank run here (``comm["corun_factor"]``,
 :func:`gnnpar.advise.profile._corun_factor`: 1.0-2.9 on this 2-vCPU machine, the two vCPUs
-sharing one core's resources), whatever the number of ranks per host.
+sharing one core's resources), whatever the number of ranks per host. Hosts that are not
+machines of their own (``ClusterSpec.hosts_per_machine``: the namespace hosts of ``advise
+--validate --hosts 2`` share this machine) share their cores the same way.
 
 Memory per rank: the bare rank measured here plus :func:`gnnpar.runtime.footprint.estimate_bytes`
 for the run (a lower bound: see there), a pipeline stage holding its share of the model.
@@ -46,6 +48,9 @@ class ClusterSpec:
     hosts: int
     ranks_per_host: int
     network: sim.Link | None = None  # between hosts
+    # hosts that share one machine's cores: 1 on a real cluster; 2 for the two network-namespace
+    # hosts of ``advise --validate --hosts 2``, whose ranks time-share this machine's cores
+    hosts_per_machine: int = 1
 
     @property
     def world(self) -> int:
@@ -240,7 +245,8 @@ def simulate(
     from gnnpar.training.sources import assign_parts, epoch_order
 
     cluster = make_cluster(spec, prof, c.world)
-    per_host = cluster.ranks_per_host
+    # the ranks that share one machine's cores (a host's, or several hosts' on one machine)
+    per_host = cluster.ranks_per_host * (spec.hosts_per_machine if c.world > 1 else 1)
     s, seed, world = c.settings, prof.seed, c.world
     strag = stragglers if c.strategy in STRAGGLING else sim.NONE
     loop = prof.loop_step_s  # the training loop's own share of every step

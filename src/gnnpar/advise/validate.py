@@ -13,9 +13,11 @@ its output, and the others still run.
   (rate and one-way delay) or, where the kernel has no netem, a link emulated in user space
   with the same rate and delay (:mod:`gnnpar.runtime.wire`), each host running ``gnnpar
   torchrun --nnodes 2`` with ``--ranks-per-host`` ranks and an ``--out`` of its own, as the
-  README's two-host commands do. Where the link could not have the asked delay (no netem, and
-  no emulated link), the link as it was is simulated again for the comparison, and both
-  predictions are kept.
+  README's two-host commands do. Each two-host configuration is simulated again for the
+  comparison as it really runs: both hosts' ranks sharing this machine's cores
+  (``ClusterSpec.hosts_per_machine``), over the link as made (the asked one, unless it could
+  have no delay); advice.json keeps the prediction for the cluster asked beside it
+  (``predicted_epoch_s_asked_network``).
   Where namespaces cannot be made, those rows are skipped with one line saying why.
 
 The error of a case is ``(predicted - measured) / measured``.
@@ -229,10 +231,12 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
         compared = []
         for p in runnable:
             asked = p
-            if id(p) in two_ids and emulated is not req.cluster.network and prof is not None:
+            if id(p) in two_ids and prof is not None:
                 from gnnpar.advise.predict import predict
 
-                spec = dataclasses.replace(req.cluster, network=emulated)
+                # the two hosts are namespaces of this one machine: their ranks share its
+                # cores, and the link is the one made (the asked one unless it has no delay)
+                spec = dataclasses.replace(req.cluster, network=emulated, hosts_per_machine=2)
                 p = predict(p.candidate, prof, spec, req.stragglers, req.epochs)
             compared.append((asked, p))
         runs: list[list[dict[str, Any]]] = [[] for _ in compared]
