@@ -306,6 +306,11 @@ def test_two_hosts_on_one_machine_share_its_cores():
         1,
     )
     assert one.epoch_s == pytest.approx(4 * 0.01)  # one rank shares with nobody
+    # measured with 2 threads per rank on the 2 cores, the co-run factor (here 3) includes the
+    # time-sharing (2x): a step of two such ranks is 3x, not 2 x 3
+    prof.threads, prof.comm["corun_factor"] = 2, 3.0
+    shared = predict(c, prof, ClusterSpec(2, 1, free, hosts_per_machine=2), sim.NONE, 1)
+    assert shared.epoch_s == pytest.approx(2 * 0.03)
 
 
 @pytest.mark.parametrize(

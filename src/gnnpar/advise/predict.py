@@ -231,10 +231,16 @@ def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> 
     """Steps of a host with ``ranks_per_host`` busy ranks against the profile's lone process:
     time-sharing where they ask for more cores than there are, times the slowdown measured
     with two ranks training at once (shared cores, SMT siblings, memory bandwidth)."""
-    demand = ranks_per_host * (prof.threads + busy_workers)
-    share = max(1.0, demand / max(prof.cores, 1))
-    corun = prof.comm.get("corun_factor", 1.0) if ranks_per_host > 1 else 1.0
-    return share * corun
+    cores = max(prof.cores, 1)
+    share = max(1.0, ranks_per_host * (prof.threads + busy_workers) / cores)
+    if ranks_per_host == 1:
+        return share
+    # the co-run factor was measured with two ranks of prof.threads each on this machine: the
+    # part of it that time-sharing explains is already in ``share``; the rest (SMT siblings,
+    # memory bandwidth, gloo's threads) comes on top
+    measured = prof.comm.get("corun_factor", 1.0)
+    shared_then = max(1.0, 2 * prof.threads / cores)
+    return share * max(1.0, measured / shared_then)
 
 
 def simulate(
