@@ -203,3 +203,21 @@ def test_bad_input_exits_2_before_launch(capsys, tmp_path, flags, message):
     code = main([*base, "--workers", "2", "--quiet", "--out", str(tmp_path), *flags])
     err = capsys.readouterr().err  # in-process: these checks run before anything is launched
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_dealt_subgraphs_are_the_same_tensors_every_epoch():
+    """DealtPartitions makes each subgraph once: epoch after epoch a subgraph is the same Data
+    (views of the partitioned graph), so what the model keeps per input tensor (the sparse
+    input's CSR plan, the GCN adjacency) is found again instead of rebuilt every step."""
+    from gnnpar.training.sources import DealtPartitions
+
+    cfg, ds = config(6, "grads"), random_graph()
+    part = partition_nodes("random", ds.data.edge_index, ds.num_nodes, 6, cfg.run.seed)
+    graph = build_partitioned(ds.data, part, 6)
+    source = DealtPartitions(graph, 0, 2, 3, cfg.run.seed, None, torch.device("cpu"))
+    seen = [{int(b.n_id[0]): b for b in source.epoch(e)} for e in range(3)]
+    assert seen[0].keys() == seen[1].keys() == seen[2].keys() and len(seen[0]) == 3
+    for first, b in seen[0].items():
+        assert seen[1][first] is b and seen[2][first] is b
+        x = graph.tensors["x"]  # a view of the graph's features, not a copy
+        assert b.x.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()

@@ -162,13 +162,20 @@ class DealtPartitions(Resumable):
         self.steps = min(math.ceil(graph.num_parts / world), max_steps or graph.num_parts)
         self.total_steps = epochs * self.steps
         self.position = 0
+        # each subgraph made once (views of the partitioned graph, no copy): the same tensors
+        # every epoch, so what the model derives from them and keeps (the sparse input's CSR
+        # plan, the GCN adjacency) is found again, as for the work pool's batches
+        self._made: dict[int, Data] = {}
+
+    def _batch(self, p: int) -> Data:
+        if p not in self._made:
+            self._made[p] = self.graph.batch(p)
+        return self._made[p].to(self.device)
 
     def epoch(self, epoch: int) -> Iterator[Data | None]:
         order = epoch_order(self.mine, self.seed, epoch, self.rank)
         steps = self._counted(iter(range(self.steps)))
-        return (
-            self.graph.batch(order[i]).to(self.device) if i < len(order) else None for i in steps
-        )
+        return (self._batch(order[i]) if i < len(order) else None for i in steps)
 
 
 class PoolSource(BaseSource):
