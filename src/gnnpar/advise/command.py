@@ -5,6 +5,11 @@
         --ranks-per-host 2 --network 10gbit,50us --slowdown 3=3 --out runs/advise-reddit
     gnnpar advise --dataset cora --model gcn --workers 2 --strategies allreduce,gossip \\
         --validate --out runs/advise-check
+    gnnpar advise --dataset synthetic-cifar10 --scale 0.05 --model vig --batch-size 1000 \\
+        --hosts 4 --ranks-per-host 1 --network 100gbit,5us --out runs/advise-vig
+
+ViG (images): ``--batch-size`` is the run's, not an axis of the grid; sequential, pipeline and
+hybrid apply (the graph strategies are left out with ``gnnpar train``'s reasons).
 
 Everything that can be wrong with the request (a flag, a value, a strategy's own checks on the
 grid, an output folder that cannot be written) is found before the profile starts, and ends
@@ -80,6 +85,7 @@ class Request:
     profile: str | None = None  # --profile: an earlier advice.json to simulate from
     dataset: str = ""
     model: str = ""
+    images: int = 0  # ViG: --batch-size (images per step and copy); 0: a graph
     grid: list[Candidate] = field(default_factory=list)
     # a requested strategy with no configuration on this cluster -> why, in one line
     omitted: dict[str, str] = field(default_factory=dict)
@@ -156,8 +162,12 @@ def parse_request(flags: dict[str, Any]) -> Request:
     out = taken.pop("out", None)
     base.pop("out", None)
     cfg = build_config(None, flags_for(base, "sequential"))  # the common settings, checked
-    if cfg.model.name == "vig":
-        raise UsageError("gnnpar advise predicts graph training; --model vig trains on images.")
+    images = 0
+    if cfg.model.name == "vig":  # images: --batch-size is the run's, not an axis of the grid
+        if "batch_size" in fixed:
+            base["batch-size"] = fixed.pop("batch_size")
+            cfg = build_config(None, flags_for(base, "sequential"))
+        images = cfg.strategy.batch_size
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = Path(cfg.data.dataset.rstrip("/")).stem.replace(":", "-") or "data"
@@ -176,6 +186,7 @@ def parse_request(flags: dict[str, Any]) -> Request:
         flags.get("profile"),
         cfg.data.dataset,
         cfg.model.name,
+        images,
     )
     req.grid = checked_grid(req)
     return req
@@ -186,7 +197,7 @@ def checked_grid(req: Request) -> list[Candidate]:
     from gnnpar.config.validate import build_config
     from gnnpar.strategies import registry
 
-    grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed)
+    grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed, req.images)
     kept = []
     refused: dict[str, str] = {}
     for c in grid:
@@ -255,7 +266,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     req = parse_request(flags)
     check_out(str(req.out))
     for name, why in req.omitted.items():
-        print(f"gnnpar advise: left out {name}: {why}.", flush=True)
+        print(f"gnnpar advise: left out {name}: {why.rstrip('.')}.", flush=True)
     needs = sorted({c.need() for c in req.grid} | {c.need() for c in _references(req)}, key=str)
     comm = any(c.world > 1 for c in req.grid)
     timeout = float(req.base.get("timeout", 120))
@@ -278,6 +289,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
                 f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
                 "leave sequential out of --strategies, or profile a smaller --scale."
             ) from None
+    if prof.kind == "image":
+        drop_empty_epochs(req, prof)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
     c = req.cluster
@@ -315,6 +328,32 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")
     return content
+
+
+def drop_empty_epochs(req: Request, prof) -> None:
+    """ViG: a pipeline or hybrid configuration whose global batch (copies x --batch-size) is
+    more than the training images has no step (``gnnpar train`` would refuse it, once the
+    dataset is loaded); it is left out with that reason."""
+    from gnnpar.advise.predict import image_steps
+
+    kept = []
+    for c in req.grid:
+        replicas = c.settings.get("replicas", 1)
+        if c.strategy in ("pipeline", "hybrid") and not image_steps(prof, replicas, True):
+            req.omitted.setdefault(
+                c.strategy,
+                f"--batch-size {req.images} x {replicas} copies is more than the "
+                f"{prof.num_train} training images; use a smaller --batch-size",
+            )
+            print(f"gnnpar advise: left out {c.label()}: {req.omitted[c.strategy]}.", flush=True)
+            continue
+        kept.append(c)
+    if not kept:
+        raise UsageError(
+            f"--batch-size {req.images} leaves no configuration a step: it is more than the "
+            f"{prof.num_train} training images; use a smaller --batch-size."
+        )
+    req.grid = kept
 
 
 def _out_of_memory(e: BaseException) -> bool:
