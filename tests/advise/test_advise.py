@@ -139,6 +139,19 @@ def test_advise_vig_on_tiny_images_with_pipelines_and_hybrid(tmp_path, capsys, m
     hybrid = next(p for p in advice["predictions"] if p["strategy"] == "hybrid")
     assert hybrid["epoch_s"] > 0 and hybrid["bytes_on_network"] > 0
     assert "left out allreduce" in capsys.readouterr().out
+    # the same profile for 2 hosts x 4 ranks: the new shapes are composed from its blocks
+    cluster = ["--hosts", "2", "--ranks-per-host", "4", "--network", "1gbit,1ms"]
+    cluster += ["--data-root", str(tmp_path / "data"), "--profile", str(out / "advice.json")]
+    again = [*args[:7], "--hidden", "8", "--layers", "4", "--epochs", "2", "--threads", "1"]
+    again += [*cluster, "--strategies", "hybrid"]
+    assert main([*again, "--batch-size", "8", "--out", str(tmp_path / "8")]) == 0
+    eight = json.loads((tmp_path / "8" / "advice.json").read_text())
+    assert eight["profile_s"] == 0.0
+    shapes = {(p["settings"]["replicas"], p["settings"]["stages"]) for p in eight["predictions"]}
+    assert shapes == {(4, 2), (2, 4)}
+    assert eight["profile"]["pipeline"]["4x2x4"]["act_bytes"] == [2 * 32768.0]
+    assert main([*again, "--batch-size", "4", "--out", str(tmp_path / "4")]) == 2
+    assert "--batch-size 8" in capsys.readouterr().err
 
 
 def test_vig_grid_has_no_subgraphs_and_only_chunks_that_divide_the_batch():

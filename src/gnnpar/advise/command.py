@@ -389,6 +389,19 @@ def reuse_profile(req: Request, needs: list, comm: bool):
             f"--profile {path} was taken at {prof.threads} thread(s) per rank, this request "
             f"asks for {req.threads}: pass --threads {prof.threads}, or {again}."
         )
+    if prof.kind == "image":
+        if prof.batch_size != req.images:
+            raise UsageError(
+                f"--profile {path} was taken at --batch-size {prof.batch_size}, this request "
+                f"asks for {req.images}: pass --batch-size {prof.batch_size}, or {again}."
+            )
+        from gnnpar.advise.profile import image_pipeline
+
+        for n in needs:  # any pipeline shape is composed from the per-block costs
+            key = f"{n.replicas}x{n.stages}x{n.chunks}"
+            if n.kind == "pipeline" and key not in prof.pipeline and n.stages <= req.layers:
+                image_pipeline(prof, n.replicas, n.stages, n.chunks)
+                prof.memory.setdefault(f"pipeline{key}", prof.memory.get("full", {}))
     missing = [n for n in needs if not _has(prof, n)]
     if comm and not prof.comm:
         missing.append("gloo between two ranks")
