@@ -279,14 +279,13 @@ def study_002(profs: list[Profile]) -> list[str]:
     return rows
 
 
-def study_000(prof: Profile, network: sim.Link) -> list[str]:
-    """Study 000's tables 4-9 (and table 1, the sequential baseline): seconds per mini-batch of
-    1000 images and the speed-up over sequential, the study's beside the simulation's, every
-    configuration simulated from the one ViG profile ``prof`` (:func:`gnnpar.advise.profile.image_pipeline`
-    composes each shape from the per-block costs, with the study's stage splits). Each rank is
-    a host like the profiling machine, joined by ``network``. A run is the study's 100
-    mini-batches per copy of the model; the hybrid's copies each take their own 1000 images of a
-    step, so its speed-up (as the study's 3.8) counts images per second."""
+def simulate_000(prof: Profile, network: sim.Link) -> dict[tuple[int, int, int], dict]:
+    """Every configuration of study 000's tables from the one ViG profile ``prof``
+    (:func:`gnnpar.advise.profile.image_pipeline` composes each shape from the per-block
+    costs, with the study's stage splits), each rank a host like the profiling machine joined
+    by ``network``, over the study's 100 mini-batches per copy of the model: seconds per
+    mini-batch, speed-up over sequential on the same images (images per second, as the study's
+    3.8 for the hybrid), the share of the ranks' time spent waiting."""
     from gnnpar.advise.profile import image_pipeline
 
     if prof.kind != "image":
@@ -294,13 +293,52 @@ def study_000(prof: Profile, network: sim.Link) -> list[str]:
     b = prof.batch_size
     prof = replace(prof, num_train=2 * STUDY_000_BATCHES * b, max_steps=None)
     prof.pipeline = dict(prof.pipeline)
+    out = {}
+    for replicas, stages, chunks in STUDY_000_VIG:
+        if stages == 1:
+            c = Candidate("sequential", {}, 1)
+        else:
+            image_pipeline(prof, replicas, stages, chunks, STUDY_000_BALANCE[stages])
+            settings = {"stages": stages, "chunks": chunks}
+            if replicas > 1:
+                settings["replicas"] = replicas
+            c = Candidate("hybrid" if replicas > 1 else "pipeline", settings, replicas * stages)
+        p = predict(c, prof, ClusterSpec(c.world, 1, network), sim.NONE, 1)
+        shape = prof.pipeline.get(f"{replicas}x{stages}x{chunks}")
+        out[replicas, stages, chunks] = {
+            "step_s": p.train_time_s / (prof.num_train // (replicas * b)),
+            "speedup": p.speedup,
+            "wait": p.wait_share,
+            "act_bytes": shape["act_bytes"][0] if shape else None,
+        }
+    return out
+
+
+def study_000(profs: list[Profile], network: sim.Link) -> list[str]:
+    """Study 000's tables 4-9 (and table 1, the sequential baseline): seconds per mini-batch of
+    1000 images and the speed-up over sequential, the study's beside the simulation's
+    (:func:`simulate_000`); with several profiles, the median of their simulations and the
+    range."""
+    sims = [simulate_000(p, network) for p in profs]
+    first = profs[0]
+
+    def cell(key, what: str, fmt: str) -> str:
+        values = [s[key][what] for s in sims]
+        mid = format(statistics.median(values), fmt)
+        if len(values) == 1:
+            return mid
+        return f"{mid} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
     rows = [
-        f"Simulated from a profile taken on {prof.machine} ({prof.cores} cores, "
-        f"{prof.threads} thread(s) per rank) in {prof.profile_s:.1f} s: {prof.model} "
-        f"({prof.param_bytes // 4:,} parameters), {b} images per mini-batch (per copy), each "
-        f"block timed on {max(map(int, prof.images['probes']))} images and scaled per image; "
-        f"one rank per host, {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s "
-        f"{network.latency_s * 1e6:g} us between hosts.",
+        f"Simulated from {len(profs)} profile(s) taken on {first.machine} ({first.cores} cores, "
+        f"{first.threads} thread(s) per rank) in "
+        + ", ".join(f"{p.profile_s:.1f}" for p in profs)
+        + f" s: {first.model} ({first.param_bytes // 4:,} parameters), {first.batch_size} images "
+        f"per mini-batch (per copy), each block timed on "
+        f"{max(map(int, first.images['probes']))} images and scaled per image; one rank per "
+        f"host, {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s {network.latency_s * 1e6:g} us "
+        "between hosts"
+        + ("; median of the profiles' simulations (range)." if len(profs) > 1 else "."),
         "",
         "| configuration | study 000 | study s / mini-batch | study speed-up | "
         "simulated s / mini-batch | simulated speed-up | GPipe bound | waiting | "
@@ -308,37 +346,30 @@ def study_000(prof: Profile, network: sim.Link) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     seq_study = STUDY_000_VIG[1, 1, 1][0]
-    for (replicas, stages, chunks), (study_s, table) in STUDY_000_VIG.items():
-        if stages == 1:
-            c = Candidate("sequential", {}, 1)
-            name = "sequential"
-        else:
-            image_pipeline(prof, replicas, stages, chunks, STUDY_000_BALANCE[stages])
-            settings = {"stages": stages, "chunks": chunks}
-            if replicas > 1:
-                settings["replicas"] = replicas
-            c = Candidate("hybrid" if replicas > 1 else "pipeline", settings, replicas * stages)
+    for key, (study_s, table) in STUDY_000_VIG.items():
+        replicas, stages, chunks = key
+        name = "sequential"
+        if stages > 1:
             name = f"{replicas} x {stages} hybrid" if replicas > 1 else f"{stages} stages"
             name += f", {chunks} micro-batches"
-        p = predict(c, prof, ClusterSpec(c.world, 1, network), sim.NONE, 1)
-        steps = prof.num_train // (replicas * b)
-        per_step = p.train_time_s / steps
         bound = replicas * stages * chunks / (chunks + stages - 1)
-        shape = prof.pipeline.get(f"{replicas}x{stages}x{chunks}")
-        act = f"{shape['act_bytes'][0] / 1e6:.1f} MB" if shape else "-"
+        act = sims[0][key]["act_bytes"]
         rows.append(
             f"| {name} | {table} | {study_s:.2f} | {replicas * seq_study / study_s:.2f} | "
-            f"{per_step:.1f} | {p.speedup:.2f} | {bound:.2f} | {p.wait_share:.0%} | {act} |"
+            f"{cell(key, 'step_s', '.1f')} | {cell(key, 'speedup', '.2f')} | {bound:.2f} | "
+            f"{cell(key, 'wait', '.0%')} | {'-' if act is None else f'{act / 1e6:.1f} MB'} |"
         )
-    im = prof.images
-    probe = im["probes"][max(im["probes"], key=int)]
-    per_image = [f + b for f, b in zip(probe["fwd_s"], probe["bwd_s"])]
-    rows += [
-        "",
-        "Per image (forward + backward, s), blocks 1-8 (the stem in the first, the readout in "
-        "the last): " + ", ".join(f"{t:.4f}" for t in per_image) + f"; optimizer step "
-        f"{im['opt_s']:.4f} s; one 1000-image step sequential: {prof.full_step_s:.1f} s",
-    ]
+    rows.append("")
+    for prof in profs:
+        im = prof.images
+        probe = im["probes"][max(im["probes"], key=int)]
+        per_image = [f + b for f, b in zip(probe["fwd_s"], probe["bwd_s"])]
+        rows.append(
+            "Per image (forward + backward, s), blocks 1-8 (the stem in the first, the readout "
+            "in the last): " + ", ".join(f"{t:.4f}" for t in per_image) + f"; optimizer step "
+            f"{im['opt_s']:.4f} s; one {prof.batch_size}-image step sequential: "
+            f"{prof.full_step_s:.1f} s"
+        )
     return rows
 
 
@@ -347,7 +378,9 @@ def main() -> None:
     ap.add_argument("--reddit", help="advice.json of the Reddit stand-in (Cluster-GCN)")
     ap.add_argument("--amazon", help="advice.json of the Amazon stand-in (Cluster-GCN)")
     ap.add_argument("--sampled", nargs="*", default=[], help="advice.json files (study 002)")
-    ap.add_argument("--vig", help="advice.json of ViG at study 000's size (tables 4-9)")
+    ap.add_argument(
+        "--vig", nargs="*", default=[], help="advice.json files of ViG at study 000's size"
+    )
     ap.add_argument("--network", default="100gbit,5us")
     ap.add_argument("--jitter", default="0,0.5,2", help="comma-separated --jitter values")
     ap.add_argument("--partitions", type=int, default=40, help="Reddit's subgraphs per epoch")
@@ -377,7 +410,7 @@ def main() -> None:
             print()
     if args.vig:
         print("Study 000, tables 1 and 4-9 (ViG, CIFAR-10):\n")
-        print("\n".join(study_000(load_profile(args.vig), network)))
+        print("\n".join(study_000([load_profile(p) for p in args.vig], network)))
         print()
     if args.sampled:
         profs = [load_profile(p) for p in args.sampled]
