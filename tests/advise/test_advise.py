@@ -154,7 +154,16 @@ def test_advise_vig_on_tiny_images_with_pipelines_and_hybrid(tmp_path, capsys, m
     assert "--batch-size 8" in capsys.readouterr().err
 
 
-def test_vig_grid_has_no_subgraphs_and_only_chunks_that_divide_the_batch():
+def test_vig_grid_has_no_subgraphs_and_only_chunks_that_divide_the_batch(tmp_path):
+    from gnnpar.advise.command import parse_request
+
+    req = parse_request(
+        {"dataset": "synthetic-cifar10", "model": "vig", "batch_size": 3, "workers": 2}
+        | {"data_root": str(tmp_path)}
+    )
+    assert [c.label() for c in req.grid] == ["sequential"]
+    assert "divides --batch-size 3" in req.omitted["pipeline"]
+    assert "holds images" in req.omitted["allreduce"]
     grid = build_grid(("sequential", "pipeline", "hybrid"), 4, 8, {}, images=1000)
     assert [c.settings for c in grid if c.strategy == "sequential"] == [{}]
     assert {c.settings["chunks"] for c in grid if c.strategy == "pipeline"} == {2, 4, 5, 10}

@@ -235,6 +235,14 @@ def why_no_configuration(strategy: str, req: Request) -> str:
     ranks = f"the cluster has {world} rank(s)"
     if strategy in ("allreduce", "gossip", "gossip-bipartite", "hybrid") and world < 2:
         return f"needs 2 or more ranks; {ranks}"
+    if strategy in ("pipeline", "hybrid") and req.images and req.fixed.get("chunks") is None:
+        from gnnpar.advise.predict import IMAGE_CHUNKS
+
+        if not any(req.images % m == 0 and m <= req.images for m in IMAGE_CHUNKS):
+            return (
+                f"no micro-batch count of {', '.join(map(str, IMAGE_CHUNKS))} divides "
+                f"--batch-size {req.images} into equal micro-batches; give --chunks"
+            )
     if strategy == "pipeline":
         if not 2 <= world <= layers:
             return (
