@@ -21,6 +21,12 @@ comparison only.
     # study 002: one profile per batch size (each an advice.json), the 3 x 3 table of table 2
     python benchmarks/advise_studies.py --sampled runs/s002-{512,1024,2048}/advice.json \\
         [--cores 16]
+    # study 000: ViG (8 blocks of C = 107) at the study's batch of 1000 images; the dataset's
+    # scale only has to hold two global batches of the hybrid (2 x 1000 training images)
+    gnnpar advise --dataset synthetic-cifar10 --scale 0.05 --model vig --batch-size 1000 \\
+        --epochs 1 --threads 2 --hosts 4 --ranks-per-host 1 --network 100gbit,5us \\
+        --strategies sequential,pipeline,hybrid --out runs/vig000
+    python benchmarks/advise_studies.py --vig runs/vig000/advice.json
 
 Study 003 ran one V100 per rank on one 8-GPU node (NCCL). The simulation puts each rank on a
 host of its own like the profiling machine (its cores, its measured step times), joined by
@@ -96,6 +102,21 @@ STUDY_002_SAGE = {
 
 
 RANKS_002 = ((1, 8), (2, 8), (4, 1))  # (GPUs, data workers) of table 2's rows
+
+# study 000 (ViG on CIFAR-10, mini-batches of 1000 images, 100 of them timed): mean training
+# seconds per mini-batch, tables 1 and 4-9, by (copies, stages, micro-batches); the study's
+# stage splits (section 3: 4 + 4 blocks, and 2 blocks per stage)
+STUDY_000_VIG = {
+    (1, 1, 1): (37.44, "table 1"),
+    (1, 2, 10): (25.69, "table 4"),
+    (1, 2, 5): (19.02, "table 5"),
+    (1, 4, 10): (29.36, "table 6"),
+    (1, 4, 5): (28.12, "table 7"),
+    (2, 2, 10): (25.70, "table 8"),
+    (2, 2, 5): (19.19, "table 9"),
+}
+STUDY_000_BALANCE = {2: [4, 4], 4: [2, 2, 2, 2]}
+STUDY_000_BATCHES = 100  # mini-batches per table
 
 
 def load_profile(path: str) -> Profile:
@@ -258,11 +279,108 @@ def study_002(profs: list[Profile]) -> list[str]:
     return rows
 
 
+def simulate_000(prof: Profile, network: sim.Link) -> dict[tuple[int, int, int], dict]:
+    """Every configuration of study 000's tables from the one ViG profile ``prof``
+    (:func:`gnnpar.advise.profile.image_pipeline` composes each shape from the per-block
+    costs, with the study's stage splits), each rank a host like the profiling machine joined
+    by ``network``, over the study's 100 mini-batches per copy of the model: seconds per
+    mini-batch, speed-up over sequential on the same images (images per second, as the study's
+    3.8 for the hybrid), the share of the ranks' time spent waiting."""
+    from gnnpar.advise.profile import image_pipeline
+
+    if prof.kind != "image":
+        raise SystemExit(f"--vig: the profile is of {prof.dataset} {prof.model}, not ViG images")
+    b = prof.batch_size
+    prof = replace(prof, num_train=2 * STUDY_000_BATCHES * b, max_steps=None)
+    prof.pipeline = dict(prof.pipeline)
+    out = {}
+    for replicas, stages, chunks in STUDY_000_VIG:
+        if stages == 1:
+            c = Candidate("sequential", {}, 1)
+        else:
+            image_pipeline(prof, replicas, stages, chunks, STUDY_000_BALANCE[stages])
+            settings = {"stages": stages, "chunks": chunks}
+            if replicas > 1:
+                settings["replicas"] = replicas
+            c = Candidate("hybrid" if replicas > 1 else "pipeline", settings, replicas * stages)
+        p = predict(c, prof, ClusterSpec(c.world, 1, network), sim.NONE, 1)
+        shape = prof.pipeline.get(f"{replicas}x{stages}x{chunks}")
+        out[replicas, stages, chunks] = {
+            "step_s": p.train_time_s / (prof.num_train // (replicas * b)),
+            "speedup": p.speedup,
+            "wait": p.wait_share,
+            "act_bytes": shape["act_bytes"][0] if shape else None,
+        }
+    return out
+
+
+def study_000(profs: list[Profile], network: sim.Link) -> list[str]:
+    """Study 000's tables 4-9 (and table 1, the sequential baseline): seconds per mini-batch of
+    1000 images and the speed-up over sequential, the study's beside the simulation's
+    (:func:`simulate_000`); with several profiles, the median of their simulations and the
+    range."""
+    sims = [simulate_000(p, network) for p in profs]
+    first = profs[0]
+
+    def cell(key, what: str, fmt: str) -> str:
+        values = [s[key][what] for s in sims]
+        mid = format(statistics.median(values), fmt)
+        if len(values) == 1:
+            return mid
+        return f"{mid} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+    rows = [
+        f"Simulated from {len(profs)} profile(s) taken on {first.machine} ({first.cores} cores, "
+        f"{first.threads} thread(s) per rank) in "
+        + ", ".join(f"{p.profile_s:.1f}" for p in profs)
+        + f" s: {first.model} ({first.param_bytes // 4:,} parameters), {first.batch_size} images "
+        f"per mini-batch (per copy), each block timed on "
+        f"{max(map(int, first.images['probes']))} images and scaled per image; one rank per "
+        f"host, {network.bandwidth_Bps * 8 / 1e9:g} Gbit/s {network.latency_s * 1e6:g} us "
+        "between hosts"
+        + ("; median of the profiles' simulations (range)." if len(profs) > 1 else "."),
+        "",
+        "| configuration | study 000 | study s / mini-batch | study speed-up | "
+        "simulated s / mini-batch | simulated speed-up | GPipe bound | waiting | "
+        "activations / micro-batch |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    seq_study = STUDY_000_VIG[1, 1, 1][0]
+    for key, (study_s, table) in STUDY_000_VIG.items():
+        replicas, stages, chunks = key
+        name = "sequential"
+        if stages > 1:
+            name = f"{replicas} x {stages} hybrid" if replicas > 1 else f"{stages} stages"
+            name += f", {chunks} micro-batches"
+        bound = replicas * stages * chunks / (chunks + stages - 1)
+        act = sims[0][key]["act_bytes"]
+        rows.append(
+            f"| {name} | {table} | {study_s:.2f} | {replicas * seq_study / study_s:.2f} | "
+            f"{cell(key, 'step_s', '.1f')} | {cell(key, 'speedup', '.2f')} | {bound:.2f} | "
+            f"{cell(key, 'wait', '.0%')} | {'-' if act is None else f'{act / 1e6:.1f} MB'} |"
+        )
+    rows.append("")
+    for prof in profs:
+        im = prof.images
+        probe = im["probes"][max(im["probes"], key=int)]
+        per_image = [f + b for f, b in zip(probe["fwd_s"], probe["bwd_s"])]
+        rows.append(
+            "Per image (forward + backward, s), blocks 1-8 (the stem in the first, the readout "
+            "in the last): " + ", ".join(f"{t:.4f}" for t in per_image) + f"; optimizer step "
+            f"{im['opt_s']:.4f} s; one {prof.batch_size}-image step sequential: "
+            f"{prof.full_step_s:.1f} s"
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reddit", help="advice.json of the Reddit stand-in (Cluster-GCN)")
     ap.add_argument("--amazon", help="advice.json of the Amazon stand-in (Cluster-GCN)")
     ap.add_argument("--sampled", nargs="*", default=[], help="advice.json files (study 002)")
+    ap.add_argument(
+        "--vig", nargs="*", default=[], help="advice.json files of ViG at study 000's size"
+    )
     ap.add_argument("--network", default="100gbit,5us")
     ap.add_argument("--jitter", default="0,0.5,2", help="comma-separated --jitter values")
     ap.add_argument("--partitions", type=int, default=40, help="Reddit's subgraphs per epoch")
@@ -290,6 +408,10 @@ def main() -> None:
             print(f"Study 003, {name}:\n")
             print("\n".join(study_003(load_profile(path), network, jitters, parts, study)))
             print()
+    if args.vig:
+        print("Study 000, tables 1 and 4-9 (ViG, CIFAR-10):\n")
+        print("\n".join(study_000([load_profile(p) for p in args.vig], network)))
+        print()
     if args.sampled:
         profs = [load_profile(p) for p in args.sampled]
         for prof in profs:

@@ -76,6 +76,114 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
     assert "recommended:" in text and "simulated from a profile taken on" in text
 
 
+def fixed_gloo(timeout_s, prof, threads, pipelines=(), corun=None):
+    """gloo's costs without starting two ranks (the quick lane starts no process): what
+    :func:`gnnpar.advise.profile.profile_comm` would record, with round numbers."""
+    assert not pipelines and corun is None  # ViG's profile asks for gloo's costs only
+    prof.comm = {
+        "allreduce": [],
+        "p2p": [],
+        "ring_step": [1e-4, 1e9],
+        "p2p_link": [1e-4, 1e9],
+        "store_rtt_s": 0.0,
+        "pipeline_step_s": {},
+        "corun_factor": 1.0,
+    }
+
+
+def test_advise_vig_on_tiny_images_with_pipelines_and_hybrid(tmp_path, capsys, monkeypatch):
+    """ViG (study 000's model, tiny): 45 synthetic CIFAR images in batches of 8 on 4 ranks:
+    sequential, a 4-stage pipeline and 2 x 2 hybrid, each with 2 and 4 micro-batches (the
+    chunks that divide 8); allreduce, gossip and sampled are left out with train's reasons."""
+    import gnnpar.advise.profile as profile
+    from gnnpar.advise.predict import image_steps
+    from gnnpar.advise.profile import Profile, image_step_s
+
+    monkeypatch.setattr(profile, "profile_comm", fixed_gloo)
+    out = tmp_path / "advice"
+    args = ["advise", "--dataset", "synthetic-cifar10", "--scale", "0.001", "--model", "vig"]
+    args += ["--hidden", "8", "--layers", "4", "--batch-size", "8", "--epochs", "2"]
+    args += ["--threads", "1", "--workers", "4", "--data-root", str(tmp_path / "data")]
+    assert main([*args, "--out", str(out)]) == 0
+    advice = json.loads((out / "advice.json").read_text())
+    check_contract(advice)
+    got = {
+        (p["strategy"], json.dumps(p["settings"], sort_keys=True)) for p in advice["predictions"]
+    }
+    assert got == {
+        ("sequential", "{}"),
+        ("pipeline", '{"chunks": 2, "stages": 4}'),
+        ("pipeline", '{"chunks": 4, "stages": 4}'),
+        ("hybrid", '{"chunks": 2, "replicas": 2, "stages": 2}'),
+        ("hybrid", '{"chunks": 4, "replicas": 2, "stages": 2}'),
+    }
+    assert set(advice["omitted"]) == {"allreduce", "gossip", "sampled"}
+    assert "holds images" in advice["omitted"]["allreduce"]
+    prof = Profile(**advice["profile"])
+    assert (prof.kind, prof.num_train, prof.batch_size, prof.num_nodes) == ("image", 45, 8, 1024)
+    # each block's output: 1024 pixels x 8 channels of float32 per image; the readout's 10 classes
+    assert prof.images["act_bytes_per_image"] == [32768.0] * 3 + [40.0]
+    assert set(prof.images["probes"]) == {"2", "4", "8"}  # micro-batches of 4 and 2, batch 8
+    # sequential: 5 steps of 8 images and one of 5 (scaled from the probe of 8) per epoch
+    assert image_steps(prof, 1, False) == [8] * 5 + [5]
+    seq = next(p for p in advice["predictions"] if p["strategy"] == "sequential")
+    epoch = sum(image_step_s(prof, n) + prof.loop_step_s for n in [8] * 5 + [5])
+    assert seq["train_time_s"] == pytest.approx(2 * epoch)
+    # 4 stages x 4 micro-batches of 2 images: each stage's are its block's probe of 2 images
+    shape = prof.pipeline["1x4x4"]
+    assert shape["balance"] == [1, 1, 1, 1] and shape["act_bytes"] == [2 * 32768.0] * 3
+    two = prof.images["probes"]["2"]
+    assert shape["fwd_s"][1] == [pytest.approx(2 * two["fwd_s"][1])] * 4
+    # pipeline: 5 whole batches an epoch; hybrid: 2 of 2 x 8 images (13 images left over)
+    assert len(image_steps(prof, 1, True)) == 5 and len(image_steps(prof, 2, True)) == 2
+    hybrid = next(p for p in advice["predictions"] if p["strategy"] == "hybrid")
+    assert hybrid["epoch_s"] > 0 and hybrid["bytes_on_network"] > 0
+    assert "left out allreduce" in capsys.readouterr().out
+    # the same profile for 2 hosts x 4 ranks: the new shapes are composed from its blocks
+    cluster = ["--hosts", "2", "--ranks-per-host", "4", "--network", "1gbit,1ms"]
+    cluster += ["--data-root", str(tmp_path / "data"), "--profile", str(out / "advice.json")]
+    again = [*args[:7], "--hidden", "8", "--layers", "4", "--epochs", "2", "--threads", "1"]
+    again += [*cluster, "--strategies", "hybrid"]
+    assert main([*again, "--batch-size", "8", "--out", str(tmp_path / "8")]) == 0
+    eight = json.loads((tmp_path / "8" / "advice.json").read_text())
+    assert eight["profile_s"] == 0.0
+    shapes = {(p["settings"]["replicas"], p["settings"]["stages"]) for p in eight["predictions"]}
+    assert shapes == {(4, 2), (2, 4)}
+    assert eight["profile"]["pipeline"]["4x2x4"]["act_bytes"] == [2 * 32768.0]
+    assert main([*again, "--batch-size", "4", "--out", str(tmp_path / "4")]) == 2
+    assert "--batch-size 8" in capsys.readouterr().err
+
+
+def test_vig_grid_has_no_subgraphs_and_only_chunks_that_divide_the_batch(tmp_path):
+    from gnnpar.advise.command import parse_request
+
+    req = parse_request(
+        {"dataset": "synthetic-cifar10", "model": "vig", "batch_size": 3, "workers": 2}
+        | {"data_root": str(tmp_path)}
+    )
+    assert [c.label() for c in req.grid] == ["sequential"]
+    assert "divides --batch-size 3" in req.omitted["pipeline"]
+    assert "holds images" in req.omitted["allreduce"]
+    grid = build_grid(("sequential", "pipeline", "hybrid"), 4, 8, {}, images=1000)
+    assert [c.settings for c in grid if c.strategy == "sequential"] == [{}]
+    assert {c.settings["chunks"] for c in grid if c.strategy == "pipeline"} == {2, 4, 5, 10}
+    assert {c.settings["stages"] for c in grid if c.strategy == "hybrid"} == {2}
+    small = build_grid(("pipeline",), 2, 8, {}, images=32)
+    assert {c.settings["chunks"] for c in small} == {2, 4}
+
+
+def test_vig_batch_larger_than_the_images_is_one_message(tmp_path, capsys, monkeypatch):
+    import gnnpar.advise.profile as profile
+
+    monkeypatch.setattr(profile, "profile_comm", fixed_gloo)
+    args = ["advise", "--dataset", "synthetic-cifar10", "--scale", "0.001", "--model", "vig"]
+    args += ["--hidden", "4", "--layers", "2", "--batch-size", "32", "--threads", "1"]
+    args += ["--workers", "4", "--strategies", "hybrid", "--data-root", str(tmp_path / "d")]
+    assert main([*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "more than the 45 training images" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -177,6 +285,28 @@ def test_validate_on_a_two_configuration_grid(tmp_path):
         assert sorted(c["measured_runs_epoch_s"]) == pytest.approx(sorted(epochs))
         assert c["measured_epoch_s"] == pytest.approx(sum(epochs) / 2)  # the median of two
     assert "median of 2" in done.stdout and "error" in done.stdout
+
+
+@pytest.mark.slow
+def test_validate_vig_sequential_and_a_two_stage_pipeline(tmp_path):
+    """ViG (tiny): profiles the blocks and gloo, predicts sequential and 2 stages x 2
+    micro-batches, trains both with gnnpar train and records predicted against measured."""
+    out = tmp_path / "v"
+    args = ["advise", "--dataset", "synthetic-cifar10", "--scale", "0.001", "--model", "vig"]
+    args += ["--hidden", "8", "--layers", "2", "--batch-size", "8", "--epochs", "1"]
+    args += ["--workers", "2", "--strategies", "sequential,pipeline", "--chunks", "2"]
+    args += ["--data-root", str(tmp_path / "data"), "--timeout", "60", "--validate"]
+    done = run_cli(*args, "--out", str(out), timeout=240)
+    assert done.returncode == 0, done.stderr
+    advice = json.loads((out / "advice.json").read_text())
+    check_contract(advice)
+    cases = advice["validation"]["cases"]
+    assert sorted(c["strategy"] for c in cases) == ["pipeline", "sequential"], cases
+    for c in cases:
+        assert c["measured_epoch_s"] > 0 and c["predicted_epoch_s"] > 0, c
+        (run,) = (out / "validate").glob(f"*-{c['strategy']}")
+        result = json.loads((run / "result.json").read_text())
+        assert result["epochs"] == 1 and result["workers"] == (2 if c["workers"] == 2 else 1)
 
 
 @pytest.mark.slow

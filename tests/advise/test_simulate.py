@@ -80,6 +80,29 @@ def test_gpipe_bubble_and_1f1b_two_stages_two_microbatches():
     assert two.epoch_s == [10.25, 10.25]
 
 
+def test_pipeline_steps_group_into_epochs_without_a_barrier():
+    """ViG: an epoch is several pipeline steps (one per mini-batch). Two steps of the GPipe
+    case above (10.25 s each, back to back) make one epoch of 20.5 s; four steps two epochs.
+    A stage starts the next step without waiting for the others' epoch to end: with stage 1
+    slower (b = 3 there), stage 0's next forwards overlap stage 1's optimizer step."""
+    c = one_host(2, p2p=sim.Link(0.5, INF))
+    fwd, bwd = [[1.0, 1.0]] * 2, [[2.0, 2.0]] * 2
+    steps = [sim.pipeline(c, fwd, bwd, [100.0], 4, opt_s=[0.25, 0.25])]
+    steps.append(sim.pipeline(c, fwd, bwd, [100.0], 4, opt_s=[0.25, 0.25], steps_per_epoch=2))
+    assert steps[0].epoch_s == [10.25] * 4
+    assert steps[1].epoch_s == [20.5, 20.5] and steps[1].train_time_s == 41.0
+    assert steps[1].batches == [8, 8] and steps[1].bytes_moved == 4 * 400.0
+    # stage 1: b = 3; step 1: stage 1's backwards 3.5-9.5, stage 0's 7-9 and 10-12 (+0.25);
+    # stage 1 ends at 9.5 + 2 (opt) = 11.5, stage 0 at 12.25. Step 2 starts on stage 0 at
+    # 12.25: forwards to 14.25, at stage 1 from 13.75 (free since 11.5): the same 12.25 again.
+    slow = sim.pipeline(
+        c, fwd, [[2.0, 2.0], [3.0, 3.0]], [100.0], 2, opt_s=[0.25, 2.0], steps_per_epoch=2
+    )
+    assert slow.epoch_s == [24.5]
+    with pytest.raises(ValueError, match="whole epochs"):
+        sim.pipeline(c, fwd, bwd, [100.0], 3, steps_per_epoch=2)
+
+
 def test_schedule_orders_are_torchs():
     assert sim.schedule_ops("gpipe", 0, 2, 3) == [("F", 0), ("F", 1), ("F", 2)] + [
         ("B", 0),

@@ -5,6 +5,11 @@
         --ranks-per-host 2 --network 10gbit,50us --slowdown 3=3 --out runs/advise-reddit
     gnnpar advise --dataset cora --model gcn --workers 2 --strategies allreduce,gossip \\
         --validate --out runs/advise-check
+    gnnpar advise --dataset synthetic-cifar10 --scale 0.05 --model vig --batch-size 1000 \\
+        --hosts 4 --ranks-per-host 1 --network 100gbit,5us --out runs/advise-vig
+
+ViG (images): ``--batch-size`` is the run's, not an axis of the grid; sequential, pipeline and
+hybrid apply (the graph strategies are left out with ``gnnpar train``'s reasons).
 
 Everything that can be wrong with the request (a flag, a value, a strategy's own checks on the
 grid, an output folder that cannot be written) is found before the profile starts, and ends
@@ -80,6 +85,7 @@ class Request:
     profile: str | None = None  # --profile: an earlier advice.json to simulate from
     dataset: str = ""
     model: str = ""
+    images: int = 0  # ViG: --batch-size (images per step and copy); 0: a graph
     grid: list[Candidate] = field(default_factory=list)
     repeats: int = 1  # --validate trains each configuration this many times
     # a requested strategy with no configuration on this cluster -> why, in one line
@@ -174,8 +180,12 @@ def parse_request(flags: dict[str, Any]) -> Request:
     out = taken.pop("out", None)
     base.pop("out", None)
     cfg = build_config(None, flags_for(base, "sequential"))  # the common settings, checked
-    if cfg.model.name == "vig":
-        raise UsageError("gnnpar advise predicts graph training; --model vig trains on images.")
+    images = 0
+    if cfg.model.name == "vig":  # images: --batch-size is the run's, not an axis of the grid
+        if "batch_size" in fixed:
+            base["batch-size"] = fixed.pop("batch_size")
+            cfg = build_config(None, flags_for(base, "sequential"))
+        images = cfg.strategy.batch_size
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         name = Path(cfg.data.dataset.rstrip("/")).stem.replace(":", "-") or "data"
@@ -194,6 +204,7 @@ def parse_request(flags: dict[str, Any]) -> Request:
         flags.get("profile"),
         cfg.data.dataset,
         cfg.model.name,
+        images,
     )
     req.repeats = repeats
     req.grid = checked_grid(req)
@@ -205,7 +216,7 @@ def checked_grid(req: Request) -> list[Candidate]:
     from gnnpar.config.validate import build_config
     from gnnpar.strategies import registry
 
-    grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed)
+    grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed, req.images)
     kept = []
     refused: dict[str, str] = {}
     for c in grid:
@@ -243,6 +254,14 @@ def why_no_configuration(strategy: str, req: Request) -> str:
     ranks = f"the cluster has {world} rank(s)"
     if strategy in ("allreduce", "gossip", "gossip-bipartite", "hybrid") and world < 2:
         return f"needs 2 or more ranks; {ranks}"
+    if strategy in ("pipeline", "hybrid") and req.images and req.fixed.get("chunks") is None:
+        from gnnpar.advise.predict import IMAGE_CHUNKS
+
+        if not any(req.images % m == 0 and m <= req.images for m in IMAGE_CHUNKS):
+            return (
+                f"no micro-batch count of {', '.join(map(str, IMAGE_CHUNKS))} divides "
+                f"--batch-size {req.images} into equal micro-batches; give --chunks"
+            )
     if strategy == "pipeline":
         if not 2 <= world <= layers:
             return (
@@ -274,7 +293,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     req = parse_request(flags)
     check_out(str(req.out))
     for name, why in req.omitted.items():
-        print(f"gnnpar advise: left out {name}: {why}.", flush=True)
+        print(f"gnnpar advise: left out {name}: {why.rstrip('.')}.", flush=True)
     needs = sorted({c.need() for c in req.grid} | {c.need() for c in _references(req)}, key=str)
     comm = any(c.world > 1 for c in req.grid)
     timeout = float(req.base.get("timeout", 120))
@@ -297,6 +316,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
                 f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
                 "leave sequential out of --strategies, or profile a smaller --scale."
             ) from None
+    if prof.kind == "image":
+        drop_empty_epochs(req, prof)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
     c = req.cluster
@@ -336,6 +357,32 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     return content
 
 
+def drop_empty_epochs(req: Request, prof) -> None:
+    """ViG: a pipeline or hybrid configuration whose global batch (copies x --batch-size) is
+    more than the training images has no step (``gnnpar train`` would refuse it, once the
+    dataset is loaded); it is left out with that reason."""
+    from gnnpar.advise.predict import image_steps
+
+    kept = []
+    for c in req.grid:
+        replicas = c.settings.get("replicas", 1)
+        if c.strategy in ("pipeline", "hybrid") and not image_steps(prof, replicas, True):
+            req.omitted.setdefault(
+                c.strategy,
+                f"--batch-size {req.images} x {replicas} copies is more than the "
+                f"{prof.num_train} training images; use a smaller --batch-size",
+            )
+            print(f"gnnpar advise: left out {c.label()}: {req.omitted[c.strategy]}.", flush=True)
+            continue
+        kept.append(c)
+    if not kept:
+        raise UsageError(
+            f"--batch-size {req.images} leaves no configuration a step: it is more than the "
+            f"{prof.num_train} training images; use a smaller --batch-size."
+        )
+    req.grid = kept
+
+
 def _out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` is an allocation that failed (torch raises RuntimeError on CPU)."""
     text = str(e).lower()
@@ -369,6 +416,19 @@ def reuse_profile(req: Request, needs: list, comm: bool):
             f"--profile {path} was taken at {prof.threads} thread(s) per rank, this request "
             f"asks for {req.threads}: pass --threads {prof.threads}, or {again}."
         )
+    if prof.kind == "image":
+        if prof.batch_size != req.images:
+            raise UsageError(
+                f"--profile {path} was taken at --batch-size {prof.batch_size}, this request "
+                f"asks for {req.images}: pass --batch-size {prof.batch_size}, or {again}."
+            )
+        from gnnpar.advise.profile import image_pipeline
+
+        for n in needs:  # any pipeline shape is composed from the per-block costs
+            key = f"{n.replicas}x{n.stages}x{n.chunks}"
+            if n.kind == "pipeline" and key not in prof.pipeline and n.stages <= req.layers:
+                image_pipeline(prof, n.replicas, n.stages, n.chunks)
+                prof.memory.setdefault(f"pipeline{key}", prof.memory.get("full", {}))
     missing = [n for n in needs if not _has(prof, n)]
     if comm and not prof.comm:
         missing.append("gloo between two ranks")

@@ -10,6 +10,10 @@ deal of :func:`~gnnpar.training.sources.assign_parts` and :func:`~gnnpar.trainin
 (allreduce), the pool's order of :meth:`~gnnpar.parallel.gossip.pool.WorkPool.order` (gossip),
 :func:`~gnnpar.data.sampling.loader.shard_plan` (sampled).
 
+ViG (images): a sequential epoch is ``ceil(images / B)`` steps, a pipeline or hybrid epoch
+``floor(images / (R B))`` pipeline steps (:func:`image_steps`, as gnnpar's image sources make
+them); their speed-up is over one rank training the same images (images per second).
+
 Cores. The hosts are taken to be like this machine (its core count). Where the ranks of a
 host ask for more cores than it has (``ranks x (threads + busy loader workers)``), every step
 on that host is slowed by the ratio (time-sharing); a loader worker counts as busy for the
@@ -31,11 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.profile import Need, Profile, flags_for
+from gnnpar.advise.profile import Need, Profile, flags_for, image_step_s
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
 CHUNKS = (2, 4)
+IMAGE_CHUNKS = (2, 4, 5, 10)  # ViG: study 000's 5 and 10 too (those that divide --batch-size)
 BATCH_SIZES = (512, 1024)
 LOADER_WORKERS = (0, 2)
 STRAGGLING = ("allreduce", "gossip", "gossip-bipartite", "sampled")  # read --slowdown/--jitter
@@ -113,31 +118,39 @@ def build_grid(
     world: int,
     layers: int,
     fixed: dict[str, Any],
+    images: int = 0,
 ) -> list[Candidate]:
     """Every configuration of ``strategies`` on ``world`` ranks; ``fixed``: settings the user
-    gave (flag names with underscores), which replace that setting's grid."""
+    gave (flag names with underscores), which replace that setting's grid. ``images``: ViG's
+    ``--batch-size`` (0: a graph), whose chunks must divide it (equal micro-batches)."""
 
     def axis(name: str, default) -> tuple:
         return (fixed[name],) if fixed.get(name) is not None else tuple(default)
 
     parts = axis("partitions", (max(8, 2 * world),))
+    chunks = CHUNKS
+    if images:
+        chunks = tuple(m for m in IMAGE_CHUNKS if m <= images and images % m == 0)
     out: list[Candidate] = []
     for name in strategies:
         if name == "sequential":
             out.append(Candidate(name, {}, 1))
-            out += [Candidate(name, {"partitions": p}, 1) for p in parts]
+            if not images:  # images: --partitions cuts graphs only
+                out += [Candidate(name, {"partitions": p}, 1) for p in parts]
         elif name in ("allreduce", "gossip", "gossip-bipartite"):
             if world < 2:
                 continue
             for p in parts:
                 for k in axis("sync_every", SYNC_EVERY):
                     settings = {"partitions": p, "sync_every": k}
+                    if images:  # no subgraphs of images: train's own check says why not
+                        settings.pop("partitions")
                     if fixed.get("average"):
                         settings["average"] = fixed["average"]
                     out.append(Candidate(name, settings, world))
         elif name == "pipeline":
             if 2 <= world <= layers:
-                for m in axis("chunks", CHUNKS):
+                for m in axis("chunks", chunks):
                     if fixed.get("schedule") == "1f1b" and m < world:
                         continue
                     out.append(Candidate(name, _pipe(world, m, 1, fixed), world))
@@ -145,7 +158,7 @@ def build_grid(
             for stages in axis("stages", range(2, layers + 1)):
                 if world % stages or world // stages < 2:
                     continue
-                for m in axis("chunks", CHUNKS):
+                for m in axis("chunks", chunks):
                     out.append(Candidate(name, _pipe(stages, m, world // stages, fixed), world))
         elif name == "sampled":
             for bs in axis("batch_size", BATCH_SIZES):
@@ -184,7 +197,10 @@ def predict(
     epochs: int,
 ) -> Prediction:
     res = simulate(c, prof, spec, stragglers, epochs)
-    one = simulate(_one_rank(c), prof, spec, sim.NONE, epochs)
+    if prof.kind == "image" and c.strategy in ("pipeline", "hybrid"):
+        one = _same_images_on_one_rank(c, prof, epochs)
+    else:
+        one = simulate(_one_rank(c), prof, spec, sim.NONE, epochs)
     busy, wait = sum(res.busy_s), sum(res.wait_s)
     cluster = make_cluster(spec, prof, c.world)
     moved = res.bytes_between_hosts if cluster.hosts > 1 else res.bytes_moved
@@ -210,6 +226,19 @@ def _one_rank(c: Candidate) -> Candidate:
     if c.strategy == "sampled":
         return Candidate("sampled", dict(s), 1)
     return c
+
+
+def _same_images_on_one_rank(c: Candidate, prof: Profile, epochs: int) -> sim.SimResult:
+    """ViG: sequential training of the images a pipeline or hybrid epoch trains (whole global
+    batches only, each copy's ``--batch-size`` images one sequential step), so that the
+    speed-up counts images per second; a sequential epoch also trains the short last batch."""
+    replicas = c.settings.get("replicas", 1)
+    steps = [
+        image_step_s(prof, n) * _slowdown(prof, 1) + prof.loop_step_s
+        for n in image_steps(prof, replicas, True)
+        for _ in range(replicas)
+    ]
+    return sim.lockstep(make_cluster(ClusterSpec(1, 1), prof, 1), [[steps] * epochs], 1, 0)
 
 
 def memory_per_rank(c: Candidate, prof: Profile) -> int:
@@ -258,7 +287,9 @@ def simulate(
     loop = prof.loop_step_s  # the training loop's own share of every step
     if c.strategy == "sequential":
         f = _slowdown(prof, 1)
-        if "partitions" in s:
+        if prof.kind == "image":
+            steps = [image_step_s(prof, n) * f + loop for n in image_steps(prof, 1, False)]
+        elif "partitions" in s:
             steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         else:
             steps = [prof.full_step_s * f + loop]
@@ -304,16 +335,20 @@ def simulate(
         p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]
         f = _slowdown(prof, per_host)
         o = pipeline_op_overhead_s(prof, s["chunks"])
+        per_epoch = len(image_steps(prof, replicas, True)) if prof.kind == "image" else 1
+        if per_epoch < 1:
+            raise ValueError(f"{c.label()}: no step in an epoch")  # omitted by run_advise
         return sim.pipeline(
             cluster,
             [[t * f + o for t in row] for row in p["fwd_s"]],
             [[t * f + o for t in row] for row in p["bwd_s"]],
             p["act_bytes"],
-            epochs,
+            epochs * per_epoch,
             s.get("schedule", "gpipe"),
             [t * f + loop for t in p["opt_s"]],
             replicas,
             p["grad_bytes"],
+            per_epoch,
         )
     if c.strategy == "sampled":
         b = prof.sampled[str(s["batch_size"])]
@@ -334,6 +369,20 @@ def simulate(
             start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
         )
     raise ValueError(f"gnnpar advise cannot simulate --strategy {c.strategy}")
+
+
+def image_steps(prof: Profile, replicas: int, pipelined: bool) -> list[int]:
+    """The images of each step of a ViG epoch, per copy of the model, as gnnpar's sources
+    make them: sequential (:class:`~gnnpar.training.sources.ImageBatches`) ``--batch-size``
+    images a step, the last step the rest; pipeline and hybrid
+    (:class:`~gnnpar.parallel.pipeline.batches.ImageMicroBatches`) only whole global batches
+    of ``replicas x --batch-size``; at most ``--max-steps`` steps."""
+    n, b = prof.num_train, prof.batch_size
+    if pipelined:
+        steps = [b] * (n // (replicas * b))
+    else:
+        steps = [b] * (n // b) + ([n % b] if n % b else [])
+    return steps[: prof.max_steps] if prof.max_steps else steps
 
 
 def pipeline_op_overhead_s(prof: Profile, chunks: int) -> float:

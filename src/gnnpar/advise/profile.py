@@ -18,6 +18,10 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
   fitted to ``latency + bytes / bandwidth``;
 * memory: the bare rank's resident memory here, and this process's peak.
 
+ViG on images (study 000) is profiled per block instead (:func:`profile_images`): each block's
+forward and backward on a few images, scaled per image, compose the sequential step and every
+pipeline stage per micro-batch; gloo's costs as above.
+
 Each timing is the mean of several repetitions after one warm-up, the repetitions of a set of
 batches taken round-robin: an epoch's time is a sum of step times, whose expectation is the sum
 of their means, and on a shared machine a step's time has a long tail (another process takes
@@ -83,6 +87,10 @@ class Profile:
     memory: dict[str, dict[str, int]] = field(default_factory=dict)  # need key -> estimate
     comm: dict[str, Any] = field(default_factory=dict)
     profile_s: float = 0.0
+    kind: str = "graph"  # "image": ViG (num_nodes: pixels per image; num_train: images)
+    batch_size: int = 0  # images: --batch-size (per copy of the model)
+    max_steps: int | None = None  # images: --max-steps (steps per epoch at most)
+    images: dict[str, Any] = field(default_factory=dict)  # images: per-block costs per image
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,9 +215,10 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     flags.update({"epochs": 1, "out": out})
     cfg, plan = _plan(flags, ds)
     zero = torch.zeros(())
+    one = ds.data if ds.kind == "graph" else (ds.train_x[:1], ds.train_y[:1])  # never trained
     idle = replace(
         plan,
-        source=ShuffledBatches([ds.data] * steps, 1, cfg.run.seed, None),
+        source=ShuffledBatches([one] * steps, 1, cfg.run.seed, None),
         step=lambda batch: zero,
         finish=lambda: Final({"val": None, "test": None}, []),
     )
@@ -326,6 +335,121 @@ def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], pro
             "grad_bytes": [4.0 * c for c in counts],
         }
         prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = _estimate(cfg, ds)
+
+
+def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof: Profile):
+    """ViG (study 000): the forward and the backward of every block (the stem in the first,
+    the readout in the last) per image, from which every batch kind is composed.
+
+    A ViG block treats every image on its own (a kNN graph per image, the rest per pixel, no
+    batch statistics), so its time grows with the images it is given; at study 000's batch
+    (1000 images) a step takes minutes here (BENCHMARKS.md), so each block is timed on at most
+    :data:`~gnnpar.parallel.pipeline.stages.PROFILE_IMAGES` images (what ``train`` profiles
+    its balance on) and scaled per image: ``m`` images cost ``m / p`` times the probe of ``p``.
+    A batch or micro-batch of fewer images is timed at its own size (fixed costs per call weigh
+    more there). Each timing: :func:`_stage_times` (mean of several after a warm-up).
+
+    What a step then costs (``prof.images``; composed here for :func:`gnnpar.advise.predict.simulate`):
+
+    * sequential, ``B`` images: the blocks' forward + backward per image x ``B``, plus the
+      optimizer step (``full_step_s``; a short last batch: :func:`image_step_s`);
+    * a pipeline stage, per micro-batch of ``B / M`` images: its blocks' forward (backward) per
+      image x ``B / M``; it sends its last block's output, bytes per image x ``B / M``; its
+      optimizer step is the model's in proportion to its parameters; hybrid all-reduces its
+      gradients (4 bytes a parameter) with the same stage of the other copies;
+    * steps per epoch (:func:`gnnpar.advise.predict.image_steps`): sequential
+      ``ceil(images / B)``, pipeline and hybrid ``floor(images / (R B))``, at most
+      ``--max-steps``; an epoch is their sum, which the event simulation adds up.
+    """
+    from gnnpar.models import build_model
+    from gnnpar.parallel.pipeline.stages import PROFILE_IMAGES
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.seeding import seed_everything
+
+    cfg = build_config(None, flags_for(base, "sequential"))
+    seed_everything(cfg.run.seed)
+    model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
+    blocks, batch = len(model.blocks), cfg.strategy.batch_size
+    shapes = sorted(set(shapes))
+    sizes = {batch} | {batch // m for _, _, m in shapes}
+    most = min(PROFILE_IMAGES, int(ds.train_x.size(0)))
+    probes: dict[str, dict[str, list[float]]] = {}
+    act: list[float] = []
+    for p in sorted({max(1, min(n, most)) for n in sizes}):
+        x = ds.train_x[:p]
+        fwd, bwd, act = [], [], []  # act: the largest probe's (the last one taken)
+        for i in range(blocks):
+            f, b, x = _stage_times(model, i, i + 1, i == 0, i == blocks - 1, x, None)
+            fwd.append(f / p)
+            bwd.append(b / p)
+            act.append(float(x.numel() * x.element_size()) / p)
+        probes[str(p)] = {"fwd_s": fwd, "bwd_s": bwd}
+    counts = [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+    counts[0] += sum(p.numel() for p in model.stem.parameters())
+    counts[-1] += sum(p.numel() for p in model.head.parameters())
+    opt = build_optimizer(cfg, model.parameters())
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt_s = mean_time(opt.step)
+    prof.images = {
+        "probes": probes,  # str(images timed) -> per block, seconds per image
+        "act_bytes_per_image": act,  # each block's output, per image
+        "block_params": counts,
+        "opt_s": opt_s,
+    }
+    prof.full_step_s = image_step_s(prof, batch)
+    prof.memory["full"] = _estimate(cfg, ds)
+    for replicas, stages, chunks in shapes:
+        strategy = "hybrid" if replicas > 1 else "pipeline"
+        extra = {"replicas": replicas} if replicas > 1 else {}
+        flags = flags_for(base, strategy, stages=stages, chunks=chunks, **extra)
+        flags["workers"] = replicas * stages
+        scfg = build_config(None, flags)
+        image_pipeline(prof, replicas, stages, chunks, scfg.strategy.balance)
+        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = _estimate(scfg, ds)
+
+
+def image_pipeline(
+    prof: Profile, replicas: int, stages: int, chunks: int, balance: list[int] | None = None
+) -> dict[str, Any]:
+    """``prof.pipeline["RxSxM"]`` of ViG, composed from the per-block costs (see
+    :func:`profile_images`): ``balance`` (blocks per stage), or the split ``gnnpar train``
+    makes from the blocks' forward + backward times
+    (:func:`~gnnpar.parallel.pipeline.stages.split_by_cost`)."""
+    from gnnpar.parallel.pipeline.stages import bounds, split_by_cost
+
+    im = prof.images
+    mb = prof.batch_size // chunks  # images per micro-batch
+    fwd, bwd = image_block_s(prof, mb)
+    balance = balance or split_by_cost([f + b for f, b in zip(fwd, bwd)], stages)
+    spans = list(bounds(balance))
+    counts, act = im["block_params"], im["act_bytes_per_image"]
+    total = max(sum(counts), 1)
+    shape = {
+        "balance": list(balance),
+        "fwd_s": [[sum(fwd[lo:hi])] * chunks for lo, hi in spans],
+        "bwd_s": [[sum(bwd[lo:hi])] * chunks for lo, hi in spans],
+        "act_bytes": [act[hi - 1] * mb for _, hi in spans[:-1]],
+        "opt_s": [im["opt_s"] * sum(counts[lo:hi]) / total for lo, hi in spans],
+        "grad_bytes": [4.0 * sum(counts[lo:hi]) for lo, hi in spans],
+    }
+    prof.pipeline[f"{replicas}x{stages}x{chunks}"] = shape
+    return shape
+
+
+def image_block_s(prof: Profile, images: int) -> tuple[list[float], list[float]]:
+    """Each block's forward and backward seconds on ``images`` images: the probe of that
+    many where one was timed, else the largest probe's per-image times scaled."""
+    probes = prof.images["probes"]
+    key = str(images) if str(images) in probes else max(probes, key=int)
+    p = probes[key]
+    return [t * images for t in p["fwd_s"]], [t * images for t in p["bwd_s"]]
+
+
+def image_step_s(prof: Profile, images: int) -> float:
+    """One sequential ViG step on ``images`` images: forward, backward, optimizer."""
+    fwd, bwd = image_block_s(prof, images)
+    return sum(fwd) + sum(bwd) + prof.images["opt_s"]
 
 
 def _stage_times(model, lo: int, hi: int, first: bool, last: bool, x, edge_index):
@@ -542,12 +666,7 @@ def take_profile(
     cfg = build_config(None, flags_for(base, "sequential"))
     d = cfg.data
     ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
-    if ds.kind != "graph":
-        from gnnpar import UsageError
-
-        raise UsageError(
-            f"gnnpar advise predicts graph training; '{d.dataset}' holds images (ViG)."
-        )
+    image = ds.kind == "image"
     shapes: list[tuple[int, int, int]] = []
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -561,27 +680,36 @@ def take_profile(
             model=cfg.model.name,
             epochs=cfg.run.epochs,
             seed=cfg.run.seed,
-            num_nodes=ds.num_nodes,
-            num_train=int(ds.data.train_mask.sum()),
+            num_nodes=int(ds.train_x[0, 0].numel()) if image else ds.num_nodes,
+            num_train=int(ds.train_x.size(0)) if image else int(ds.data.train_mask.sum()),
             param_bytes=params * FLOAT_BYTES,
             base_rss_bytes=current_rss(),
+            kind=ds.kind,
+            batch_size=cfg.strategy.batch_size if image else 0,
+            max_steps=cfg.run.max_steps,
         )
         with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
             prof.loop_step_s = loop_overhead_s(base, ds, tmp)
-        full = any(n.kind == "full" for n in needs)
-        parts = [n.partitions for n in needs if n.kind == "parts"]
-        profile_graph_batches(base, ds, parts, full, prof)
-        sizes = [n.batch_size for n in needs if n.kind == "sampled"]
-        if sizes:
-            profile_sampled(base, ds, sizes, prof, workers=loader_workers)
-        shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
-        if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
-            shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
-        if shapes:
-            profile_pipeline(base, ds, shapes, prof)
+        if image:  # ViG: sequential and every pipeline shape, from one set of block timings
+            shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+            profile_images(base, ds, shapes, prof)
+        else:
+            full = any(n.kind == "full" for n in needs)
+            parts = [n.partitions for n in needs if n.kind == "parts"]
+            profile_graph_batches(base, ds, parts, full, prof)
+            sizes = [n.batch_size for n in needs if n.kind == "sampled"]
+            if sizes:
+                profile_sampled(base, ds, sizes, prof, workers=loader_workers)
+            shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+            if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
+                shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
+            if shapes:
+                profile_pipeline(base, ds, shapes, prof)
     finally:
         torch.set_num_threads(before)
-    if comm:
+    if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes
+        profile_comm(timeout_s, prof, threads)
+    elif comm:
         chunks = sorted({m for r, s, m in shapes if (r, s) == (1, 2)})
         pipelines = [
             (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})

@@ -417,17 +417,22 @@ def pipeline(
     opt_s: Sequence[float] | None = None,
     replicas: int = 1,
     grad_bytes: Sequence[float] | None = None,
+    steps_per_epoch: int = 1,
 ) -> SimResult:
     """``fwd[s][m]``, ``bwd[s][m]``: seconds of micro-batch ``m`` on stage ``s`` (each copy
     runs the same); ``act_bytes[s]``: one micro-batch's activation from stage ``s`` to ``s + 1``
-    (its gradient goes back with the same size); ``steps``: pipeline steps in the run (graphs:
-    one per epoch, so epoch times are per step); ``opt_s[s]``: the optimizer step of stage
-    ``s``; ``grad_bytes[s]``: the gradients stage ``s`` all-reduces over the copies. Rank
-    ``replica * S + s`` holds stage ``s`` of copy ``replica``."""
+    (its gradient goes back with the same size); ``steps``: pipeline steps in the run;
+    ``steps_per_epoch``: how many of them make an epoch (graphs: one; ViG: one per mini-batch),
+    which only groups the steps' end times into epoch times (no barrier between epochs);
+    ``opt_s[s]``: the optimizer step of stage ``s``; ``grad_bytes[s]``: the gradients stage
+    ``s`` all-reduces over the copies. Rank ``replica * S + s`` holds stage ``s`` of copy
+    ``replica``."""
     S, M = len(fwd), len(fwd[0])
     world = replicas * S
     if world != cluster.world:
         raise ValueError(f"{replicas} copies x {S} stages need {world} ranks, not {cluster.world}")
+    if steps_per_epoch < 1 or steps % steps_per_epoch:
+        raise ValueError(f"{steps} steps are not whole epochs of {steps_per_epoch} steps")
     opt_s = opt_s or [0.0] * S
     sim = Sim()
     arrive = _Keyed(lambda key: Event(sim))  # ("F"|"B", copy, step, stage, m)
@@ -485,7 +490,8 @@ def pipeline(
             moved[1] += b * steps
             n += steps
     last = [max(ends[r][i] for r in range(world)) for i in range(steps)]
-    epoch_s = [last[0]] + [last[i] - last[i - 1] for i in range(1, steps)]
+    last = last[steps_per_epoch - 1 :: steps_per_epoch]  # where each epoch ends
+    epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, len(last))]
     batches = [steps * M] * world
     return SimResult(epoch_s, max(last), batches, busy, wait, n, moved[0], moved[1])
 
