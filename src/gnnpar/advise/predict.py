@@ -263,10 +263,10 @@ def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> 
     cores = max(prof.cores, 1)
     share = max(1.0, ranks_per_host * (prof.threads + busy_workers) / cores)
     if ranks_per_host == 1:
-        return share
+        return share * prof.loop_factor
     # the co-run factor was measured with two ranks of prof.threads each on this machine: the
     # part of it that time-sharing explains is already in ``share``; the rest (SMT siblings,
-    # memory bandwidth, gloo's threads) comes on top
+    # memory bandwidth, gloo's threads, the real loop's slow steps) comes on top
     measured = prof.comm.get("corun_factor", 1.0)
     shared_then = max(1.0, 2 * prof.threads / cores)
     return share * max(1.0, measured / shared_then)

@@ -32,6 +32,7 @@ nevertheless averaged 2.7-2.9 ms per step.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -80,6 +81,7 @@ class Profile:
     peak_rss_bytes: int = 0  # this process at the end of the profile
     full_step_s: float | None = None
     loop_step_s: float = 0.0  # what the training loop adds to every step
+    loop_factor: float = 1.0  # a step in the real loop / profiled alone (real_loop_factor)
     loader_start_s: float = 0.0  # a loader worker process's start, to its first batch
     parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
     sampled: dict[str, dict[str, Any]] = field(default_factory=dict)  # str(B) -> ...
@@ -224,6 +226,34 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     )
     outcome = train(cfg, idle)
     return statistics.fmean(outcome.ranks[0].step_times)
+
+
+def real_loop_factor(
+    base: dict, ds, out: str, partitions: int | None, profiled_s: float, min_steps: int = 60
+) -> float:
+    """How much longer a step takes in the real training loop than profiled alone: sequential's
+    plan (its ``partitions`` subgraphs, else the full graph) trained by
+    :func:`gnnpar.training.loop.train` for a few epochs (at least ``min_steps`` steps after the
+    first epoch, which warms up), the mean of the loop's own step times over ``profiled_s``,
+    the profiled mean step of the same batches. What it covers and the profile does not: the
+    slow steps between the quick ones (the loop's bookkeeping and Python's garbage collector
+    disturbing the caches; on Cora-sized steps of ~1 ms the mean is 20-25% above the median)."""
+    from dataclasses import replace
+
+    from gnnpar.training.loop import Final, train
+
+    per_epoch = partitions or 1
+    flags = flags_for(base, "sequential", **({"partitions": partitions} if partitions else {}))
+    epochs = 1 + math.ceil(min_steps / per_epoch)
+    # at most ~5 s of training: a big graph's few slow steps say enough
+    epochs = max(2, min(epochs, 1 + int(5.0 / max(profiled_s * per_epoch, 1e-9))))
+    flags.update({"epochs": epochs, "out": out})
+    cfg, plan = _plan(flags, ds)
+    plan = replace(plan, finish=lambda: Final({"val": None, "test": None}, []))
+    times = train(cfg, plan).ranks[0].step_times[per_epoch:]
+    if not times or profiled_s <= 0:
+        return 1.0
+    return max(0.5, statistics.fmean(times) / profiled_s)
 
 
 def _worker_start_s(batches, sample_s: float) -> float:
@@ -557,53 +587,43 @@ def _pipeline_step_s(flags: dict, ctx) -> float:
     return max(collectives.gather_to_all(t))
 
 
-def _corun_factor(flags: dict, ctx) -> float:
+def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
     """How much slower a step is in a real two-rank run than alone: allreduce's own plan on
-    both ranks (its dealt subgraphs, rebuilt every step as ``DealtPartitions`` does; its
-    all-reduce every step) for two epochs, each step's time without the all-reduce, against
-    the same subgraphs' steps timed by rank 0 alone first. What it covers: the two ranks
-    sharing cores (SMT siblings) and memory bandwidth, gloo's and the heartbeat's threads."""
+    both ranks (its dealt subgraphs; averaging every ``--sync-every`` steps) trained by the real
+    loop (:func:`gnnpar.training.loop.train`) for at least ``min_steps`` steps per rank after
+    a first epoch that warms up; the mean of both ranks' step times (without waiting for each
+    other) against the same subgraphs' steps timed by rank 0 alone first. What it covers: the
+    two ranks sharing cores (SMT siblings) and memory bandwidth, gloo's and the heartbeat's
+    threads, and the loop's own slow steps (:func:`real_loop_factor`)."""
+    from dataclasses import replace
+
     import torch.distributed as dist
 
     from gnnpar.data.datasets import load_dataset
     from gnnpar.parallel import collectives
     from gnnpar.strategies import registry
+    from gnnpar.training.loop import Final, train
 
     cfg = build_config(None, flags)
     d = cfg.data
     ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
     spec = registry.get("allreduce")
     plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-    opt, sync = plan.optimizer, plan.sync
     dist.barrier()
     alone: list[float] = []
     if ctx.rank == 0:  # the same kind of steps, the other rank idle at the barrier
         mine = [plan.source.graph.batch(p) for p in plan.source.mine]
         alone = interleaved_times([_train_step(plan)(b) for b in mine], budget_s=5.0)
-    dist.barrier()
-    both: list[float] = []
-    for e in range(2):
-        sync.start_epoch()
-        batches = plan.source.epoch(e)
-        while True:
-            t0 = time.perf_counter()
-            batch = next(batches, StopIteration)
-            if batch is StopIteration:
-                break
-            opt.zero_grad(set_to_none=True)
-            if batch is not None:
-                float(plan.step(batch))
-            t1 = time.perf_counter()
-            stepped = sync.after_backward(batch is not None)
-            t2 = time.perf_counter()
-            if stepped:
-                opt.step()
-            if batch is not None and e > 0:  # the first epoch warms up
-                both.append(time.perf_counter() - t2 + t1 - t0)
-        sync.end_epoch()
-    everyone = collectives.gather_to_all((alone, both))
-    solo = statistics.fmean(everyone[0][0]) if everyone[0][0] else 0.0
-    busy = [t for _, b in everyone for t in b]
+    solo = statistics.fmean(collectives.gather_to_all(alone)[0] or [0.0])
+    per_epoch = plan.source.steps
+    epochs = 1 + math.ceil(min_steps / per_epoch)
+    epochs = max(2, min(epochs, 1 + int(5.0 / max(solo * per_epoch, 1e-9))))
+    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
+        cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
+        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+        plan = replace(plan, finish=lambda: Final({"val": None, "test": None}, []))
+        ranks = train(cfg, plan).ranks  # every rank's, gathered
+    busy = [t for r in ranks for t in r.step_times[per_epoch:]]
     return max(1.0, statistics.fmean(busy) / solo) if solo and busy else 1.0
 
 
@@ -697,6 +717,11 @@ def take_profile(
             full = any(n.kind == "full" for n in needs)
             parts = [n.partitions for n in needs if n.kind == "parts"]
             profile_graph_batches(base, ds, parts, full, prof)
+            if parts or full:
+                p = min(parts) if parts else None
+                step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
+                with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
+                    prof.loop_factor = real_loop_factor(base, ds, tmp, p, step_s)
             sizes = [n.batch_size for n in needs if n.kind == "sampled"]
             if sizes:
                 profile_sampled(base, ds, sizes, prof, workers=loader_workers)
@@ -716,7 +741,7 @@ def take_profile(
             for m in chunks
         ]
         parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
-        corun = {**flags_for(base, "allreduce", partitions=parts[0], sync_every=1), "workers": 2}
+        corun = {**flags_for(base, "allreduce", partitions=parts[0], sync_every=20), "workers": 2}
         profile_comm(timeout_s, prof, threads, pipelines, corun)
     from gnnpar.training.metrics import peak_memory
 
