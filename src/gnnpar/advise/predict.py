@@ -353,9 +353,13 @@ def simulate(
     if c.strategy == "sampled":
         b = prof.sampled[str(s["batch_size"])]
         w = s["loader_workers"]
-        _, steps = shard_plan(prof.num_train, world, s["batch_size"])
+        per_rank, steps = shard_plan(prof.num_train, world, s["batch_size"])
+        # the profile's batches have min(batch, training nodes) seeds; a rank whose whole share
+        # is fewer (a small graph on several ranks) makes and trains smaller ones: taken as
+        # proportional to the seeds (an upper bound: neighbourhoods of more seeds overlap more)
+        seeds = min(s["batch_size"], per_rank) / max(min(s["batch_size"], prof.num_train), 1)
         busy = min(w, b["sample_s"] / max(b["compute_s"], 1e-9)) if w else 0.0
-        f = _slowdown(prof, per_host, busy)
+        f = _slowdown(prof, per_host, busy) * min(1.0, seeds)
         sample = b["sample_s"] if w else b["main_sample_s"]
         return sim.sampled(
             cluster,
