@@ -38,10 +38,14 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
     ring = sim.Link(0.125, 1024.0)
     # 2 ranks: 2 steps of 256 / 2 bytes
     assert one_host(2, ring).allreduce_s(256) == 2 * (0.125 + 128 / 1024)
-    # 2 hosts x 2 ranks: 6 steps of 64 bytes, each as slow as the host-to-host edge
+    # 2 hosts x 2 ranks: 6 steps of 64 bytes, each as slow as the host-to-host edge, whose
+    # latency gloo pays 3 times per message (GLOO_LATENCIES_PER_MESSAGE, measured)
     net = sim.Link(0.25, 64.0)
     c = sim.Cluster(2, 2, ring, ring, net)
-    assert c.allreduce_s(256) == 6 * (0.125 + 0.25 + 64 / 64)
+    assert sim.GLOO_LATENCIES_PER_MESSAGE == 3.0
+    assert c.allreduce_s(256) == 6 * (0.125 + 3 * 0.25 + 64 / 64)
+    # a barrier: 6 empty messages, each paying the latency once
+    assert c.barrier_s() == 6 * (0.125 + 0.25) and one_host(2, ring).barrier_s() == 2 * 0.125
     moved, between = c.allreduce_bytes(256)
     assert (moved, between) == (6 * 64 * 4, 6 * 64 * 2)  # 2 of the 4 ring edges cross
     assert c.p2p_s(0, 1, 64) == 0.125 + 64 / 1024 and c.p2p_s(1, 2, 64) == 0.375 + 1.0
@@ -49,10 +53,11 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
 
 def test_two_lockstep_ranks_meet_every_k_steps():
     """K = 2, all-reduce 0.5 s. Rank 0: 1,1,1,1 s; rank 1: 2,1,2,1 s. Steps 1-2 end at 2 and 3,
-    the all-reduce at 3 + 0.5; steps 3-4 end at 5.5 and 6.5, the all-reduce at 7."""
+    the all-reduce at 3 + 0.5; steps 3-4 end at 5.5 and 6.5, the all-reduce at 7; the epoch's
+    closing barrier (2 x 0.125 s) at 7.25."""
     c = one_host(2, ring=sim.Link(0.125, 1024.0))  # 0.5 s for 256 bytes
     r = sim.lockstep(c, [[[1.0] * 4], [[2.0, 1.0, 2.0, 1.0]]], every=2, sync_bytes=256)
-    assert r.epoch_s == [7.0] and r.train_time_s == 7.0
+    assert r.epoch_s == [7.25] and r.train_time_s == 7.25
     assert r.exchanges == 2 and r.batches == [4, 4]
     assert r.wait_s == [2.0, 0.0]  # rank 0 waits 1 s at each all-reduce
     assert r.bytes_moved == 2 * 256 * 2  # per all-reduce, each rank sends 2 x 128 bytes

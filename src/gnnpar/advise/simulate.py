@@ -69,6 +69,15 @@ class Link:
         return Link(self.latency_s + other.latency_s, min(self.bandwidth_Bps, other.bandwidth_Bps))
 
 
+# gloo between hosts, measured between two network namespaces over the emulated link
+# (gnnpar.runtime.wire; 2 ranks, 2026-11-26, BENCHMARKS.md "Two hosts over a 1 ms and a 5 ms
+# link"): a ring all-reduce of 4 KB-1 MB pays the link's one-way latency ~4 times per ring
+# message over 0.2-1 ms links and ~2.3 times over a 5 ms one (its unbound buffers wait for
+# the receiver's ready notification, and TCP's acknowledgements pace the chunks); 3 is taken,
+# which puts the measured all-reduces within -26%..+19%. A barrier pays it once per message.
+GLOO_LATENCIES_PER_MESSAGE = 3.0
+
+
 @dataclass(frozen=True)
 class Cluster:
     hosts: int
@@ -84,12 +93,15 @@ class Cluster:
     def host(self, rank: int) -> int:
         return rank // self.ranks_per_host
 
-    def _link(self, a: int, b: int, inside: Link) -> Link:
+    def _link(self, a: int, b: int, inside: Link, latencies: float = 1.0) -> Link:
+        """The path of one message from rank ``a`` to ``b``: ``inside`` within a host; between
+        hosts also the network, whose one-way latency the message pays ``latencies`` times."""
         if self.host(a) == self.host(b):
             return inside
         if self.network is None:
             raise ValueError(f"ranks {a} and {b} are on different hosts, but no network is given")
-        return inside.then(self.network)
+        net = self.network
+        return inside.then(Link(net.latency_s * latencies, net.bandwidth_Bps))
 
     def crosses(self, a: int, b: int) -> bool:
         return self.host(a) != self.host(b)
@@ -106,10 +118,23 @@ class Cluster:
         if p < 2:
             return 0.0
         step = max(
-            self._link(ring[i], ring[(i + 1) % p], self.ring_step).send_s(nbytes / p)
+            self._link(
+                ring[i], ring[(i + 1) % p], self.ring_step, GLOO_LATENCIES_PER_MESSAGE
+            ).send_s(nbytes / p)
             for i in range(p)
         )
         return 2 * (p - 1) * step
+
+    def barrier_s(self, ranks: Sequence[int] | None = None) -> float:
+        """One gloo barrier: a ring of empty messages, each paying the latency once."""
+        ring = self.ring(ranks)
+        p = len(ring)
+        if p < 2:
+            return 0.0
+        hop = max(
+            self._link(ring[i], ring[(i + 1) % p], self.ring_step).latency_s for i in range(p)
+        )
+        return 2 * (p - 1) * hop
 
     def allreduce_bytes(self, nbytes: float, ranks: Sequence[int] | None = None) -> tuple:
         """(bytes sent by all ranks, bytes crossing between hosts) of one ring all-reduce."""
@@ -189,7 +214,9 @@ def lockstep(
     epochs = len(compute[0])
     sim = Sim()
     cost = cluster.allreduce_s(sync_bytes)
-    meet = _Keyed(lambda key: Rendezvous(sim, world, cost if key[0] == "sync" else 0.0))
+    # an epoch ends at a barrier (gnnpar's LockStep.end_epoch); its start is not timed
+    costs = {"sync": cost, "end": cluster.barrier_s(), "start": 0.0}
+    meet = _Keyed(lambda key: Rendezvous(sim, world, costs[key[0]]))
     ends = [[0.0] * epochs for _ in range(world)]
     busy, wait, batches = [0.0] * world, [0.0] * world, [0] * world
     count = [0]
@@ -214,7 +241,7 @@ def lockstep(
                     wait[r] += sim.now - t - cost
             t = sim.now
             yield meet["end", e].arrive()
-            wait[r] += sim.now - t
+            wait[r] += sim.now - t - costs["end"]
             ends[r][e] = sim.now
         if r == 0:
             count[0] = n // every
