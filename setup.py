@@ -1,4 +1,6 @@
-"""Build the neighbour sampler's hop kernel with setuptools (everything else is in pyproject.toml).
+"""Build the neighbour sampler's hop kernel, and GAT's fused edge softmax
+(``src/gnnpar/models/gat_kernel.c``, OpenMP, loaded the same way by gnnpar.models.gat_kernel),
+with setuptools (everything else is in pyproject.toml).
 
 ``src/gnnpar/data/sampling/sampler_kernel.c`` is plain C (no Python or torch headers) that
 ``gnnpar.data.sampling.kernel`` loads with ctypes. Building it as an extension module is only the
@@ -60,7 +62,18 @@ setup(
             ["src/gnnpar/data/sampling/sampler_kernel.c"],
             extra_compile_args=["-O3"] if sys.platform != "win32" else ["/O2"],
             optional=True,  # a missing library is tolerated where setuptools copies outputs
-        )
+        ),
+        # GAT's fused edge softmax: OpenMP, and no FMA contraction (its results must equal
+        # torch's float operations to the bit; gnnpar/models/gat_kernel.c)
+        Extension(
+            "gnnpar.models._gat_kernel",
+            ["src/gnnpar/models/gat_kernel.c"],
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"]
+            if sys.platform != "win32"
+            else ["/O2", "/openmp", "/fp:strict"],
+            extra_link_args=["-fopenmp"] if sys.platform != "win32" else [],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )
