@@ -121,3 +121,16 @@ void gnnpar_sum_by_source(const float *grad_s, const int64_t *t_crow, const int6
             for (int64_t h = 0; h < k; h++) o[h] = o[h] + grad_s[t_entry[p] * k + h];
     }
 }
+
+/* out[e] = g[row of e] * x[col[e]] elementwise, m floats per row (the products of the weighted
+ * sum's gradient with respect to the attention weights; torch sums them over the channels). */
+void gnnpar_edge_products(const float *g, const float *x, const int64_t *crow, const int64_t *col,
+                          int64_t n_dst, int64_t m, float *out, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n_dst; i++)
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++) {
+            const float *gi = g + i * m, *xj = x + col[e] * m;
+            float *o = out + e * m;
+            for (int64_t q = 0; q < m; q++) o[q] = gi[q] * xj[q];
+        }
+}

@@ -51,6 +51,8 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_softmax_backward.argtypes += [i64]
                 lib.gnnpar_sum_by_source.restype = None
                 lib.gnnpar_sum_by_source.argtypes = [p, p, p, i64, i64, p, i64]
+                lib.gnnpar_edge_products.restype = None
+                lib.gnnpar_edge_products.argtypes = [p, p, p, p, i64, i64, p, i64]
             except (OSError, AttributeError):
                 continue
             _lib = lib
@@ -117,3 +119,16 @@ def softmax_backward(grad, keep, s, ex, total, crow, t_crow, t_entry, n_src: int
     grad_src = s.new_empty(n_src, k)
     lib.gnnpar_sum_by_source(_ptr(grad_s), _ptr(t_crow), _ptr(t_entry), n_src, k, _ptr(grad_src), t)
     return grad_src, grad_dst
+
+
+def edge_products(g, x, crow, col):
+    """``g[row] * x[col]`` per entry ([E, *g.shape[1:]]): ``g`` [n_dst, ...], ``x`` [n_src, ...]
+    float32 and contiguous, rows of the same size."""
+    lib = load()
+    e = col.numel()
+    m = g[0].numel() if g.size(0) else x[0].numel()
+    out = g.new_empty(e, *g.shape[1:])
+    lib.gnnpar_edge_products(
+        _ptr(g), _ptr(x), _ptr(crow), _ptr(col), g.size(0), m, _ptr(out), _threads(e * m)
+    )
+    return out
