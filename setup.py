@@ -1,4 +1,6 @@
-"""Build the neighbour sampler's hop kernel with setuptools (everything else is in pyproject.toml).
+"""Build the neighbour sampler's hop kernel, and GAT's fused edge softmax
+(``src/gnnpar/models/gat_kernel.c``, OpenMP, loaded the same way by gnnpar.models.gat_kernel),
+with setuptools (everything else is in pyproject.toml).
 
 ``src/gnnpar/data/sampling/sampler_kernel.c`` is plain C (no Python or torch headers) that
 ``gnnpar.data.sampling.kernel`` loads with ctypes. Building it as an extension module is only the
@@ -41,14 +43,23 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except BUILD_ERRORS as e:  # compile or link error, compiler not found
-            self._warn(e)
+            self._warn(e, ext.name)
 
     @staticmethod
-    def _warn(e: Exception) -> None:
+    def _warn(e: Exception, name: str = "") -> None:
+        what = (
+            "GAT's fused edge softmax; gnnpar installs without it and runs GAT's attention "
+            "as torch operations (the same values, slower with several threads)"
+            if name.endswith("_gat_kernel")
+            else "the sampler kernel; gnnpar installs without it and samples with vectorised "
+            "torch (~3-4x slower)"
+            if name
+            else "gnnpar's C kernels (sampler, GAT attention); gnnpar installs without them and "
+            "runs torch operations instead (slower)"
+        )
         print(
-            f"gnnpar: warning: could not compile the sampler kernel ({e}); gnnpar installs "
-            "without it and samples with vectorised torch (~3-4x slower). Install a C compiler "
-            "(gcc) and reinstall to get it: pip install --force-reinstall --no-deps .",
+            f"gnnpar: warning: could not compile {what} ({e}). Install a C compiler (gcc, with "
+            "OpenMP) and reinstall to get it: pip install --force-reinstall --no-deps .",
             file=sys.stderr,
         )
 
@@ -60,7 +71,18 @@ setup(
             ["src/gnnpar/data/sampling/sampler_kernel.c"],
             extra_compile_args=["-O3"] if sys.platform != "win32" else ["/O2"],
             optional=True,  # a missing library is tolerated where setuptools copies outputs
-        )
+        ),
+        # GAT's fused edge softmax: OpenMP, and no FMA contraction (its results must equal
+        # torch's float operations to the bit; gnnpar/models/gat_kernel.c)
+        Extension(
+            "gnnpar.models._gat_kernel",
+            ["src/gnnpar/models/gat_kernel.c"],
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"]
+            if sys.platform != "win32"
+            else ["/O2", "/openmp", "/fp:strict"],
+            extra_link_args=["-fopenmp"] if sys.platform != "win32" else [],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

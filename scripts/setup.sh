@@ -41,6 +41,21 @@ if [ ! -f "$kernel" ] || [ "$sampling/sampler_kernel.c" -nt "$kernel" ]; then
   fi
   rm -rf "$tmp"
 fi
+# GAT's fused edge softmax (src/gnnpar/models/gat_kernel.c, OpenMP), the same way; without it
+# GAT's attention runs as torch operations (the same values, slower with several threads)
+models=src/gnnpar/models
+gat_kernel=$models/_gat_kernel$suffix
+if [ ! -f "$gat_kernel" ] || [ "$models/gat_kernel.c" -nt "$gat_kernel" ]; then
+  tmp=$(mktemp -d)
+  "$PY" -W ignore setup.py -q build_ext --force --build-lib "$tmp/lib" --build-temp "$tmp/obj" || true
+  if [ -f "$tmp/lib/gnnpar/models/_gat_kernel$suffix" ]; then
+    cp "$tmp/lib/gnnpar/models/_gat_kernel$suffix" "$gat_kernel.tmp"
+    mv "$gat_kernel.tmp" "$gat_kernel"
+  else
+    echo "setup.sh: warning: could not build $gat_kernel (needs a C compiler with OpenMP); GAT will use torch" >&2
+  fi
+  rm -rf "$tmp"
+fi
 # the plain name older versions of this script built: stale once the new one exists
 if [ -f "$kernel" ] && [ "$kernel" != "$sampling/_sampler_kernel.so" ]; then
   rm -f "$sampling/_sampler_kernel.so"

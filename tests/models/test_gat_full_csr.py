@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gnnpar.models import gat, gat_kernel
 from gnnpar.models.gat import AttentionCSR, GATBlock, GraphCSRs
+from gnnpar.models.hops import HopLayer
 
 
 def _graph(seed: int = 3, n: int = 40, e: int = 300):
@@ -102,3 +104,75 @@ def test_graph_csrs_cache_sees_a_new_or_changed_edge_index():
     assert changed is not first
     other = edge_index.clone()
     assert cache.get(other, n) is not changed
+
+
+# ------------------------------------------------------- the fused edge softmax (gat_kernel.c)
+needs_kernel = pytest.mark.skipif(
+    not gat_kernel.available(), reason="gnnpar.models._gat_kernel not built (no C compiler)"
+)
+
+
+def _fused_and_torch(monkeypatch, blocks, x, edge_index, train: bool):
+    monkeypatch.setattr(gat, "FUSED_SOFTMAX", False)
+    ref = _run(blocks, x, edge_index, csr=True, train=train)
+    monkeypatch.setattr(gat, "FUSED_SOFTMAX", True)
+    got = _run(blocks, x, edge_index, csr=True, train=train)
+    return got, ref
+
+
+def _assert_bits_equal(got, ref):
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], ref[2]))
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("heads", [1, 3, 8])
+def test_fused_edge_softmax_equals_torch_ops_to_the_bit(monkeypatch, heads, train, threads):
+    """The kernel does torch's float operations in torch's order: the same outputs and
+    gradients, bit for bit, with attention dropout (the same draws) and without; graphs large
+    enough for the kernel's parallel loops (PARALLEL_MIN) with 2 threads."""
+    edge_index, n = _graph(n=700, e=6000)
+    torch.manual_seed(0)
+    blocks = [
+        GATBlock(12, 4, heads, True, 0.5, last=False),
+        GATBlock(4 * heads, 7, heads, False, 0.5, last=True),
+    ]
+    x = torch.randn(n, 12, generator=torch.Generator().manual_seed(7))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got, ref = _fused_and_torch(monkeypatch, blocks, x, edge_index, train)
+    finally:
+        torch.set_num_threads(before)
+    _assert_bits_equal(got, ref)
+    assert got[0].abs().sum() > 0 and all(g.abs().sum() > 0 for g in got[2])
+
+
+@needs_kernel
+def test_fused_edge_softmax_on_a_sampled_layer_equals_torch_ops(monkeypatch):
+    """A neighbour-sampled layer (``AttentionCSR.of``, its own dropout order) the same way."""
+    torch.manual_seed(0)
+    n_src, n_dst, e = 500, 120, 3000
+    g = torch.Generator().manual_seed(5)
+    dst = torch.sort(torch.randint(0, n_dst, (e,), generator=g)).values
+    src = torch.randint(0, n_src, (e,), generator=g)
+    layer = HopLayer(torch.stack([src, dst]), n_src, n_dst)
+    blocks = [GATBlock(10, 6, 2, True, 0.5, last=False)]
+    x = torch.randn(n_src, 10, generator=torch.Generator().manual_seed(1))
+    got, ref = _fused_and_torch(monkeypatch, blocks, x, layer, train=True)
+    _assert_bits_equal(got, ref)
+
+
+@needs_kernel
+def test_gat_kernel_shares_torchs_openmp_threads():
+    """Loaded after torch, the kernel's libgomp is torch's: torch's thread count is its own."""
+    lib = gat_kernel.load()
+    before = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            assert lib.gnnpar_gat_max_threads() == t
+    finally:
+        torch.set_num_threads(before)

@@ -27,6 +27,11 @@ Three CPU costs of plain PyG are avoided without changing the model:
   its weighted sum as one ``torch.sparse.mm`` (gat3's sampled step 178-180 -> 154-158 ms on
   one thread, BENCHMARKS.md issue 21). Full-batch graphs keep PyG's GATConv (with 8 heads the
   per-head CSR products were slower).
+* The edge softmax (:class:`_EdgeSoftmax`, both paths above): ``gat_kernel.c`` computes it in
+  two OpenMP passes over the rows forward and two backward, where torch needs ~12 small
+  operations each way, a few of them serial (segment_reduce, and scatters as their backward):
+  the same float operations in the same order, so the same bits (issue 21: Cora's step at two
+  threads, BENCHMARKS.md). Without a compiler it is those torch operations.
 
     gnnpar train --dataset cora --model gat
     gnnpar train --dataset cora --model gat3 --epochs 50
@@ -47,8 +52,13 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import softmax
 
 from gnnpar.csr import indptr
+from gnnpar.models import gat_kernel
 from gnnpar.models.base import BlockModel, output_head
 from gnnpar.models.hops import HopLayer
+
+# The edge softmax through the compiled kernel where it is built (False: torch's operations;
+# the two agree to the bit, tests/models/test_gat_full_csr.py).
+FUSED_SOFTMAX = True
 
 # Inputs with at most this fraction of non-zeros take the sparse path. At Cora's 1.3% the CSR
 # product is ~20x cheaper than the dense one; near 10% the two cost about the same on CPU.
@@ -257,6 +267,7 @@ class AttentionCSR:
     n_dst: int
     order: torch.Tensor | None = None
     _t: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    _by_src: tuple[torch.Tensor, torch.Tensor] | None = None
     _heads: dict = field(default_factory=dict)
 
     @classmethod
@@ -304,6 +315,17 @@ class AttentionCSR:
             order = torch.sort(self.col.to(torch.int32), stable=True).indices
             self._t = (indptr(self.col, self.n_src), self.row[order], order)
         return self._t
+
+    def by_source(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``A^T``'s row offsets and, per source, its entries in ``A``'s entry order: the
+        order in which a one-thread scatter by ``col`` adds them."""
+        if self.order is None:  # _transpose's order is this one
+            crow, _, entries = self._transpose()
+            return crow, entries
+        if self._by_src is None:
+            entries = torch.sort(self.col.to(torch.int32), stable=True).indices
+            self._by_src = (indptr(self.col, self.n_src), entries)
+        return self._by_src
 
     def transposed(self, values: torch.Tensor) -> torch.Tensor:
         """``A^T`` [n_src, n_dst] with ``values`` given in ``A``'s entry order."""
@@ -416,8 +438,12 @@ class _EdgeWeightedSum(torch.autograd.Function):
                 # Intel Xeon thread, Cora's 13K entries x 8 heads x 8 channels: 1.1 ms, against
                 # 2.8 ms for sampled_addmm on the block-diagonal matrix; one head of a gat3
                 # layer (250K entries x 16 channels): 9.5 ms, against 1.8 ms for sampled_addmm.
-                g = grad.view(adj.n_dst, k, c).index_select(0, adj.row)
-                grad_alpha = g.mul_(x.index_select(0, adj.col)).sum(-1)
+                g = grad.view(adj.n_dst, k, c)
+                if _fused_products(g, x, adj):  # the same products, in one parallel pass
+                    g = gat_kernel.edge_products(g, x, adj.crow, adj.col)
+                else:
+                    g = g.index_select(0, adj.row).mul_(x.index_select(0, adj.col))
+                grad_alpha = g.sum(-1)
             if ctx.needs_input_grad[1]:
                 grad_x = torch.sparse.mm(adj.heads(k).transposed(alpha), grad)
                 grad_x = grad_x.view(n_src, k, c).to(ctx.dtype)
@@ -433,14 +459,92 @@ def _attention_dropout(alpha: torch.Tensor, p: float, training: bool, adj: Atten
     return alpha * keep.index_select(0, adj.order)
 
 
+def _attention_keep(alpha_shape, p: float, training: bool, adj: AttentionCSR):
+    """The attention-dropout factors (0 or 1/(1-p)) in ``adj``'s entry order, drawn as
+    :func:`_attention_dropout` draws them (None: no dropout)."""
+    if not training or p == 0.0:
+        return None
+    keep = torch.rand(alpha_shape, dtype=torch.float32).ge_(p).mul_(1.0 / (1.0 - p))
+    return keep if adj.order is None else keep.index_select(0, adj.order)
+
+
+class _EdgeSoftmax(torch.autograd.Function):
+    """``softmax(leaky_relu(a_src[col] + a_dst[row]))`` over each row's entries, times the
+    attention-dropout factors ``keep``: :func:`attention`'s torch operations fused into
+    parallel passes over the rows (``gat_kernel.c``), with the same float operations in the
+    same order, so the same values to the bit, forward and backward
+    (tests/models/test_gat_full_csr.py)."""
+
+    @staticmethod
+    def forward(ctx, a_src, a_dst, keep, adj: AttentionCSR, slope: float):
+        a_src, a_dst = a_src.contiguous(), a_dst.contiguous()
+        out, s, ex, total = gat_kernel.softmax_forward(a_src, a_dst, keep, adj.crow, adj.col, slope)
+        ctx.adj, ctx.slope, ctx.n_src = adj, slope, a_src.size(0)
+        ctx.save_for_backward(s, ex, total, keep)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, ex, total, keep = ctx.saved_tensors
+        t_crow, t_entry = ctx.adj.by_source()
+        grad_src, grad_dst = gat_kernel.softmax_backward(
+            grad.contiguous(),
+            keep,
+            s,
+            ex,
+            total,
+            ctx.adj.crow,
+            t_crow,
+            t_entry,
+            ctx.n_src,
+            ctx.slope,
+        )
+        return grad_src, grad_dst, None, None, None
+
+
+def _fused(a_src: torch.Tensor, a_dst: torch.Tensor, adj: AttentionCSR) -> bool:
+    """Whether :class:`_EdgeSoftmax` takes this layer: float32 on CPU, int64 indices, and the
+    compiled kernel built (``FUSED_SOFTMAX``: off, the torch operations, for comparisons)."""
+    return (
+        FUSED_SOFTMAX
+        and a_src.device.type == "cpu"
+        and a_src.dtype == torch.float32
+        and a_dst.dtype == torch.float32
+        and adj.col.dtype == torch.int64
+        and adj.crow.dtype == torch.int64
+        and gat_kernel.available()
+    )
+
+
+def _fused_products(g: torch.Tensor, x: torch.Tensor, adj: AttentionCSR) -> bool:
+    return (
+        FUSED_SOFTMAX
+        and g.device.type == "cpu"
+        and g.dtype == torch.float32
+        and x.dtype == torch.float32
+        and g.is_contiguous()
+        and x.is_contiguous()
+        and adj.col.dtype == torch.int64
+        and adj.crow.dtype == torch.int64
+        and gat_kernel.available()
+    )
+
+
 def attention(conv: GATConv, x: torch.Tensor, adj: AttentionCSR) -> torch.Tensor:
     """``conv(x, edge_index)[:n_dst]`` for a GATConv without edge features: the same function
-    of the same parameters, computed for ``adj``'s destination rows over its CSR (segment
-    max/sum for the softmax over each row's entries, one CSR product for the weighted sum)."""
+    of the same parameters, computed for ``adj``'s destination rows over its CSR (the softmax
+    over each row's entries fused in :class:`_EdgeSoftmax` where the compiled kernel is built,
+    else segment max/sum; one CSR product for the weighted sum)."""
     heads, c = conv.heads, conv.out_channels
     h = conv.lin(x).view(-1, heads, c)
     a_src = (h * conv.att_src).sum(-1)
     a_dst = (h[: adj.n_dst] * conv.att_dst).sum(-1)
+    if _fused(a_src, a_dst, adj):
+        keep = _attention_keep((adj.col.numel(), heads), conv.dropout, conv.training, adj)
+        alpha = _EdgeSoftmax.apply(a_src, a_dst, keep, adj, float(conv.negative_slope))
+        out = _EdgeWeightedSum.apply(alpha, h, adj)
+        out = out.reshape(-1, heads * c) if conv.concat else out.mean(dim=1)
+        return out if conv.bias is None else out + conv.bias
     e = a_src.index_select(0, adj.col) + a_dst.index_select(0, adj.row)
     e = F.leaky_relu(e, conv.negative_slope)
     top = torch.segment_reduce(e.detach(), "max", offsets=adj.crow, axis=0)

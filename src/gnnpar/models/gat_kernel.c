@@ -1,0 +1,136 @@
+/* GAT's edge softmax over a CSR by destination, fused into parallel passes over the rows
+ * (gnnpar/models/gat.py, EdgeSoftmax; issue 21).
+ *
+ * Per layer, torch needs ~12 small operations for the attention weights (two gathers, add,
+ * leaky ReLU, segment max, gather, sub, exp, segment sum, gather, div, the dropout product)
+ * and as many for their gradient, three of whose backward passes are scatters; segment_reduce
+ * and the scatters run on one thread. Here the forward is two passes over the rows (torch's exp
+ * between them) and the backward two (over the rows, then over the sources), each one OpenMP
+ * loop.
+ *
+ * The arithmetic is torch's, operation for operation, in torch's order: every value is the
+ * result of the same IEEE float operations on the same operands (row sums and scatters add in
+ * entry order from 0, as segment_reduce and a one-thread scatter do; the gradient of a / b
+ * with respect to b is -g * ((a / b) / b), as autograd computes it), so the results equal the
+ * torch path to the bit. exp is left to torch (its vectorised exp is not libm's). Build it
+ * without -ffast-math and without FMA contraction (setup.py passes -ffp-contract=off).
+ *
+ * Plain C with OpenMP; no Python or torch headers. It is loaded with ctypes after torch, so its
+ * libgomp.so.1 is torch's own (one thread pool); callers pass torch's thread count.
+ * Layouts: a_src [n_src, k], a_dst [n_dst, k], per-entry arrays [E, k], all float32 and
+ * contiguous; crow [n_dst + 1], col [E], t_crow [n_src + 1], t_entry [E] int64 (t_entry: the
+ * entries of each source in CSR order).
+ */
+#include <math.h>
+#include <stdint.h>
+
+#define GNNPAR_GAT_KERNEL_VERSION 1
+
+int64_t gnnpar_gat_kernel_version(void) { return GNNPAR_GAT_KERNEL_VERSION; }
+
+int64_t gnnpar_gat_max_threads(void) {
+#ifdef _OPENMP
+    extern int omp_get_max_threads(void);
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline float leaky(float v, float slope) { return v > 0 ? v : v * slope; }
+
+/* s = a_src[col] + a_dst[row]; d = leaky(s) - max over the row of leaky(s). */
+void gnnpar_softmax_logits(const float *a_src, const float *a_dst, const int64_t *crow,
+                           const int64_t *col, int64_t n_dst, int64_t k, float slope, float *s,
+                           float *d, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n_dst; i++) {
+        float top[k];
+        for (int64_t h = 0; h < k; h++) top[h] = -INFINITY;
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++) {
+            const float *src = a_src + col[e] * k;
+            for (int64_t h = 0; h < k; h++) {
+                float v = src[h] + a_dst[i * k + h];
+                s[e * k + h] = v;
+                v = leaky(v, slope);
+                top[h] = (isnan(v) || v > top[h]) ? v : top[h]; /* NaN wins, as in torch */
+            }
+        }
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++)
+            for (int64_t h = 0; h < k; h++)
+                d[e * k + h] = leaky(s[e * k + h], slope) - top[h];
+    }
+}
+
+/* total = (sum over the row of ex) + eps; out = ex / total (* keep, where keep is given). */
+void gnnpar_softmax_normalise(const float *ex, const float *keep, const int64_t *crow,
+                              int64_t n_dst, int64_t k, float eps, float *total, float *out,
+                              int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n_dst; i++) {
+        float *t = total + i * k;
+        for (int64_t h = 0; h < k; h++) t[h] = 0.0f;
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++)
+            for (int64_t h = 0; h < k; h++) t[h] = t[h] + ex[e * k + h];
+        for (int64_t h = 0; h < k; h++) t[h] = t[h] + eps;
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++)
+            for (int64_t h = 0; h < k; h++) {
+                float a = ex[e * k + h] / t[h];
+                out[e * k + h] = keep ? a * keep[e * k + h] : a;
+            }
+    }
+}
+
+/* The gradient of the above with respect to s (grad_s, [E, k]) and a_dst (its row sums). */
+void gnnpar_softmax_backward(const float *grad, const float *keep, const float *s,
+                             const float *ex, const float *total, const int64_t *crow,
+                             int64_t n_dst, int64_t k, float slope, float *grad_s,
+                             float *grad_a_dst, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n_dst; i++) {
+        const float *t = total + i * k;
+        float g_total[k];
+        float *g_dst = grad_a_dst + i * k;
+        for (int64_t h = 0; h < k; h++) g_total[h] = 0.0f;
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++)
+            for (int64_t h = 0; h < k; h++) {
+                float g = keep ? grad[e * k + h] * keep[e * k + h] : grad[e * k + h];
+                g_total[h] = g_total[h] + -g * ((ex[e * k + h] / t[h]) / t[h]);
+            }
+        for (int64_t h = 0; h < k; h++) g_dst[h] = 0.0f;
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++)
+            for (int64_t h = 0; h < k; h++) {
+                float g = keep ? grad[e * k + h] * keep[e * k + h] : grad[e * k + h];
+                float g_ex = g / t[h] + g_total[h];
+                float g_d = g_ex * ex[e * k + h];
+                float g_s = s[e * k + h] > 0 ? g_d : g_d * slope;
+                grad_s[e * k + h] = g_s;
+                g_dst[h] = g_dst[h] + g_s;
+            }
+    }
+}
+
+/* out[j] = the sum of grad_s over source j's entries, in CSR order (a scatter by col). */
+void gnnpar_sum_by_source(const float *grad_s, const int64_t *t_crow, const int64_t *t_entry,
+                          int64_t n_src, int64_t k, float *out, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t j = 0; j < n_src; j++) {
+        float *o = out + j * k;
+        for (int64_t h = 0; h < k; h++) o[h] = 0.0f;
+        for (int64_t p = t_crow[j]; p < t_crow[j + 1]; p++)
+            for (int64_t h = 0; h < k; h++) o[h] = o[h] + grad_s[t_entry[p] * k + h];
+    }
+}
+
+/* out[e] = g[row of e] * x[col[e]] elementwise, m floats per row (the products of the weighted
+ * sum's gradient with respect to the attention weights; torch sums them over the channels). */
+void gnnpar_edge_products(const float *g, const float *x, const int64_t *crow, const int64_t *col,
+                          int64_t n_dst, int64_t m, float *out, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n_dst; i++)
+        for (int64_t e = crow[i]; e < crow[i + 1]; e++) {
+            const float *gi = g + i * m, *xj = x + col[e] * m;
+            float *o = out + e * m;
+            for (int64_t q = 0; q < m; q++) o[q] = gi[q] * xj[q];
+        }
+}

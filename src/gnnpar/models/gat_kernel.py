@@ -1,0 +1,134 @@
+"""GAT's fused edge softmax (``gat_kernel.c``): find it, check its version, load it with ctypes.
+
+pip compiles ``gat_kernel.c`` when it installs gnnpar (setup.py, extension name
+``gnnpar.models._gat_kernel``, with OpenMP), as it does the sampler's kernel
+(:mod:`gnnpar.data.sampling.kernel`: plain C, no torch headers, any torch build). Loaded after
+torch, so the library's ``libgomp.so.1`` is the one torch already loaded and both share one
+thread pool. Without it (no compiler, no OpenMP) :func:`gnnpar.models.gat.attention` computes
+the same values with torch operations, slower with several threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+from pathlib import Path
+
+import torch
+
+_VERSION = 1  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
+_DIR = Path(__file__).parent
+_STEM = "_gat_kernel"
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _candidates() -> list[Path]:
+    return [_DIR / f"{_STEM}{s}" for s in importlib.machinery.EXTENSION_SUFFIXES]
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, loaded on first use; None where it is not built (or stale)."""
+    global _lib, _tried
+    if not _tried:
+        _tried = True
+        for path in _candidates():
+            if not path.is_file():
+                continue
+            try:
+                lib = ctypes.CDLL(str(path))
+                lib.gnnpar_gat_kernel_version.restype = ctypes.c_int64
+                if lib.gnnpar_gat_kernel_version() != _VERSION:
+                    continue
+                i64, f32, p = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+                lib.gnnpar_gat_max_threads.restype = i64
+                lib.gnnpar_softmax_logits.restype = None
+                lib.gnnpar_softmax_logits.argtypes = [p, p, p, p, i64, i64, f32, p, p, i64]
+                lib.gnnpar_softmax_normalise.restype = None
+                lib.gnnpar_softmax_normalise.argtypes = [p, p, p, i64, i64, f32, p, p, i64]
+                lib.gnnpar_softmax_backward.restype = None
+                lib.gnnpar_softmax_backward.argtypes = [p, p, p, p, p, p, i64, i64, f32, p, p]
+                lib.gnnpar_softmax_backward.argtypes += [i64]
+                lib.gnnpar_sum_by_source.restype = None
+                lib.gnnpar_sum_by_source.argtypes = [p, p, p, i64, i64, p, i64]
+                lib.gnnpar_edge_products.restype = None
+                lib.gnnpar_edge_products.argtypes = [p, p, p, p, i64, i64, p, i64]
+            except (OSError, AttributeError):
+                continue
+            _lib = lib
+            break
+    return _lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+# below this many entries x heads, one thread: a parallel region costs more than it saves
+PARALLEL_MIN = 4096
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _threads(work: int) -> int:
+    return torch.get_num_threads() if work >= PARALLEL_MIN else 1
+
+
+def softmax_forward(a_src, a_dst, keep, crow, col, slope: float):
+    """``(out, s, ex, total)``: ``out`` the attention weights (times ``keep``), the rest what
+    :func:`softmax_backward` needs. float32, contiguous, int64 indices."""
+    lib = load()
+    n_dst, k = a_dst.shape
+    e = col.numel()
+    t = _threads(e * k)
+    s, d = a_src.new_empty(e, k), a_src.new_empty(e, k)
+    lib.gnnpar_softmax_logits(
+        _ptr(a_src), _ptr(a_dst), _ptr(crow), _ptr(col), n_dst, k, slope, _ptr(s), _ptr(d), t
+    )
+    ex = d.exp_()  # torch's exp: the kernel leaves it to torch (its vectorised exp is not libm's)
+    total, out = a_src.new_empty(n_dst, k), a_src.new_empty(e, k)
+    lib.gnnpar_softmax_normalise(
+        _ptr(ex), _ptr(keep), _ptr(crow), n_dst, k, 1e-16, _ptr(total), _ptr(out), t
+    )
+    return out, s, ex, total
+
+
+def softmax_backward(grad, keep, s, ex, total, crow, t_crow, t_entry, n_src: int, slope: float):
+    """``(grad_a_src, grad_a_dst)`` for :func:`softmax_forward`'s output gradient ``grad``."""
+    lib = load()
+    n_dst, k = total.shape
+    e = s.size(0)
+    t = _threads(e * k)
+    grad_s, grad_dst = s.new_empty(e, k), s.new_empty(n_dst, k)
+    lib.gnnpar_softmax_backward(
+        _ptr(grad),
+        _ptr(keep),
+        _ptr(s),
+        _ptr(ex),
+        _ptr(total),
+        _ptr(crow),
+        n_dst,
+        k,
+        slope,
+        _ptr(grad_s),
+        _ptr(grad_dst),
+        t,
+    )
+    grad_src = s.new_empty(n_src, k)
+    lib.gnnpar_sum_by_source(_ptr(grad_s), _ptr(t_crow), _ptr(t_entry), n_src, k, _ptr(grad_src), t)
+    return grad_src, grad_dst
+
+
+def edge_products(g, x, crow, col):
+    """``g[row] * x[col]`` per entry ([E, *g.shape[1:]]): ``g`` [n_dst, ...], ``x`` [n_src, ...]
+    float32 and contiguous, rows of the same size."""
+    lib = load()
+    e = col.numel()
+    m = g[0].numel() if g.size(0) else x[0].numel()
+    out = g.new_empty(e, *g.shape[1:])
+    lib.gnnpar_edge_products(
+        _ptr(g), _ptr(x), _ptr(crow), _ptr(col), g.size(0), m, _ptr(out), _threads(e * m)
+    )
+    return out
