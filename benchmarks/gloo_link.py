@@ -1,0 +1,126 @@
+"""gloo's collectives between two hosts over a link of a given rate and one-way delay.
+
+Two network namespaces (gnnpar.runtime.netns; root and iproute2) joined by a veth pair (no
+delay) or by the link emulated in user space (gnnpar.runtime.wire; a delay), one rank in each;
+the ranks time ``barrier``, ``all_reduce`` of 4 B-4 MB, a ``send`` + ``recv`` round trip and an
+``isend`` + ``irecv`` exchange (gossip's), median of 25-30 each, and rank 0 prints them. It
+calibrates what ``gnnpar advise`` charges for a message between hosts
+(``GLOO_LATENCIES_PER_MESSAGE`` in gnnpar/advise/simulate.py).
+
+    python benchmarks/gloo_link.py --rate 1gbit --delay 1ms [--veth]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = (1, 1024, 23063, 262144, 1 << 20)  # floats: 4 B, 4 KB, Cora gcn's 92 KB, 1 MB, 4 MB
+
+
+def rank_main(rank: int, addr: str, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2)
+
+    def median_ms(fn, n: int = 30) -> float:
+        fn()
+        times = []
+        for _ in range(n):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    out = {"barrier": median_ms(dist.barrier)}
+    for n in SIZES:
+        x, y = torch.ones(n), torch.empty(n)
+        out[f"all_reduce {n * 4} B"] = median_ms(lambda x=x: dist.all_reduce(x))
+
+        def round_trip(x=x):
+            if rank == 0:
+                dist.send(x, 1)
+                dist.recv(x, 1)
+            else:
+                dist.recv(x, 0)
+                dist.send(x, 0)
+
+        def exchange(x=x, y=y):
+            a, b = dist.isend(x, 1 - rank), dist.irecv(y, 1 - rank)
+            a.wait()
+            b.wait()
+
+        out[f"send+recv round trip {n * 4} B"] = median_ms(round_trip, 25)
+        out[f"isend+irecv exchange {n * 4} B"] = median_ms(exchange, 25)
+    if rank == 0:
+        for k, v in out.items():
+            print(f"{k}: {v:.2f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+def parse_rate(text: str) -> float:
+    from gnnpar.advise.command import parse_network
+
+    return parse_network(f"{text},0us").bandwidth_Bps * 8
+
+
+def parse_delay(text: str) -> float:
+    from gnnpar.advise.command import parse_network
+
+    return parse_network(f"1gbit,{text}").latency_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--delay", default="1ms")
+    ap.add_argument("--veth", action="store_true", help="a veth pair (tc tbf: no delay)")
+    ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--addr", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=29990, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.rank is not None:
+        rank_main(args.rank, args.addr, args.port)
+        return 0
+    from gnnpar.runtime import netns
+
+    rate, delay = parse_rate(args.rate), parse_delay(args.delay)
+    link = "veth" if args.veth else "emulated"
+    with netns.make_hosts("k", "l", "10.213.0.29", "10.213.0.30", link=link) as h:
+        why = h.shape(rate, delay)
+        print(
+            f"link: {link}, {rate / 1e6:g} Mbit/s, {delay * 1e3:g} ms{f' ({why})' if why else ''}"
+        )
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        procs = [
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    __file__,
+                    "--rank",
+                    str(r),
+                    "--addr",
+                    h.addr_a,
+                    "--port",
+                    str(args.port),
+                ],
+                env={**env, "GLOO_SOCKET_IFNAME": dev},
+            )  # fmt: skip
+            for r, (ns, dev) in enumerate(((h.a, h.if_a), (h.b, h.if_b)))
+        ]
+        codes = [p.wait(timeout=600) for p in procs]
+    return max(codes, key=abs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
