@@ -210,7 +210,7 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     pass over the whole graph (synthetic-amazon at scale 1: the profile's 19 GiB peak)."""
     from dataclasses import replace
 
-    from gnnpar.training.loop import Final, train
+    from gnnpar.training.loop import train
     from gnnpar.training.sources import ShuffledBatches
 
     flags = flags_for(base, "sequential")
@@ -219,13 +219,29 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     zero = torch.zeros(())
     one = ds.data if ds.kind == "graph" else (ds.train_x[:1], ds.train_y[:1])  # never trained
     idle = replace(
-        plan,
+        _no_final(plan),
         source=ShuffledBatches([one] * steps, 1, cfg.run.seed, None),
         step=lambda batch: zero,
-        finish=lambda: Final({"val": None, "test": None}, []),
     )
     outcome = train(cfg, idle)
     return statistics.fmean(outcome.ranks[0].step_times)
+
+
+def _no_final(plan):
+    """``plan`` without its final evaluation (a forward over the whole graph: no part of a
+    step, and on a large graph most of a probe's time and memory)."""
+    from dataclasses import replace
+
+    from gnnpar.training.loop import Final
+
+    return replace(plan, finish=lambda: Final({"val": None, "test": None}, []))
+
+
+def _probe_epochs(min_steps: int, per_epoch: int, step_s: float, budget_s: float = 5.0) -> int:
+    """Epochs of a real-loop probe: a first one that warms up, then at least ``min_steps``
+    steps, but not much over ``budget_s`` of training (a big graph's few slow steps say enough)."""
+    epochs = 1 + math.ceil(min_steps / per_epoch)
+    return max(2, min(epochs, 1 + int(budget_s / max(step_s * per_epoch, 1e-9))))
 
 
 def real_loop_factor(
@@ -238,19 +254,13 @@ def real_loop_factor(
     the profiled mean step of the same batches. What it covers and the profile does not: the
     slow steps between the quick ones (the loop's bookkeeping and Python's garbage collector
     disturbing the caches; on Cora-sized steps of ~1 ms the mean is 20-25% above the median)."""
-    from dataclasses import replace
-
-    from gnnpar.training.loop import Final, train
+    from gnnpar.training.loop import train
 
     per_epoch = partitions or 1
     flags = flags_for(base, "sequential", **({"partitions": partitions} if partitions else {}))
-    epochs = 1 + math.ceil(min_steps / per_epoch)
-    # at most ~5 s of training: a big graph's few slow steps say enough
-    epochs = max(2, min(epochs, 1 + int(5.0 / max(profiled_s * per_epoch, 1e-9))))
-    flags.update({"epochs": epochs, "out": out})
+    flags.update({"epochs": _probe_epochs(min_steps, per_epoch, profiled_s), "out": out})
     cfg, plan = _plan(flags, ds)
-    plan = replace(plan, finish=lambda: Final({"val": None, "test": None}, []))
-    times = train(cfg, plan).ranks[0].step_times[per_epoch:]
+    times = train(cfg, _no_final(plan)).ranks[0].step_times[per_epoch:]
     if not times or profiled_s <= 0:
         return 1.0
     return max(0.5, statistics.fmean(times) / profiled_s)
@@ -611,14 +621,12 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
     other) against the same subgraphs' steps timed by rank 0 alone first. What it covers: the
     two ranks sharing cores (SMT siblings) and memory bandwidth, gloo's and the heartbeat's
     threads, and the loop's own slow steps (:func:`real_loop_factor`)."""
-    from dataclasses import replace
-
     import torch.distributed as dist
 
     from gnnpar.data.datasets import load_dataset
     from gnnpar.parallel import collectives
     from gnnpar.strategies import registry
-    from gnnpar.training.loop import Final, train
+    from gnnpar.training.loop import train
 
     cfg = build_config(None, flags)
     d = cfg.data
@@ -632,13 +640,11 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
         alone = interleaved_times([_train_step(plan)(b) for b in mine], budget_s=5.0)
     solo = statistics.fmean(collectives.gather_to_all(alone)[0] or [0.0])
     per_epoch = plan.source.steps
-    epochs = 1 + math.ceil(min_steps / per_epoch)
-    epochs = max(2, min(epochs, 1 + int(5.0 / max(solo * per_epoch, 1e-9))))
+    epochs = _probe_epochs(min_steps, per_epoch, solo)
     with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
         cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
         plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-        plan = replace(plan, finish=lambda: Final({"val": None, "test": None}, []))
-        ranks = train(cfg, plan).ranks  # every rank's, gathered
+        ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
     busy = [t for r in ranks for t in r.step_times[per_epoch:]]
     return max(1.0, statistics.fmean(busy) / solo) if solo and busy else 1.0
 

@@ -39,8 +39,9 @@ from gnnpar.advise.predict import Prediction, candidate_flags
 
 
 def _two_hosts(req, stack: contextlib.ExitStack):
-    """(hosts, a note on the link, the link as emulated) or (None, why not, None)."""
-    from gnnpar.advise.simulate import Link
+    """(hosts, a note on the link, the link as made) or (None, why not, None). The link always
+    has the asked rate and delay: tc netem, or where the kernel lacks it the emulated link
+    (:func:`gnnpar.runtime.netns.shaped_hosts`)."""
     from gnnpar.runtime.netns import NetnsUnavailable, shaped_hosts
 
     net = req.cluster.network
@@ -51,12 +52,8 @@ def _two_hosts(req, stack: contextlib.ExitStack):
         )
     except NetnsUnavailable as e:
         return None, f"two network namespaces cannot be made here ({e})", None
-    rate = f"{rate_bit_s / 1e6:g} Mbit/s"
-    if how.startswith("tc tbf") and net.latency_s > 0:  # (shaped_hosts emulates a delay instead)
-        # the veth's own latency (tens of microseconds) is the delay the link then has
-        note = f"{rate}, no added delay: {how}; the predictions compared are for the link as made"
-        return hosts, note, Link(0.0, net.bandwidth_Bps)
-    return hosts, f"{rate}, {net.latency_s * 1e3:g} ms one way ({how})", net
+    note = f"{rate_bit_s / 1e6:g} Mbit/s, {net.latency_s * 1e3:g} ms one way ({how})"
+    return hosts, note, net
 
 
 def measurable(req, p: Prediction) -> bool:
