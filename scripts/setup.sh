@@ -19,41 +19,37 @@ if ! "$PY" -c "import gnnpar, pytest, ruff, setuptools" >/dev/null 2>&1 || [ -n 
   "$PY" -m pip install -q -e ".[dev]"
 fi
 
-# The neighbour sampler's compiled hop kernel (plain C, loaded with ctypes: no torch headers, so
-# it fits any torch build). pip builds it from sampler_kernel.c with setup.py on every install
-# (`pip install -e .` puts it next to the source as _sampler_kernel<EXT_SUFFIX>, e.g.
+# gnnpar's two compiled kernels, plain C loaded with ctypes (no torch headers, so they fit any
+# torch build): the neighbour sampler's hop kernel (data/sampling/sampler_kernel.c) and GAT's
+# fused edge softmax (models/gat_kernel.c, OpenMP). pip builds both with setup.py on every
+# install (`pip install -e .` puts them next to their sources as _<name><EXT_SUFFIX>, e.g.
 # _sampler_kernel.cpython-311-x86_64-linux-gnu.so); an editable install does not notice a later
-# edit of the source, so here it is rebuilt whenever the source is newer, by the same setup.py
-# build (same compiler flags as a wheel's), then moved into place in one rename. Without it the
-# sampler falls back to vectorised torch (slower, other random stream) with a warning.
+# edit of a source, so here they are rebuilt whenever a source is newer, by one setup.py build
+# (same compiler flags as a wheel's), each then moved into place in one rename. Without them the
+# sampler falls back to vectorised torch (slower, other random stream) and GAT's attention runs
+# as torch operations (the same values, slower with several threads), each with a warning.
 sampling=src/gnnpar/data/sampling
+models=src/gnnpar/models
 suffix=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 kernel=$sampling/_sampler_kernel$suffix
-if [ ! -f "$kernel" ] || [ "$sampling/sampler_kernel.c" -nt "$kernel" ]; then
+gat_kernel=$models/_gat_kernel$suffix
+stale() { [ ! -f "$1" ] || [ "$2" -nt "$1" ]; }
+if stale "$kernel" "$sampling/sampler_kernel.c" || stale "$gat_kernel" "$models/gat_kernel.c"; then
   tmp=$(mktemp -d)
   # setup.py warns rather than fails when there is no compiler; -W ignore: setuptools' notices
   "$PY" -W ignore setup.py -q build_ext --force --build-lib "$tmp/lib" --build-temp "$tmp/obj" || true
-  if [ -f "$tmp/lib/gnnpar/data/sampling/_sampler_kernel$suffix" ]; then
-    cp "$tmp/lib/gnnpar/data/sampling/_sampler_kernel$suffix" "$kernel.tmp"
-    mv "$kernel.tmp" "$kernel"
-  else
-    echo "setup.sh: warning: could not build $kernel (needs a C compiler, e.g. gcc); the sampler will use torch" >&2
-  fi
-  rm -rf "$tmp"
-fi
-# GAT's fused edge softmax (src/gnnpar/models/gat_kernel.c, OpenMP), the same way; without it
-# GAT's attention runs as torch operations (the same values, slower with several threads)
-models=src/gnnpar/models
-gat_kernel=$models/_gat_kernel$suffix
-if [ ! -f "$gat_kernel" ] || [ "$models/gat_kernel.c" -nt "$gat_kernel" ]; then
-  tmp=$(mktemp -d)
-  "$PY" -W ignore setup.py -q build_ext --force --build-lib "$tmp/lib" --build-temp "$tmp/obj" || true
-  if [ -f "$tmp/lib/gnnpar/models/_gat_kernel$suffix" ]; then
-    cp "$tmp/lib/gnnpar/models/_gat_kernel$suffix" "$gat_kernel.tmp"
-    mv "$gat_kernel.tmp" "$gat_kernel"
-  else
-    echo "setup.sh: warning: could not build $gat_kernel (needs a C compiler with OpenMP); GAT will use torch" >&2
-  fi
+  # install KERNEL (its path here) from the build, or warn WHY-NOT
+  install_kernel() {
+    built="$tmp/lib/gnnpar/${1#src/gnnpar/}"
+    if [ -f "$built" ]; then
+      cp "$built" "$1.tmp"
+      mv "$1.tmp" "$1"
+    else
+      echo "setup.sh: warning: could not build $1 ($2)" >&2
+    fi
+  }
+  install_kernel "$kernel" "needs a C compiler, e.g. gcc; the sampler will use torch"
+  install_kernel "$gat_kernel" "needs a C compiler with OpenMP; GAT will use torch"
   rm -rf "$tmp"
 fi
 # the plain name older versions of this script built: stale once the new one exists
