@@ -99,9 +99,8 @@ def run(cfg: Config) -> dict[str, Any] | None:
             f"--resume: {cfg.run.out}/checkpoints/ holds no complete checkpoint to continue "
             "from (was the run started with --checkpoint-every N?)."
         )
-    fresh = not cfg.run.resume and dist.restart_count() == 0
-    if fresh and cfg.run.out and clear_checkpoints(cfg.run.out):
-        print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
+    if not dist.launched_by_torchrun() and not cfg.run.resume:
+        clear_old_checkpoints(cfg)  # one agent (or none): its restarts resume from them
     if dims.world > 1 and not dist.launched_by_torchrun():
         launch.check_ranks(dims.world)
         outputs = launch.launch(
@@ -114,7 +113,14 @@ def run(cfg: Config) -> dict[str, Any] | None:
             warm=RANK_MODULES,
         )
         return outputs.get(0)
-    return run_rank(cfg, dims, default_folder=True)
+    return run_rank(cfg, dims, torchrun=True)
+
+
+def clear_old_checkpoints(cfg: Config) -> None:
+    """A fresh run's --out must not hold an earlier run's checkpoints: a restart would resume
+    from them."""
+    if cfg.run.out and clear_checkpoints(cfg.run.out):
+        print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
 
 
 # What the strategies' builds import when a rank runs one (strategies/*.py import them inside
@@ -144,22 +150,26 @@ def set_threads(cfg: Config, local_world: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_rank(
-    cfg: Config, dims: ParallelDims, default_folder: bool = False
-) -> dict[str, Any] | None:
+def run_rank(cfg: Config, dims: ParallelDims, torchrun: bool = False) -> dict[str, Any] | None:
     """One rank of the run (``dims``: :func:`prepare`'s): join the group, load the data, train,
-    write result.json and model.pt (rank 0). ``default_folder``: without --out, use rank 0's
-    :func:`default_out`."""
+    write result.json and model.pt (rank 0). ``torchrun``: started by torchrun (or srun), not
+    by gnnpar's launcher: without --out, use rank 0's :func:`default_out`; a first attempt
+    clears the earlier run's checkpoints once the ranks agree that it is one."""
     ctx = dist.setup(cfg.strategy.timeout_s)
     beats = None
     if ctx.heartbeat_store is not None:  # a stalled peer is named within --timeout
         beats = Heartbeat(ctx.heartbeat_store, ctx.rank, ctx.world_size, cfg.strategy.timeout_s)
         beats.start()
     try:
-        if cfg.run.out is None and default_folder:  # torchrun: each rank would stamp its own
+        if cfg.run.out is None and torchrun:  # each rank would stamp its own
             cfg.run.out = collectives.broadcast_object(default_out(cfg))
             if ctx.is_main:
                 check_out(cfg.run.out)
+        if torchrun and not cfg.run.resume and ctx.restarts == 0:
+            # each host's agent counts only its own ranks' failures: a host restarted for
+            # another's would otherwise take its attempt for a fresh run and lose its parts
+            clear_old_checkpoints(cfg)
+            collectives.barrier()  # no rank writes a checkpoint before every rank has cleared
         set_threads(cfg, ctx.local_world_size)
         d = cfg.data
         ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
@@ -192,9 +202,8 @@ def checkpointer(cfg: Config, ctx: dist.DistContext) -> Checkpointer | None:
     if not r.out or not (r.checkpoint_every or r.checkpoint_every_steps or r.resume):
         return None
     every, steps = r.checkpoint_every, r.checkpoint_every_steps
-    ckpt = Checkpointer(
-        r.out, ctx.rank, ctx.world_size, every, steps, r.resume or dist.restart_count() > 0
-    )
+    ckpt = Checkpointer(r.out, ctx.rank, ctx.world_size, every, steps, r.resume or ctx.restarts > 0)
+    ckpt.restarts = ctx.restarts
     ckpt.config = cfg.to_dict()
     ckpt.explicit = r.resume
     return ckpt

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -200,34 +201,53 @@ def test_gossip_killed_and_resumed_trains_every_subgraph_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchruns_own_max_restarts_resume_from_the_checkpoint(tmp_path):
-    """The same under `torchrun --max-restarts`: its restarted ranks find the checkpoint."""
+def test_a_restart_only_one_hosts_agent_counted_resumes_on_both_hosts(tmp_path):
+    """`gnnpar torchrun --max-restarts` on two hosts (two agents here, each with its own
+    --out): rank 1 killed while rank 0 sleeps between steps, so that rank 1's agent counts a
+    restart and rank 0's, seeing a host rejoin, restarts its rank without counting one. Both
+    ranks still take the attempt for a restart: both resume from the checkpoint (neither clears
+    its parts as a fresh run would), and the run ends with the uninterrupted run's weights."""
     import subprocess
     import sys
 
+    from gnnpar.runtime.launch import free_port
     from helpers import ROOT
 
     flags = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
-    flags += ["--partitions", "8", "--epochs", "30", "--threads", "1", "--quiet"]
+    flags += ["--partitions", "4", "--epochs", "4", "--threads", "1", "--quiet"]
     assert run_cli(*flags, "--workers", "2", "--out", str(tmp_path / "a")).returncode == 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--max-restarts", "1", "-m", "gnnpar", *flags, "--checkpoint-every", "1"]
-    proc = subprocess.Popen(
-        [*cmd, "--out", str(tmp_path / "b")],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    port, procs, outs = free_port(), [], [tmp_path / "b0", tmp_path / "b1"]
+    for i, out in enumerate(outs):
+        cmd = [sys.executable, "-m", "gnnpar", "torchrun", "--nnodes", "2"]
+        cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--max-restarts", "1"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restart"]
+        cmd += ["--rdzv-conf", "is_host=true" if i == 0 else "is_host=false"]
+        cmd += [*flags, "--checkpoint-every", "1", "--slowdown", "0=100", "--out", str(out)]
+        env = {**os.environ, "LOGLEVEL": "INFO"}  # the agents say why they restart
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        )  # fmt: skip
     try:
-        wait_for_steps(tmp_path / "b/metrics.jsonl", 50, proc, deadline_s=120)
-        os.kill(torchrun_rank_pid(proc.pid, 1), signal.SIGKILL)
-        _, err = proc.communicate(timeout=240)
+        # rank 0's host: the one whose metrics.jsonl appears; 3 of its 8 steps done
+        deadline = time.monotonic() + 120
+        while not any((o / "metrics.jsonl").exists() for o in outs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.1)
+        main_host = next(i for i, o in enumerate(outs) if (o / "metrics.jsonl").exists())
+        wait_for_steps(outs[main_host] / "metrics.jsonl", 3, procs[main_host], deadline_s=120)
+        other = procs[1 - main_host]
+        os.kill(torchrun_rank_pid(other.pid, 1), signal.SIGKILL)
+        errs = [p.communicate(timeout=240)[1] for p in procs]
     finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-2000:]
-    assert same_weights(tmp_path / "a", tmp_path / "b")
-    assert json.loads((tmp_path / "b/result.json").read_text())["restarts"] == 1
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
+    # the case this test is for: rank 0's agent restarted its rank for the other host's
+    assert "new nodes" in errs[main_host], errs[main_host][-3000:]
+    assert same_weights(tmp_path / "a", outs[main_host])
+    r = json.loads((outs[main_host] / "result.json").read_text())
+    assert r["restarts"] == 1 and "resumed_from" in r, r
 
 
 def torchrun_rank_pid(launcher: int, rank: int) -> int:

@@ -7,9 +7,16 @@ environment torch's elastic agent sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`
 The key-value store is made here, explicitly, and handed to whoever needs it
 (:attr:`DistContext.store`: the gossip work pool and pairing, the final-model choice): under the
 elastic agent it is a client of the agent's own TCPStore (``TORCHELASTIC_USE_AGENT_STORE``), as
-``init_process_group("env://")`` would make it; otherwise rank 0 hosts it. gnnpar's keys live
-under a prefix that includes the agent's restart count, so a restarted attempt never reads the
-keys of the attempt before it.
+``init_process_group("env://")`` would make it; otherwise rank 0 hosts it.
+
+Restarts: the agent's TCPStore outlives an attempt, so there gnnpar's keys live under a prefix
+that includes the agent's restart count, and a restarted attempt never reads the keys of the
+attempt before it. That count is each agent's own, though: an agent whose ranks were restarted
+because *another* host's failed does not count it, so across hosts the counts can differ.
+``gnnpar torchrun`` therefore asks torchrun for a new store every attempt
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: rank 0 hosts it), whose keys need no prefix; and
+whether this attempt is a restart (resume from a checkpoint, keep the checkpoints) is agreed by
+all ranks (:attr:`DistContext.restarts`, the largest count), never decided by one alone.
 
 Two machines (see README "Two hosts"): torchrun on each, ``--local-addr`` naming the address the
 other host reaches this one at, and ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``) the interface
@@ -46,6 +53,7 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     store: dist.Store = field(default_factory=dist.HashStore)  # gnnpar's keys (prefixed)
     heartbeat_store: dist.Store | None = None  # the same keys over a connection of its own
+    restarts: int = 0  # the agents' largest restart count: > 0 means this attempt resumes
 
     @property
     def is_distributed(self) -> bool:
@@ -114,7 +122,7 @@ def _make_store(
     port = _env_int("MASTER_PORT")
     if not 0 < port < 65536:
         raise UsageError(f"MASTER_PORT={port} is not a TCP port (1-65535).")
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    agent = _agent_store()
     master = rank == 0 and not agent and not client
     if agent:  # the agent made the store before starting any rank: it answers now, or never
         _probe(rank, world, addr, port, timeout)
@@ -134,7 +142,7 @@ def setup(timeout_s: float = 120.0) -> DistContext:
     """Join the process group described by the environment, or return a single-rank context."""
     world = env_world_size()
     if world is None or world == 1:
-        return DistContext(device=pick_device(0))
+        return DistContext(device=pick_device(0), restarts=restart_count())
     rank = _env_int("RANK")
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
@@ -144,7 +152,8 @@ def setup(timeout_s: float = 120.0) -> DistContext:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=timeout_s)
     base = _make_store(rank, world, timeout)
-    attempt = restart_count()
+    # the agent's store holds earlier attempts' keys; a store of this attempt's own holds none
+    attempt = restart_count() if _agent_store() else 0
     if not dist.is_initialized():
         try:
             dist.init_process_group(
@@ -168,7 +177,27 @@ def setup(timeout_s: float = 120.0) -> DistContext:
     beats = dist.PrefixStore(
         f"gnnpar/{attempt}", _make_store(rank, world, beat_timeout, client=True)
     )
-    return DistContext(rank, world, local_rank, local_world, backend, device, store, beats)
+    restarts = _agreed_restarts(store, rank, world, timeout_s)
+    return DistContext(
+        rank, world, local_rank, local_world, backend, device, store, beats, restarts
+    )
+
+
+def _agent_store() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
+def _agreed_restarts(store: dist.Store, rank: int, world: int, timeout_s: float) -> int:
+    """The largest restart count of any rank's agent: every rank's, so that all ranks resume
+    (or all start afresh) even when only one host's agent counted the restart."""
+    from gnnpar.runtime.store import wait_for_key
+
+    store.set(f"restarts/{rank}", str(restart_count()))
+    counts = []
+    for r in range(world):
+        wait_for_key(store, f"restarts/{r}", timeout_s, f"rank {r}'s joining the run")
+        counts.append(int(store.get(f"restarts/{r}")))
+    return max(counts)
 
 
 def peer_failure(e: BaseException) -> str | None:

@@ -16,11 +16,13 @@ shows the agent's progress) without their tracebacks.
 
 is ``torchrun [torchrun's flags] -m gnnpar train [train's flags]``. Train's flags are checked
 here before any agent starts (exit 2, one message), so a typo is not retried on every attempt.
+Each attempt gets a key-value store of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -120,6 +122,11 @@ def run_agent(args) -> int:
         "rank holds"
     )
     quiet_agent_logs()
+    # A new key-value store every attempt (rank 0 hosts it), instead of the agent's own, which
+    # keeps the keys of earlier attempts: each agent counts only its own ranks' failures, so
+    # after a restart that one host's failure caused, the hosts' counts differ and could not
+    # tell this attempt's keys from an earlier one's (runtime/dist.py).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     try:
         torchrun.run(args)
         return 0

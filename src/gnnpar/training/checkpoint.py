@@ -70,7 +70,6 @@ from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data import safe_load
 from gnnpar.parallel.collectives import barrier, gather_to_all
-from gnnpar.runtime.dist import restart_count
 from gnnpar.runtime.heartbeat import local_address, machine_id
 
 KEEP = 2
@@ -137,15 +136,16 @@ class Checkpointer:
         self.config: dict = {}  # the run's settings, checked against a checkpoint's
         self.saved: list[float] = []  # seconds each save took (result.json)
         self.resumed_at = 0.0
+        self.restarts = 0  # the agents' restart count that all ranks agreed on (result.json)
 
     def stats(self, resumed: Resumed | None) -> CheckpointStats:
         """Checkpoints written and their cost, restarts, time lost (for result.json)."""
         if resumed is None:
-            return CheckpointStats(list(self.saved), restart_count())
+            return CheckpointStats(list(self.saved), self.restarts)
         # from the checkpoint's writing to this attempt's restoring it: the work done after
         # it and lost, finding the failure, restarting the ranks and setting them up again
         lost = max(0.0, self.resumed_at - resumed.saved_at)
-        return CheckpointStats(list(self.saved), restart_count(), str(resumed.path), lost)
+        return CheckpointStats(list(self.saved), self.restarts, str(resumed.path), lost)
 
     @property
     def enabled(self) -> bool:
