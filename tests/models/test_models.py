@@ -295,6 +295,74 @@ def test_fast_dropout_is_x_times_the_scaled_rand_mask_bit_for_bit(grad):
         assert torch.equal(x.grad, (ref != 0).float() / 0.4)
 
 
+def _same_plan(a: CSRPlan, b: CSRPlan) -> None:
+    for name in ("crow", "col", "values", "t_crow", "t_col", "t_perm"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.shape == b.shape
+
+
+def test_rows_of_a_plan_equal_the_plan_of_those_rows_entry_for_entry():
+    gen = torch.Generator().manual_seed(3)
+    whole = torch.rand(300, 50, generator=gen)
+    whole[whole < 0.9] = 0.0  # ~10% non-zero
+    whole[7] = 0.0  # an empty row
+    plan = CSRPlan.from_dense(whole)
+    for index in (
+        torch.randint(0, 300, (120,), generator=gen),  # repeats, any order
+        torch.tensor([7, 7, 0]),
+        torch.arange(300).flip(0),
+        torch.tensor([], dtype=torch.long),
+    ):
+        _same_plan(plan.rows(index), CSRPlan.from_dense(torch.index_select(whole, 0, index)))
+
+
+def test_marked_rows_take_the_whole_matrix_plan_and_the_same_decision():
+    """A sampled batch's features, marked as rows of the graph's (gnnpar.csr.mark_rows): the
+    plan is gathered from the whole matrix's, equal to examining the batch, and the sparse or
+    dense decision is the batch's own (a dense batch of a sparse matrix stays dense)."""
+    from gnnpar.csr import mark_rows
+
+    whole = torch.zeros(6000, 30)
+    whole[::7, 3] = 1.0
+    whole[:200, :10] = 2.0  # rows 0-199 are a third non-zero
+    cache, fresh = SparseFeatures(), SparseFeatures()
+    for index in (torch.arange(200, 6000, 3), torch.arange(0, 200), torch.arange(0, 6000)):
+        x = torch.index_select(whole, 0, index)
+        mark_rows(x, whole, index)
+        gathered, examined = cache.get(x), fresh.get(x.clone())
+        assert (gathered is None) == (examined is None)
+        if examined is not None:
+            _same_plan(gathered, examined)
+    assert cache.get(whole) is not None  # made once, kept for the next batch
+    x = torch.index_select(whole, 0, torch.arange(200, 300))
+    mark_rows(x, whole, torch.arange(200, 300))
+    x[0, 0] = 5.0  # changed after marking: examined itself, not taken from the whole
+    _same_plan(cache.get(x), CSRPlan.from_dense(x))
+
+
+def test_sampled_batches_are_marked_as_rows_of_the_graphs_features():
+    """The sampled source marks each batch's features; the plan the model gathers equals the
+    one it would build from the batch."""
+    from gnnpar.config.validate import build_config
+    from gnnpar.csr import rows_origin
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.training.sources import SampledSource
+
+    cfg = build_config(None, {"dataset": "cora", "model": "gcn", "strategy": "sampled"})
+    ds = load_dataset("cora", cfg.data.data_root)
+    train_idx = ds.data.train_mask.nonzero().view(-1)
+    source = SampledSource(cfg, ds, DistContext(), train_idx)
+    try:
+        source.start()
+        batch = next(source.epoch(0))
+        whole, index = rows_origin(batch.x)
+        assert whole is ds.data.x and torch.equal(index, batch.n_id)
+        _same_plan(SparseFeatures().get(batch.x), CSRPlan.from_dense(batch.x.clone()))
+    finally:
+        source.close()
+
+
 def test_sparse_features_probe_decides_only_clearly_dense_inputs():
     cache = SparseFeatures()
     dense = torch.randn(5000, 30)

@@ -303,7 +303,7 @@ def profile_sampled(
                 first = first or time.perf_counter() - t0
                 t0 = time.perf_counter()
                 b = batches[i]
-                data = b.to_data()
+                data = plan.source.mark(b.to_data())
                 sample.append(time.perf_counter() - t0)
                 torch.set_num_threads(threads)
                 compute.append(_fresh_batch_time(plan, data))
@@ -328,10 +328,11 @@ def _fresh_batch_time(plan, data, repeats: int = REPEATS) -> float:
     """Mean seconds of a training step on a batch it has not seen: a run trains each sampled
     batch once, so what the model derives from a batch and keeps for the next call on the same
     tensors (the sparse input's CSR plan, the GCN adjacency) is made in every step. Each
-    repetition trains its own copy of the batch (new tensors, copied before the clock)."""
+    repetition trains its own copy of the batch (new tensors, copied before the clock), its
+    features marked as the graph's rows, as the run's are (SampledSource.mark)."""
     step = _train_step(plan)
     step(data)()  # warm-up: allocator, autograd graph, lazy initialisation
-    copies = [data.clone() for _ in range(repeats)]
+    copies = [plan.source.mark(data.clone()) for _ in range(repeats)]
     times = []
     for c in copies:
         t0 = time.perf_counter()

@@ -51,7 +51,7 @@ from torch_geometric.nn import GATConv
 from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.utils import softmax
 
-from gnnpar.csr import indptr
+from gnnpar.csr import indptr, rows_origin
 from gnnpar.models import gat_kernel
 from gnnpar.models.base import BlockModel, output_head
 from gnnpar.models.hops import HopLayer
@@ -100,6 +100,24 @@ class CSRPlan:
         t_perm = torch.argsort(col * n + row)
         t_crow = indptr(col, f)
         return cls(crow, col, x[row, col], (n, f), t_crow, row[t_perm], t_perm)
+
+    def rows(self, index: torch.Tensor) -> CSRPlan:
+        """The plan of ``X[index]``, equal entry for entry to ``from_dense(X[index])``: each
+        row's entries gathered in their (column) order, in O(entries of those rows)."""
+        start = self.crow[index]
+        counts = self.crow[index + 1] - start
+        n, f, device = index.numel(), self.shape[1], self.crow.device
+        crow = torch.zeros(n + 1, dtype=torch.long, device=device)
+        torch.cumsum(counts, 0, out=crow[1:])
+        # entry k of row r sits at start[r] + k in X's lists, at crow[r] + k in this one
+        at = torch.repeat_interleave(start - crow[:-1], counts, output_size=int(crow[-1]))
+        at += torch.arange(at.numel(), device=device)
+        col = self.col[at]
+        row = torch.repeat_interleave(
+            torch.arange(n, device=device), counts, output_size=at.numel()
+        )
+        t_perm = torch.argsort(col * n + row)
+        return CSRPlan(crow, col, self.values[at], (n, f), indptr(col, f), row[t_perm], t_perm)
 
     def matrix(self, values: torch.Tensor) -> torch.Tensor:
         return _csr(self.crow, self.col, values, self.shape)
@@ -175,7 +193,10 @@ class SparseFeatures(TensorKeyedCache):
     :class:`TensorKeyedCache`). Several entries, because Cluster-GCN feeds a different
     subgraph's features every step and evaluation feeds the full graph's; a different or
     modified tensor is examined again. Inputs denser than ``max_density`` are remembered as
-    ``None``.
+    ``None``. An input that is rows of a larger matrix (a sampled batch's features, marked with
+    :func:`gnnpar.csr.mark_rows`) gathers its plan from that matrix's, made once, instead of
+    examining each of its elements; it takes the same path (and, so, draws the same dropout
+    numbers) as it would if examined.
     """
 
     def __init__(self, max_density: float = MAX_SPARSE_DENSITY, capacity: int = 64) -> None:
@@ -197,10 +218,32 @@ class SparseFeatures(TensorKeyedCache):
 
     def _plan(self, x: torch.Tensor) -> CSRPlan | None:
         usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
-        if usable and not x.requires_grad and x.numel() > 0 and not self._surely_dense(x):
+        if not usable or x.requires_grad or x.numel() == 0:
+            return None
+        plan = self._rows_plan(x)
+        if plan is not None:  # the decision below, from the gathered plan's row counts
+            counts = plan.crow[1:] - plan.crow[:-1]
+            if x.size(0) >= 4096:
+                probe = counts[:: x.size(0) // 64]
+                if int(probe.sum()) > 2 * self.max_density * probe.numel() * x.size(1):
+                    return None
+            return plan if int(plan.crow[-1]) <= self.max_density * x.numel() else None
+        if not self._surely_dense(x):
             if int(torch.count_nonzero(x)) <= self.max_density * x.numel():
                 return CSRPlan.from_dense(x)
         return None
+
+    def _rows_plan(self, x: torch.Tensor) -> CSRPlan | None:
+        """The plan of ``x`` gathered from the whole matrix's, when ``x`` is marked as rows of
+        a mostly-zero matrix of its kind; else None (``x`` is then examined itself)."""
+        origin = rows_origin(x)
+        if origin is None:
+            return None
+        whole, index = origin
+        if whole.dtype != x.dtype or whole.device != x.device or whole.shape[1:] != x.shape[1:]:
+            return None
+        whole_plan = self.get(whole)
+        return None if whole_plan is None else whole_plan.rows(index)
 
 
 class SparseInputLinear(Linear):

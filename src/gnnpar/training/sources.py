@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch_geometric.data import Data
 
 from gnnpar.config.schema import Config
+from gnnpar.csr import mark_rows
 from gnnpar.data.sampling.loader import (
     SampledBatches,
     build_loader,
@@ -248,6 +249,7 @@ class SampledSource(BaseSource):
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps
         )
         self.batches, self.epochs, self.workers = batches, r.epochs, s.loader_workers
+        self.features = ds.data.x  # what share_graph wrote, so what every batch is rows of
         self.timeout_s = s.timeout_s
         self.loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
@@ -266,7 +268,14 @@ class SampledSource(BaseSource):
         for _ in range(done, self.steps):
             batch = next(self._it)
             self.position += 1
-            yield batch.to_data().to(self.device)
+            yield self.mark(batch.to_data()).to(self.device)
+
+    def mark(self, data):
+        """``data`` with its features marked as the rows ``n_id`` of the graph's (what the
+        loader gathered, in this process or a worker): a model that keeps a CSR plan of
+        mostly-zero features gathers the batch's from the whole graph's (gnnpar.csr.mark_rows)."""
+        mark_rows(data.x, self.features, data.n_id)
+        return data
 
     def state(self) -> dict:
         return {"pos": self.position}
