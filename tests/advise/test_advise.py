@@ -66,6 +66,7 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
     }
     prof = advice["profile"]
     assert len(prof["parts_step_s"]["4"]) == 4 and prof["full_step_s"] > 0
+    assert len(prof["parts_first_s"]["4"]) == 4 and min(prof["parts_first_s"]["4"]) >= 0
     # Cora: 140 training nodes in batches of 64 -> 3 sampled steps per epoch
     sampled = next(p for p in advice["predictions"] if p["strategy"] == "sampled")
     s = prof["sampled"]["64"]
@@ -389,6 +390,23 @@ def saved_profile(path, **overrides) -> str:
         setattr(prof, k, v)
     path.write_text(json.dumps({"profile": prof.to_dict()}))
     return str(path)
+
+
+def test_first_step_on_each_subgraph_is_charged_in_the_first_epoch(tmp_path):
+    """allreduce on 2 hosts from the saved profile, with a first step on each subgraph 4 ms
+    longer than the others: each rank trains its 2 subgraphs for the first time in epoch 1, so
+    the run is 2 x 4 ms longer (2 epochs: 4 ms an epoch), and sequential 4 x 4 ms."""
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--threads", "1"]
+    args += ["--hosts", "2", "--ranks-per-host", "1", "--network", "1gbit,1ms"]
+    args += ["--strategies", "allreduce,sequential", "--partitions", "4", "--sync-every", "1"]
+    epoch_s = []
+    for name, first in (("without", {}), ("with", {"4": [0.004] * 4})):
+        saved = saved_profile(tmp_path / f"{name}.json", parts_first_s=first)
+        assert main([*args, "--profile", saved, "--out", str(tmp_path / name)]) == 0
+        advice = json.loads((tmp_path / name / "advice.json").read_text())
+        epoch_s.append({p["strategy"]: p["epoch_s"] for p in advice["predictions"]})
+    assert epoch_s[1]["allreduce"] - epoch_s[0]["allreduce"] == pytest.approx(2 * 0.004 / 2)
+    assert epoch_s[1]["sequential"] - epoch_s[0]["sequential"] == pytest.approx(4 * 0.004 / 2)
 
 
 def test_two_hosts_from_a_saved_profile(tmp_path):

@@ -48,7 +48,9 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
     assert c.barrier_s() == 6 * (0.125 + 0.25) and one_host(2, ring).barrier_s() == 2 * 0.125
     moved, between = c.allreduce_bytes(256)
     assert (moved, between) == (6 * 64 * 4, 6 * 64 * 2)  # 2 of the 4 ring edges cross
-    assert c.p2p_s(0, 1, 64) == 0.125 + 64 / 1024 and c.p2p_s(1, 2, 64) == 0.375 + 1.0
+    # a point-to-point message across hosts pays the latency twice (GLOO_P2P_LATENCIES)
+    assert sim.GLOO_P2P_LATENCIES == 2.0
+    assert c.p2p_s(0, 1, 64) == 0.125 + 64 / 1024 and c.p2p_s(1, 2, 64) == 0.625 + 1.0
 
 
 def test_two_lockstep_ranks_meet_every_k_steps():
@@ -222,3 +224,35 @@ def test_gossip_bipartite_only_active_ranks_pick(bipartite):
     r = sim.gossip(c, [0.1] * 40, 1, 1, 0, 0, bipartite=bipartite)
     pickers = {a for _, a, _ in r.log}
     assert pickers <= ({0, 1} if bipartite else {0, 1, 2, 3}) and r.exchanges > 0
+
+
+def test_gossip_pays_a_store_round_trip_per_call_at_each_boundary():
+    """K = 100 (no exchange wanted), 2 equal ranks of 1 s steps, store round trips of 0.125 s:
+    each boundary looks at the rank's own key once (1 round trip), and retiring is one
+    compare-and-set: 2 x (1 + 0.125) + 0.125 = 2.375 s."""
+    c = one_host(2, p2p=sim.Link(0.25, INF))
+    r = sim.gossip(c, [1.0] * 4, 1, 100, 16, 0, store_rtt_s=[0.125, 0.125])
+    assert r.train_time_s == 2.375 and r.busy_s == [2.375, 2.375] and r.exchanges == 0
+
+
+def test_gossip_at_k1_pays_the_pairing_protocols_store_calls():
+    """K = 1: a pick is a compare-and-set of its own key, a look at the candidate's speed and
+    a compare-and-set of the candidate's key; then looks at the partner's key, the partner's
+    answer, both releases: between 2 and 8 round trips a step, the exchanges unchanged."""
+    c = one_host(2, p2p=sim.Link(0.25, INF))
+    free = sim.gossip(c, [1.0] * 40, 1, 1, 16, 0)
+    paid = sim.gossip(c, [1.0] * 40, 1, 1, 16, 0, store_rtt_s=[0.01, 0.01])
+    per_step = (sum(paid.busy_s) - sum(free.busy_s)) / 40 / 0.01
+    assert 2 <= per_step <= 8 and paid.exchanges == free.exchanges > 0
+    assert paid.train_time_s > free.train_time_s
+
+
+def test_gossip_first_step_on_a_subgraph_costs_extra_once_per_rank():
+    """Each rank pays a subgraph's first-step extra the first time it takes that subgraph:
+    at least once per subgraph, at most once per rank and subgraph."""
+    c = one_host(2, p2p=sim.Link(0.01, INF))
+    parts = [0, 1, 2, 3] * 3
+    base = sim.gossip(c, [1.0] * 12, 3, 100, 16, 0)
+    r = sim.gossip(c, [1.0] * 12, 3, 100, 16, 0, position_part=parts, first_extra_s=[0.5] * 4)
+    extra = sum(r.busy_s) - sum(base.busy_s)
+    assert 4 * 0.5 <= extra <= 2 * 4 * 0.5 and (extra / 0.5).is_integer()

@@ -272,6 +272,13 @@ def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> 
     return share * max(1.0, measured / shared_then)
 
 
+def _first_extra(prof: Profile, partitions: int) -> list[float]:
+    """Per subgraph, what a rank's first step on it costs beyond the others (0 in profiles
+    from before it was measured)."""
+    steps = prof.parts_step_s[str(partitions)]
+    return prof.parts_first_s.get(str(partitions)) or [0.0] * len(steps)
+
+
 def simulate(
     c: Candidate, prof: Profile, spec: ClusterSpec, stragglers: sim.Stragglers, epochs: int
 ) -> sim.SimResult:
@@ -291,12 +298,15 @@ def simulate(
             steps = [image_step_s(prof, n) * f + loop for n in image_steps(prof, 1, False)]
         elif "partitions" in s:
             steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+            first = [t + x * f for t, x in zip(steps, _first_extra(prof, s["partitions"]))]
+            return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
         else:
             steps = [prof.full_step_s * f + loop]
         return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+        extra = [x * f for x in _first_extra(prof, s["partitions"])]
         n = len(part_s)
         deal = assign_parts(n, world, seed)
         steps = math.ceil(n / world)
@@ -305,7 +315,8 @@ def simulate(
             epochs_r = []
             for e in range(epochs):
                 order = epoch_order(deal[r], seed, e, r)
-                times: list[float | None] = [part_s[p] for p in order]
+                # a rank's first epoch is the first step on each of its subgraphs
+                times: list[float | None] = [part_s[p] + extra[p] * (e == 0) for p in order]
                 epochs_r.append(times + [None] * (steps - len(times)))
             compute.append(epochs_r)
         return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag)
@@ -313,12 +324,15 @@ def simulate(
         f = _slowdown(prof, per_host)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         pool = WorkPool(None, "", len(part_s), epochs, seed)
-        positions = [part_s[i] for e in range(epochs) for i in pool.order(e)]
+        parts = [i for e in range(epochs) for i in pool.order(e)]
+        positions = [part_s[i] for i in parts]
         rtt = prof.comm.get("store_rtt_s", 0.0)
         lat = cluster.network.latency_s if cluster.network else 0.0
-        # per step: one take from the pool, one look at its own key, a quarter of a publish;
-        # the store lives with rank 0
-        overhead = [2.25 * (rtt + 2 * lat * (cluster.host(r) != 0)) for r in range(world)]
+        # the store lives with rank 0: a round trip from another host crosses the link twice
+        store_rtt = [rtt + 2 * lat * (cluster.host(r) != 0) for r in range(world)]
+        # per step: one take from the pool, a quarter of a publish of its speed (the pairing's
+        # store calls are charged by the simulation, call by call)
+        overhead = [1.25 * t for t in store_rtt]
         return sim.gossip(
             cluster,
             positions,
@@ -329,6 +343,9 @@ def simulate(
             strag,
             bipartite=c.strategy == "gossip-bipartite",
             step_overhead_s=overhead,
+            store_rtt_s=store_rtt,
+            position_part=parts,
+            first_extra_s=[x * f for x in _first_extra(prof, s["partitions"])],
         )
     if c.strategy in ("pipeline", "hybrid"):
         replicas = s.get("replicas", 1)

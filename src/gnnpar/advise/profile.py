@@ -84,6 +84,9 @@ class Profile:
     loop_factor: float = 1.0  # a step in the real loop / profiled alone (real_loop_factor)
     loader_start_s: float = 0.0  # a loader worker process's start, to its first batch
     parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
+    # str(P) -> per part: what the first step on a subgraph costs beyond the others (what the
+    # model derives from a subgraph and keeps: the GCN adjacency, the sparse input's CSR plan)
+    parts_first_s: dict[str, list[float]] = field(default_factory=dict)
     sampled: dict[str, dict[str, Any]] = field(default_factory=dict)  # str(B) -> ...
     pipeline: dict[str, dict[str, Any]] = field(default_factory=dict)  # "RxSxM" -> ...
     memory: dict[str, dict[str, int]] = field(default_factory=dict)  # need key -> estimate
@@ -198,7 +201,9 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
     for p in sorted(set(partitions)):
         cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
         step = _train_step(plan)
-        prof.parts_step_s[str(p)] = interleaved_times([step(b) for b in plan.source.batches])
+        batches = plan.source.batches
+        prof.parts_step_s[str(p)] = interleaved_times([step(b) for b in batches])
+        prof.parts_first_s[str(p)] = _first_step_extra(step, batches, prof.parts_step_s[str(p)])
         prof.memory[f"parts{p}"] = _estimate(cfg, ds)
 
 
@@ -322,6 +327,18 @@ def profile_sampled(
             "fanouts": list(cfg.strategy.fanouts),
         }
         prof.memory[f"sampled{bs}"] = _estimate(cfg, ds)
+
+
+def _first_step_extra(step, batches: list, steady_s: list[float]) -> list[float]:
+    """Per subgraph, the seconds its first step in a run takes beyond its later ones: a step
+    on a copy of it (new tensors, copied before the clock), minus its steady time."""
+    copies = [b.clone() for b in batches]
+    extra = []
+    for c, steady in zip(copies, steady_s):
+        t0 = time.perf_counter()
+        step(c)()
+        extra.append(max(0.0, time.perf_counter() - t0 - steady))
+    return extra
 
 
 def _fresh_batch_time(plan, data, repeats: int = REPEATS) -> float:

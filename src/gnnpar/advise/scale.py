@@ -176,10 +176,14 @@ def scale_profile(
     partitions = partitions or {}
     work_ratio = work_ratio or {}
     parts: dict[str, list[float]] = {}
+    first: dict[str, list[float]] = {}
     memory = {k: dict(v) for k, v in prof.memory.items() if not k.startswith("parts")}
     for p, q in partitions.items():
         steps = prof.parts_step_s[str(p)]
         parts[str(q)] = [steps[i % len(steps)] for i in range(q)]
+        if str(p) in prof.parts_first_s:
+            extra = prof.parts_first_s[str(p)]
+            first[str(q)] = [extra[i % len(extra)] for i in range(q)]
         if f"parts{p}" in prof.memory:
             memory[f"parts{q}"] = dict(prof.memory[f"parts{p}"])
     sampled = {}
@@ -198,6 +202,7 @@ def scale_profile(
         num_train=target.num_train,
         full_step_s=None,  # a full-graph step of the target was not measured
         parts_step_s=parts,
+        parts_first_s=first,
         sampled=sampled,
         pipeline={},
         memory=memory,

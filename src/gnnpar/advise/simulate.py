@@ -76,6 +76,10 @@ class Link:
 # 5 ms one (its unbound buffers wait for the receiver's ready notification, and TCP's
 # acknowledgements pace the chunks); 3 is taken. A barrier pays it once per message.
 GLOO_LATENCIES_PER_MESSAGE = 3.0
+# A point-to-point message (gossip's exchange, a pipeline's activations) between: a 92 KB
+# isend + irecv exchange took 3.86 ms over 1 Gbit/s with 1 ms (1.74 ms for one latency and the
+# bytes) and 17.87 ms over 100 Mbit/s with 5 ms (12.4 ms); 2 is taken.
+GLOO_P2P_LATENCIES = 2.0
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class Cluster:
         return self.host(a) != self.host(b)
 
     def p2p_s(self, a: int, b: int, nbytes: float) -> float:
-        return self._link(a, b, self.p2p).send_s(nbytes)
+        return self._link(a, b, self.p2p, GLOO_P2P_LATENCIES).send_s(nbytes)
 
     def ring(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world)) if ranks is None else sorted(ranks)
@@ -275,13 +279,26 @@ def gossip(
     poll_s: float = 0.001,
     slack: float = 0.8,
     step_overhead_s: Sequence[float] | None = None,
+    store_rtt_s: Sequence[float] | None = None,
+    position_part: Sequence[int] | None = None,
+    first_extra_s: Sequence[float] | None = None,
 ) -> SimResult:
     """``position_s[i]``: seconds of the step that trains the subgraph at pool position ``i``
     (``epochs * parts`` positions; the order is the pool's, :meth:`WorkPool.order`).
-    ``step_overhead_s[rank]``: the store round trips of one step (taking from the pool, looking
-    at its own key), not slowed by the straggler (they come before and after its timed step)."""
+    ``step_overhead_s[rank]``: the store round trips of every step (taking from the pool,
+    publishing its speed), not slowed by the straggler (they come before and after its timed
+    step). ``store_rtt_s[rank]``: one round trip to the store; the pairing protocol
+    (parallel/gossip/protocol.py) pays it per store call at a step boundary, as the real one
+    does: a look at its own key (or at its pick's partner's), the answer to a claim, a pick's
+    compare-and-sets and its look at each candidate's speed, and the release after an exchange.
+    ``position_part[i]``: the subgraph at pool position ``i``; ``first_extra_s[part]``: what a
+    rank's first step on that subgraph costs beyond ``position_s`` (each rank derives what its
+    model keeps from a subgraph the first time it takes it)."""
     world = cluster.world
     overhead = list(step_overhead_s or [0.0] * world)
+    rtt = list(store_rtt_s or [0.0] * world)
+    owed = [0.0] * world  # store round trips of this boundary, paid before the rank goes on
+    seen: list[set[int]] = [set() for _ in range(world)]  # subgraphs each rank has trained
     total = len(position_s)
     sim = Sim()
     state: list = ["avail"] * world
@@ -316,33 +333,40 @@ def gossip(
         return theirs == 0.0 or step_avg[r] == 0.0 or theirs >= slack * step_avg[r]
 
     def pick(r: int) -> None:
+        owed[r] += rtt[r]  # compare-and-set of its own key: available -> busy
         if state[r] != "avail":
             return
         state[r] = "busy"
+        owed[r] += rtt[r] * len(candidates(r))  # each candidate's published speed
         order = [c for c in candidates(r) if not_faster(r, c)]
         rngs[r].shuffle(order)
         xid = f"{r}.{claims[r]}"
         for c in order:
+            owed[r] += rtt[r]  # compare-and-set of the candidate's key: available -> claim
             if state[c] == "avail":
                 state[c] = ("claim", r, xid)
                 claims[r] += 1
                 pending[r] = _Exchange(c, xid, True)
                 cost[xid] = cluster.p2p_s(r, c, sync_bytes)
                 return
+        owed[r] += rtt[r]  # nobody available: its own key back to available
         state[r] = "avail"
 
     def serve_claim(r: int) -> _Exchange | None:
         s = state[r]
         if not (isinstance(s, tuple) and s[0] == "claim"):
             return None
+        owed[r] += rtt[r]  # its key set to ready
         state[r] = ("ready", s[1], s[2])
         return _Exchange(s[1], s[2], False)
 
     def at_boundary(r: int, want: bool) -> _Exchange | None:
         x = pending[r]
         if x is not None:
+            owed[r] += rtt[r]  # a look at the partner's key
             return x if state[x.partner] == ("ready", r, x.xid) else None
         if pickable(r):
+            owed[r] += rtt[r]  # a look at its own key
             served = serve_claim(r)
             if served is not None:
                 return served
@@ -350,7 +374,15 @@ def gossip(
             pick(r)
         return None
 
+    def pay(r: int):
+        """The store round trips owed since the last payment."""
+        if owed[r] > 0.0:
+            busy[r] += owed[r]
+            yield sim.delay(owed[r])
+            owed[r] = 0.0
+
     def serve(r: int, x: _Exchange):
+        yield from pay(r)
         t = sim.now
         yield meet[x.xid].arrive()
         wait[r] += sim.now - t
@@ -359,6 +391,7 @@ def gossip(
             log.append((sim.now, r, x.partner))
             moved[0] += 2 * sync_bytes
             moved[1] += 2 * sync_bytes * cluster.crosses(r, x.partner)
+        owed[r] += rtt[r]  # its key back to available
         state[r] = "avail"
 
     def record_step(r: int, seconds: float) -> None:
@@ -374,6 +407,11 @@ def gossip(
             pos = counter[0]
             counter[0] += 1
             c = position_s[pos]
+            if position_part is not None and first_extra_s is not None:
+                part = position_part[pos]
+                if part not in seen[r]:
+                    seen[r].add(part)
+                    c += first_extra_s[part]
             c += straggler.pause_s(c) + overhead[r]
             busy[r] += c
             batches[r] += 1
@@ -384,18 +422,23 @@ def gossip(
                 yield from serve(r, x)
                 since = 0
                 x = at_boundary(r, every == 1) if x.initiated else None
+            yield from pay(r)
             record_step(r, c)
         while True:  # clean-up: our pick first, then claims on us, then retire
             x = pending[r]
             if x is not None:
                 t = sim.now
                 while at_boundary(r, False) is None:
-                    yield sim.delay(poll_s)
+                    yield sim.delay(poll_s + owed[r])
+                    owed[r] = 0.0
                 wait[r] += sim.now - t
                 yield from serve(r, x)
                 continue
+            yield from pay(r)
+            owed[r] += rtt[r]  # compare-and-set of its own key: available -> done
             if state[r] == "avail":
                 state[r] = "done"
+                yield from pay(r)
                 break
             x = serve_claim(r)
             if x is None:
