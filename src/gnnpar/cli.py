@@ -209,6 +209,17 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
     )
 
 
+def _start_ranks_server(cfg) -> None:
+    """Local ranks (``--workers N``) are forked from a server that imports torch, PyG and
+    gnnpar: start it before this process imports them too, so that the two import at once."""
+    from gnnpar.runtime import launch
+
+    world = registry.get(cfg.strategy.name).parallel_dims(cfg, None).world
+    launch.start_fork_server_early(
+        world, cfg.run.threads, ("gnnpar.run", *launch.TRAIN_RANK_MODULES)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["torchrun"]:  # torchrun's own flags, then train's: not argparse's to read
@@ -218,10 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
-            from gnnpar.run import run
-
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
             cfg = build_config(args.config, flags)
+            _start_ranks_server(cfg)
+            from gnnpar.run import run
+
             result = run(cfg)
             if result is not None:
                 if not cfg.run.quiet:

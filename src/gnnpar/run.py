@@ -123,19 +123,7 @@ def clear_old_checkpoints(cfg: Config) -> None:
         print(f"gnnpar: removed the earlier run's checkpoints in {cfg.run.out}/checkpoints/")
 
 
-# What the strategies' builds import when a rank runs one (strategies/*.py import them inside
-# build(), so that the specs stay torch-free): the fork server imports them before it forks the
-# ranks, which then share their pages (runtime/preload.py).
-RANK_MODULES = (
-    "gnnpar.data.partition",
-    "gnnpar.data.sampling.loader",
-    "gnnpar.parallel.gossip.sync",
-    "gnnpar.parallel.pipeline.step",
-    "gnnpar.training.evaluation",
-    "gnnpar.training.final_model",
-    "gnnpar.training.sources",
-    "gnnpar.training.sync",
-)
+RANK_MODULES = launch.TRAIN_RANK_MODULES  # imported by the fork server, before any rank
 
 
 def _rank_main(cfg_dict: dict[str, Any], dims: ParallelDims, log_dir: str) -> dict[str, Any] | None:

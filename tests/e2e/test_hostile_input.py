@@ -697,17 +697,30 @@ def test_rendezvous_failures_end_with_one_message(case, tmp_path):
     assert phrase in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
+CHECKPOINTED = ["train", *AR, "--workers", "2", "--dataset", "karate", "--model", "gcn"]
+CHECKPOINTED += ["--epochs", "3", "--threads", "1", "--quiet", "--checkpoint-every", "1"]
+CHECKPOINTED += ["--timeout", "60"]
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    """The --out of a two-rank run that wrote checkpoints, for each case to copy."""
+    out = tmp_path_factory.mktemp("checkpointed") / "run"
+    first = run_cli(*CHECKPOINTED, "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["every file random bytes", "part running code"])
-def test_two_ranks_resuming_over_tampered_checkpoints_exit_2(case, tmp_path):
+def test_two_ranks_resuming_over_tampered_checkpoints_exit_2(case, tmp_path, checkpointed):
     """Two ranks (allreduce) reject the same checkpoints together and the launcher reports the
     ranks' UsageError: exit 2, one message naming the folder, nothing run from the files."""
+    import shutil
+
     out = tmp_path / "run"
-    args = ["train", *AR, "--workers", "2", "--dataset", "karate", "--model", "gcn"]
-    args += ["--epochs", "3", "--threads", "1", "--quiet", "--checkpoint-every", "1"]
-    args += ["--timeout", "60", "--out", str(out)]
-    first = run_cli(*args)
-    assert first.returncode == 0, first.stderr
+    shutil.copytree(checkpointed, out)
+    args = [*CHECKPOINTED, "--out", str(out)]
     pwned = tmp_path / PWNED
     for folder in (out / "checkpoints").iterdir():
         for path in folder.iterdir():

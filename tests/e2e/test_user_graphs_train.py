@@ -1,6 +1,12 @@
 """A user's own graph, in each of its three forms, trains with every graph strategy (real gloo
 ranks), writes a model.pt that reloads, and `gnnpar predict` reproduces result.json's test score
-exactly (issue 10, "Done means")."""
+exactly (issue 10, "Done means").
+
+Which form a graph came in ends where it is loaded (gnnpar.data.user, in every rank alike),
+which is also why the strategies do not see it: each form trains in one process (sequential)
+and under the launcher's ranks (each rank loads it: the module form's PYTHONPATH must reach
+them), and each strategy with one of the forms, instead of every pair of the two (15 runs, two
+minutes of the suite's twenty)."""
 
 from __future__ import annotations
 
@@ -76,9 +82,14 @@ def forms(tmp_path_factory) -> dict[str, tuple[str, dict]]:
     }
 
 
+# (strategy, form): every form alone and with ranks, every strategy once
+CASES = [("sequential", "pt"), ("sequential", "ogb"), ("sequential", "module")]
+CASES += [("allreduce", "module"), ("gossip", "ogb"), ("pipeline", "pt"), ("sampled", "module")]
+CASES += [("sampled", "ogb")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["pt", "ogb", "module"])
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("strategy, form", CASES)
 def test_user_graph_trains_saves_and_predicts(forms, form, strategy, tmp_path):
     dataset, env = forms[form]
     out = tmp_path / "run"

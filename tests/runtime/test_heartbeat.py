@@ -28,30 +28,55 @@ RUNS = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("strategy, stopped", [(s, 1) for s in RUNS] + [("allreduce", 0)])
-def test_a_stopped_rank_is_named_within_the_timeout(tmp_path, strategy, stopped):
-    out = tmp_path / "run"
-    args = ["train", "--dataset", "cora", "--strategy", strategy, "--workers", "2"]
-    args += [*RUNS[strategy], "--epochs", "5000", "--threads", "1", "--quiet"]
-    proc = start_cli(*args, "--timeout", str(TIMEOUT), "--out", str(out))
-    pid = None
+CASES = [(s, 1) for s in RUNS] + [("allreduce", 0)]
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory):
+    """Every case's run, all started at once; once each trains, its rank is stopped (SIGSTOP),
+    all within a moment: (return code, stderr, seconds from the stop to the run's end)."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    procs, outs, pids, t0, ended = {}, {}, {}, {}, {}
     try:
-        wait_for_steps(out / "metrics.jsonl", 5, proc, deadline_s=90)
-        pid = rank_pids(proc.pid, 2)[stopped]
-        os.kill(pid, signal.SIGSTOP)
-        t0 = time.monotonic()
-        _, err = proc.communicate(timeout=4 * TIMEOUT)
-        elapsed = time.monotonic() - t0
+        for strategy, stopped in CASES:
+            out = tmp / f"{strategy}-{stopped}"
+            args = ["train", "--dataset", "cora", "--strategy", strategy, "--workers", "2"]
+            args += [*RUNS[strategy], "--epochs", "5000", "--threads", "1", "--quiet"]
+            procs[strategy, stopped] = start_cli(
+                *args, "--timeout", str(TIMEOUT), "--out", str(out)
+            )
+            outs[strategy, stopped] = out
+        for case, proc in procs.items():
+            wait_for_steps(outs[case] / "metrics.jsonl", 5, proc, deadline_s=150)
+            pids[case] = rank_pids(proc.pid, 2)[case[1]]
+        for case, pid in pids.items():
+            os.kill(pid, signal.SIGSTOP)
+            t0[case] = time.monotonic()
+        errs = {}
+        while len(ended) < len(procs):
+            for case, proc in procs.items():
+                if case not in ended and proc.poll() is not None:
+                    ended[case] = time.monotonic()
+                    errs[case] = proc.stderr.read()
+                assert time.monotonic() - t0[case] < 4 * TIMEOUT, f"{case} still running"
+            time.sleep(0.05)
     finally:
-        proc.kill()
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert proc.returncode == 1, err[-2000:]
+        for case, proc in procs.items():
+            proc.kill()
+            if case in pids:
+                try:
+                    os.kill(pids[case], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    return {c: (procs[c].returncode, errs[c], ended[c] - t0[c]) for c in procs}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy, stopped", CASES)
+def test_a_stopped_rank_is_named_within_the_timeout(stopped_runs, strategy, stopped):
+    code, err, elapsed = stopped_runs[strategy, stopped]
+    assert code == 1, err[-2000:]
     assert f"rank {stopped} (host" in err and "stopped answering" in err, err[-2000:]
     assert elapsed <= 1.2 * TIMEOUT, elapsed
 

@@ -342,3 +342,46 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
         assert not alive, f"ranks {alive} kept running after their launcher was killed"
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize(
+    "workers, env",
+    [(1, {}), (2, {"RANK": "0", "WORLD_SIZE": "2"}), (2, {"SLURM_PROCID": "0"})]
+    + [(2, {"GNNPAR_START_METHOD": "spawn"})],
+)
+def test_no_early_fork_server_for_one_rank_a_rank_itself_or_spawn(monkeypatch, workers, env):
+    """The CLI starts the ranks' fork server early only where a launch of several local ranks
+    will use it: not for one rank, not in a rank of torchrun or srun, not with spawn."""
+    from gnnpar.runtime import launch
+
+    for k in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "GNNPAR_START_METHOD"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    started = []
+    monkeypatch.setattr(launch, "_start_fork_server", started.append)
+    assert launch.start_fork_server_early(workers, 1, ("gnnpar.run",)) is False
+    assert started == []
+
+
+def test_early_fork_server_starts_as_launch_starts_it(monkeypatch):
+    """Two ranks: the server starts with SIGINT ignored and the ranks' OpenMP threads set, and
+    this process's SIGINT handler is back afterwards."""
+    import signal
+
+    from gnnpar.runtime import launch
+
+    for k in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "GNNPAR_START_METHOD", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(k, raising=False)
+    seen = []
+    monkeypatch.setattr(
+        launch,
+        "_start_fork_server",
+        lambda warm: seen.append(
+            (warm, signal.getsignal(signal.SIGINT), os.environ.get("OMP_NUM_THREADS"))
+        ),
+    )
+    before = signal.getsignal(signal.SIGINT)
+    assert launch.start_fork_server_early(2, 3, ("gnnpar.run", "gnnpar.training.sync")) is True
+    assert seen == [("gnnpar.run,gnnpar.training.sync", signal.SIG_IGN, "3")]
+    assert signal.getsignal(signal.SIGINT) is before

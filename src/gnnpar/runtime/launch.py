@@ -54,6 +54,20 @@ GIB = 2**30
 # The modules the fork server imports after torch and PyG (comma-separated; read, and taken out
 # of the server's environment, by gnnpar.runtime.preload, which names the variable itself)
 PRELOAD_MODULES_ENV = "GNNPAR_PRELOAD_MODULES"
+# What ``gnnpar train``'s ranks import later than gnnpar.run (where their function is): what the
+# strategies' builds import when a rank runs one (strategies/*.py import them inside build(), so
+# that the specs stay torch-free). The fork server imports them before it forks the ranks, which
+# then share their pages (runtime/preload.py).
+TRAIN_RANK_MODULES = (
+    "gnnpar.data.partition",
+    "gnnpar.data.sampling.loader",
+    "gnnpar.parallel.gossip.sync",
+    "gnnpar.parallel.pipeline.step",
+    "gnnpar.training.evaluation",
+    "gnnpar.training.final_model",
+    "gnnpar.training.sources",
+    "gnnpar.training.sync",
+)
 # Set for the ranks this module starts: they report a failure through it, not on stderr
 # (gnnpar.runtime.heartbeat), as torchrun's ranks do
 OWN_LAUNCHER_ENV = "GNNPAR_OWN_LAUNCHER"
@@ -135,6 +149,27 @@ def check_ranks(nprocs: int) -> None:
             f"--workers {nprocs} starts {what}, but this machine has {free / GIB:.1f} GiB "
             "available. Use fewer --workers, or torchrun across several machines."
         )
+
+
+def start_fork_server_early(workers: int, threads: int | None, warm: tuple[str, ...]) -> bool:
+    """Start the fork server now, for a launch of ``workers`` local ranks that this process
+    will make once it has imported torch itself (the CLI, before it imports :mod:`gnnpar.run`):
+    the server's imports (~2 s: torch, PyG, gnnpar's rank modules ``warm``) then overlap this
+    process's own instead of following them. The server is started as :func:`launch` starts it:
+    SIGINT ignored, ``OMP_NUM_THREADS`` the cores shared out between the ranks. Nothing is
+    started for one rank, under torchrun or srun (this process is a rank), or with ``spawn``.
+    Returns whether it started one."""
+    ranked = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or "SLURM_PROCID" in os.environ
+    if workers <= 1 or ranked or start_method() != "forkserver":
+        return False
+    if "OMP_NUM_THREADS" not in os.environ:  # what launch() sets: the ranks inherit it
+        os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // workers))
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _start_fork_server(",".join(warm))
+    finally:
+        signal.signal(signal.SIGINT, old)
+    return True
 
 
 def _start_fork_server(warm: str) -> None:
