@@ -113,7 +113,7 @@ def run(cfg: Config) -> dict[str, Any] | None:
             warm=RANK_MODULES,
         )
         return outputs.get(0)
-    return run_rank(cfg, dims, torchrun=True)
+    return run_rank(cfg, dims, direct=True)
 
 
 def clear_old_checkpoints(cfg: Config) -> None:
@@ -138,22 +138,23 @@ def set_threads(cfg: Config, local_world: int) -> None:
     torch.set_num_threads(threads)
 
 
-def run_rank(cfg: Config, dims: ParallelDims, torchrun: bool = False) -> dict[str, Any] | None:
+def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str, Any] | None:
     """One rank of the run (``dims``: :func:`prepare`'s): join the group, load the data, train,
-    write result.json and model.pt (rank 0). ``torchrun``: started by torchrun (or srun), not
-    by gnnpar's launcher: without --out, use rank 0's :func:`default_out`; a first attempt
-    clears the earlier run's checkpoints once the ranks agree that it is one."""
+    write result.json and model.pt (rank 0). ``direct``: not a rank of gnnpar's launcher (one
+    process alone, or a rank of torchrun or srun): without --out, use rank 0's
+    :func:`default_out`; under torchrun a first attempt clears the earlier run's checkpoints
+    once the ranks agree that it is one."""
     ctx = dist.setup(cfg.strategy.timeout_s)
     beats = None
     if ctx.heartbeat_store is not None:  # a stalled peer is named within --timeout
         beats = Heartbeat(ctx.heartbeat_store, ctx.rank, ctx.world_size, cfg.strategy.timeout_s)
         beats.start()
     try:
-        if cfg.run.out is None and torchrun:  # each rank would stamp its own
+        if cfg.run.out is None and direct:  # each rank of torchrun would stamp its own
             cfg.run.out = collectives.broadcast_object(default_out(cfg))
             if ctx.is_main:
                 check_out(cfg.run.out)
-        if torchrun and not cfg.run.resume and ctx.restarts == 0:
+        if direct and dist.launched_by_torchrun() and not cfg.run.resume and ctx.restarts == 0:
             # each host's agent counts only its own ranks' failures: a host restarted for
             # another's would otherwise take its attempt for a fresh run and lose its parts
             clear_old_checkpoints(cfg)

@@ -333,7 +333,8 @@ def test_marked_rows_take_the_whole_matrix_plan_and_the_same_decision():
         assert (gathered is None) == (examined is None)
         if examined is not None:
             _same_plan(gathered, examined)
-    assert cache.get(whole) is not None  # made once, kept for the next batch
+    # the whole matrix's rows were made once and are kept for the next batch
+    assert cache._cached(whole, "rows", lambda: None) is not None
     x = torch.index_select(whole, 0, torch.arange(200, 300))
     mark_rows(x, whole, torch.arange(200, 300))
     x[0, 0] = 5.0  # changed after marking: examined itself, not taken from the whole

@@ -102,8 +102,34 @@ class CSRPlan:
         return cls(crow, col, x[row, col], (n, f), t_crow, row[t_perm], t_perm)
 
     def rows(self, index: torch.Tensor) -> CSRPlan:
-        """The plan of ``X[index]``, equal entry for entry to ``from_dense(X[index])``: each
-        row's entries gathered in their (column) order, in O(entries of those rows)."""
+        """The plan of ``X[index]`` (:meth:`SparseRows.rows`)."""
+        return SparseRows(self.crow, self.col, self.values, self.shape).rows(index)
+
+    def matrix(self, values: torch.Tensor) -> torch.Tensor:
+        return _csr(self.crow, self.col, values, self.shape)
+
+    def transposed(self, values: torch.Tensor) -> torch.Tensor:
+        return _csr(self.t_crow, self.t_col, values[self.t_perm], (self.shape[1], self.shape[0]))
+
+
+@dataclass
+class SparseRows:
+    """A mostly-zero matrix X [n, f] as CSR only (no transposed structure: a third of a
+    :class:`CSRPlan`'s memory), kept to gather the plans of row subsets of X from."""
+
+    crow: torch.Tensor
+    col: torch.Tensor
+    values: torch.Tensor
+    shape: tuple[int, int]
+
+    @classmethod
+    def from_dense(cls, x: torch.Tensor) -> SparseRows:
+        row, col = x.nonzero(as_tuple=True)  # row-major order: already CSR order
+        return cls(indptr(row, x.size(0)), col, x[row, col], tuple(x.shape))
+
+    def rows(self, index: torch.Tensor) -> CSRPlan:
+        """The plan of ``X[index]``, equal entry for entry to ``CSRPlan.from_dense(X[index])``:
+        each row's entries gathered in their (column) order, in O(entries of those rows)."""
         start = self.crow[index]
         counts = self.crow[index + 1] - start
         n, f, device = index.numel(), self.shape[1], self.crow.device
@@ -118,12 +144,6 @@ class CSRPlan:
         )
         t_perm = torch.argsort(col * n + row)
         return CSRPlan(crow, col, self.values[at], (n, f), indptr(col, f), row[t_perm], t_perm)
-
-    def matrix(self, values: torch.Tensor) -> torch.Tensor:
-        return _csr(self.crow, self.col, values, self.shape)
-
-    def transposed(self, values: torch.Tensor) -> torch.Tensor:
-        return _csr(self.t_crow, self.t_col, values[self.t_perm], (self.shape[1], self.shape[0]))
 
 
 def _csr(crow, col, values, shape) -> torch.Tensor:
@@ -216,6 +236,13 @@ class SparseFeatures(TensorKeyedCache):
     def get(self, x: torch.Tensor) -> CSRPlan | None:
         return self._cached(x, None, lambda: self._plan(x))
 
+    def _sparse_enough(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` takes the CSR path (its whole density counted unless clearly dense)."""
+        usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
+        if not usable or x.requires_grad or x.numel() == 0 or self._surely_dense(x):
+            return False
+        return int(torch.count_nonzero(x)) <= self.max_density * x.numel()
+
     def _plan(self, x: torch.Tensor) -> CSRPlan | None:
         usable = x.dim() == 2 and x.layout == torch.strided and x.is_floating_point()
         if not usable or x.requires_grad or x.numel() == 0:
@@ -228,10 +255,7 @@ class SparseFeatures(TensorKeyedCache):
                 if int(probe.sum()) > 2 * self.max_density * probe.numel() * x.size(1):
                     return None
             return plan if int(plan.crow[-1]) <= self.max_density * x.numel() else None
-        if not self._surely_dense(x):
-            if int(torch.count_nonzero(x)) <= self.max_density * x.numel():
-                return CSRPlan.from_dense(x)
-        return None
+        return CSRPlan.from_dense(x) if self._sparse_enough(x) else None
 
     def _rows_plan(self, x: torch.Tensor) -> CSRPlan | None:
         """The plan of ``x`` gathered from the whole matrix's, when ``x`` is marked as rows of
@@ -242,8 +266,12 @@ class SparseFeatures(TensorKeyedCache):
         whole, index = origin
         if whole.dtype != x.dtype or whole.device != x.device or whole.shape[1:] != x.shape[1:]:
             return None
-        whole_plan = self.get(whole)
-        return None if whole_plan is None else whole_plan.rows(index)
+        source = self._cached(
+            whole,
+            "rows",
+            lambda: SparseRows.from_dense(whole) if self._sparse_enough(whole) else None,
+        )
+        return None if source is None else source.rows(index)
 
 
 class SparseInputLinear(Linear):
