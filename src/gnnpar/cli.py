@@ -214,6 +214,8 @@ def _start_ranks_server(cfg) -> None:
     gnnpar: start it before this process imports them too, so that the two import at once."""
     from gnnpar.runtime import launch
 
+    if launch.started_as_rank():  # its world is the environment's, and it launches nothing
+        return
     world = registry.get(cfg.strategy.name).parallel_dims(cfg, None).world
     launch.start_fork_server_early(
         world, cfg.run.threads, ("gnnpar.run", *launch.TRAIN_RANK_MODULES)

@@ -385,3 +385,17 @@ def test_early_fork_server_starts_as_launch_starts_it(monkeypatch):
     assert launch.start_fork_server_early(2, 3, ("gnnpar.run", "gnnpar.training.sync")) is True
     assert seen == [("gnnpar.run,gnnpar.training.sync", signal.SIG_IGN, "3")]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_rank_of_torchrun_starts_no_fork_server_and_checks_nothing_early(monkeypatch):
+    """Under torchrun the run's world is the environment's: a 2-stage pipeline rank started
+    without --workers is not refused by the CLI's early start (a regression: it was, exit 2)."""
+    from gnnpar import cli
+    from gnnpar.config.validate import build_config
+    from gnnpar.runtime import launch
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(launch, "_start_fork_server", lambda warm: pytest.fail("started"))
+    cfg = build_config(None, {"dataset": "cora", "model": "gat", "strategy": "pipeline"})
+    cli._start_ranks_server(cfg)

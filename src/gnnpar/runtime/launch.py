@@ -151,6 +151,12 @@ def check_ranks(nprocs: int) -> None:
         )
 
 
+def started_as_rank() -> bool:
+    """This process is one rank of many, started by torchrun or srun (whose variables
+    :func:`gnnpar.runtime.slurm.adopt` turns into torchrun's later): it launches no ranks."""
+    return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or "SLURM_PROCID" in os.environ
+
+
 def start_fork_server_early(workers: int, threads: int | None, warm: tuple[str, ...]) -> bool:
     """Start the fork server now, for a launch of ``workers`` local ranks that this process
     will make once it has imported torch itself (the CLI, before it imports :mod:`gnnpar.run`):
@@ -159,8 +165,7 @@ def start_fork_server_early(workers: int, threads: int | None, warm: tuple[str, 
     SIGINT ignored, ``OMP_NUM_THREADS`` the cores shared out between the ranks. Nothing is
     started for one rank, under torchrun or srun (this process is a rank), or with ``spawn``.
     Returns whether it started one."""
-    ranked = ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or "SLURM_PROCID" in os.environ
-    if workers <= 1 or ranked or start_method() != "forkserver":
+    if workers <= 1 or started_as_rank() or start_method() != "forkserver":
         return False
     if "OMP_NUM_THREADS" not in os.environ:  # what launch() sets: the ranks inherit it
         os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // workers))
