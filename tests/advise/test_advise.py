@@ -255,16 +255,53 @@ def test_default_grid_covers_every_strategy_that_applies():
     assert ClusterSpec(3, 2).world == 6
 
 
+def _netns_usable() -> bool:
+    import os
+    import shutil
+
+    return shutil.which("ip") is not None and os.geteuid() == 0
+
+
+VALIDATIONS = {  # name: advise's flags (and --out); run at once by the validations fixture
+    "grid": ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2",
+             "--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1",
+             "--timeout", "60", "--validate", "--repeats", "2"],
+    "vig": ["--dataset", "synthetic-cifar10", "--scale", "0.001", "--model", "vig",
+            "--hidden", "8", "--layers", "2", "--batch-size", "8", "--epochs", "1",
+            "--workers", "2", "--strategies", "sequential,pipeline", "--chunks", "2",
+            "--timeout", "60", "--validate"],
+    "two-hosts": ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--hosts", "2",
+                  "--ranks-per-host", "1", "--network", "100mbit,5ms",
+                  "--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1",
+                  "--timeout", "60", "--validate"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def validations(tmp_path_factory):
+    """The three ``advise --validate`` runs below, at once (each is mostly processes starting
+    and ranks waiting; what the tests check does not depend on the load): name -> (the
+    finished process, its --out). The two-host one only where namespaces can be made."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path_factory.mktemp("validations")
+    names = [n for n in VALIDATIONS if n != "two-hosts" or _netns_usable()]
+
+    def one(name):
+        extra = ["--data-root", str(tmp / "data")] if name == "vig" else []
+        return run_cli("advise", *VALIDATIONS[name], *extra, "--out", str(tmp / name), timeout=300)
+
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        futures = {n: pool.submit(one, n) for n in names}
+    return {n: (f.result(), tmp / n) for n, f in futures.items()}
+
+
 @pytest.mark.slow
-def test_validate_on_a_two_configuration_grid(tmp_path):
+def test_validate_on_a_two_configuration_grid(validations):
     """Profiles gloo between two ranks, predicts allreduce and gossip at K = 1 on 2 ranks,
     trains both twice (``--repeats 2``) with gnnpar train and records predicted against the
     median measured."""
-    out = tmp_path / "v"
-    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2"]
-    args += ["--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1"]
-    args += ["--timeout", "60", "--validate", "--repeats", "2", "--out", str(out)]
-    done = run_cli(*args, timeout=240)
+    done, out = validations["grid"]
     assert done.returncode == 0, done.stderr
     advice = json.loads((out / "advice.json").read_text())
     check_contract(advice)
@@ -292,15 +329,10 @@ def test_validate_on_a_two_configuration_grid(tmp_path):
 
 
 @pytest.mark.slow
-def test_validate_vig_sequential_and_a_two_stage_pipeline(tmp_path):
+def test_validate_vig_sequential_and_a_two_stage_pipeline(validations):
     """ViG (tiny): profiles the blocks and gloo, predicts sequential and 2 stages x 2
     micro-batches, trains both with gnnpar train and records predicted against measured."""
-    out = tmp_path / "v"
-    args = ["advise", "--dataset", "synthetic-cifar10", "--scale", "0.001", "--model", "vig"]
-    args += ["--hidden", "8", "--layers", "2", "--batch-size", "8", "--epochs", "1"]
-    args += ["--workers", "2", "--strategies", "sequential,pipeline", "--chunks", "2"]
-    args += ["--data-root", str(tmp_path / "data"), "--timeout", "60", "--validate"]
-    done = run_cli(*args, "--out", str(out), timeout=240)
+    done, out = validations["vig"]
     assert done.returncode == 0, done.stderr
     advice = json.loads((out / "advice.json").read_text())
     check_contract(advice)
@@ -314,27 +346,19 @@ def test_validate_vig_sequential_and_a_two_stage_pipeline(tmp_path):
 
 
 @pytest.mark.slow
-def test_validate_across_two_namespace_hosts_on_a_shaped_link(tmp_path):
+def test_validate_across_two_namespace_hosts_on_a_shaped_link(validations):
     """``--hosts 2 --network 100mbit,5ms``: allreduce and gossip (K = 1) trained by ``gnnpar
     torchrun`` on two network namespaces joined by a link of that rate and delay (tc netem, or
     where the kernel has none the link emulated in user space, gnnpar.runtime.wire); compared
     with a prediction for the two hosts sharing this machine's cores, which is no faster than
     the one for hosts of their own; rank 0's host has result.json, the other none; the
     namespaces are gone afterwards."""
-    import os
-    import shutil
-
     from gnnpar.runtime.netns import PREFIX, ip
     from tests.e2e.netns import unavailable
 
-    if shutil.which("ip") is None or os.geteuid() != 0:
+    if not _netns_usable():
         unavailable("root and iproute2's `ip` are needed")
-    out = tmp_path / "v"
-    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2"]
-    args += ["--hosts", "2", "--ranks-per-host", "1", "--network", "100mbit,5ms"]
-    args += ["--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1"]
-    args += ["--timeout", "60", "--validate", "--out", str(out)]
-    done = run_cli(*args, timeout=240)
+    done, out = validations["two-hosts"]
     assert done.returncode == 0, done.stderr
     advice = json.loads((out / "advice.json").read_text())
     cases = advice["validation"]["cases"]

@@ -88,14 +88,29 @@ CASES += [("allreduce", "module"), ("gossip", "ogb"), ("pipeline", "pt"), ("samp
 CASES += [("sampled", "ogb")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy, form", CASES)
-def test_user_graph_trains_saves_and_predicts(forms, form, strategy, tmp_path):
+def _train(forms, strategy: str, form: str, out):
     dataset, env = forms[form]
-    out = tmp_path / "run"
     args = ["train", "--dataset", dataset, "--model", "gcn", "--strategy", strategy]
     args += [*STRATEGIES[strategy], "--epochs", "3", "--quiet", "--out", str(out)]
-    proc = run_cli(*args, env=env, timeout=200)
+    return run_cli(*args, env=env, timeout=200)
+
+
+@pytest.fixture(scope="module")
+def trained(forms, tmp_path_factory):
+    """Every case's run, two at a time (mostly processes starting): (process, --out)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tmp = tmp_path_factory.mktemp("trained")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {c: pool.submit(_train, forms, *c, tmp / "-".join(c)) for c in CASES}
+    return {c: (f.result(), tmp / "-".join(c)) for c, f in futures.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, form", CASES)
+def test_user_graph_trains_saves_and_predicts(forms, trained, form, strategy):
+    env = forms[form][1]
+    proc, out = trained[strategy, form]
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert result["workers"] == (1 if strategy == "sequential" else 2)
