@@ -28,6 +28,12 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "model.pt")["state_dict"]
 
 
+def finished(proc) -> None:
+    """A run started with start_cli (the uninterrupted reference) has ended well."""
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+
+
 def same_weights(a: Path, b: Path) -> bool:
     wa, wb = weights(a), weights(b)
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -125,7 +131,7 @@ def test_gossip_cannot_checkpoint_by_steps(capsys, tmp_path):
 @pytest.mark.slow
 def test_sequential_killed_with_sigkill_resumes_to_the_same_model(tmp_path):
     flags = [*SEQ, "--model", "gcn", "--partitions", "8", "--epochs", "30"]
-    assert run_cli(*flags, "--out", str(tmp_path / "a")).returncode == 0
+    ref = start_cli(*flags, "--out", str(tmp_path / "a"))  # the uninterrupted run, meanwhile
     b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1"]
     proc = start_cli(*flags, *b)
     try:
@@ -137,6 +143,7 @@ def test_sequential_killed_with_sigkill_resumes_to_the_same_model(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert not (tmp_path / "b/result.json").exists()
     assert run_cli(*flags, *b, "--resume").returncode == 0
+    finished(ref)
     assert same_weights(tmp_path / "a", tmp_path / "b")
 
 
@@ -144,7 +151,7 @@ def test_sequential_killed_with_sigkill_resumes_to_the_same_model(tmp_path):
 def test_allreduce_rank_killed_is_restarted_and_ends_with_the_same_model(tmp_path):
     flags = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
     flags += ["--workers", "2", "--partitions", "8", "--epochs", "30", "--threads", "1", "--quiet"]
-    assert run_cli(*flags, "--out", str(tmp_path / "a")).returncode == 0
+    ref = start_cli(*flags, "--out", str(tmp_path / "a"))  # the uninterrupted run, meanwhile
     b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "1", "--max-restarts", "1"]
     step = random.Random().randint(6, 110)  # a random step of the 120 (rank 0's count)
     proc = start_cli(*flags, *b)
@@ -155,6 +162,7 @@ def test_allreduce_rank_killed_is_restarted_and_ends_with_the_same_model(tmp_pat
     finally:
         proc.kill()
     assert proc.returncode == 0, f"killed after step {step}: {err[-2000:]}"
+    finished(ref)
     assert same_weights(tmp_path / "a", tmp_path / "b")
     rb = json.loads((tmp_path / "b/result.json").read_text())
     assert rb["restarts"] == 1 and rb["lost_time_s"] > 0 and "resumed_from" in rb
@@ -164,7 +172,7 @@ def test_allreduce_rank_killed_is_restarted_and_ends_with_the_same_model(tmp_pat
 def test_pipeline_killed_then_resumed_ends_with_the_same_model(tmp_path):
     flags = ["train", "--dataset", "cora", "--model", "gat", "--strategy", "pipeline"]
     flags += ["--workers", "2", "--chunks", "2", "--epochs", "40", "--threads", "1", "--quiet"]
-    assert run_cli(*flags, "--out", str(tmp_path / "a")).returncode == 0
+    ref = start_cli(*flags, "--out", str(tmp_path / "a"))  # the uninterrupted run, meanwhile
     b = ["--out", str(tmp_path / "b"), "--checkpoint-every", "2"]
     proc = start_cli(*flags, *b)
     try:
@@ -176,6 +184,7 @@ def test_pipeline_killed_then_resumed_ends_with_the_same_model(tmp_path):
     assert proc.returncode == 1 and "rank 0 failed" in err, err[-2000:]
     resumed = run_cli(*flags, *b, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    finished(ref)
     assert same_weights(tmp_path / "a", tmp_path / "b")
 
 
@@ -215,7 +224,7 @@ def test_a_restart_only_one_hosts_agent_counted_resumes_on_both_hosts(tmp_path):
 
     flags = ["train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce"]
     flags += ["--partitions", "4", "--epochs", "4", "--threads", "1", "--quiet"]
-    assert run_cli(*flags, "--workers", "2", "--out", str(tmp_path / "a")).returncode == 0
+    ref = start_cli(*flags, "--workers", "2", "--out", str(tmp_path / "a"))  # meanwhile
     port, procs, outs = free_port(), [], [tmp_path / "b0", tmp_path / "b1"]
     for i, out in enumerate(outs):
         cmd = [sys.executable, "-m", "gnnpar", "torchrun", "--nnodes", "2"]
@@ -245,6 +254,7 @@ def test_a_restart_only_one_hosts_agent_counted_resumes_on_both_hosts(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
     # the case this test is for: rank 0's agent restarted its rank for the other host's
     assert "new nodes" in errs[main_host], errs[main_host][-3000:]
+    finished(ref)
     assert same_weights(tmp_path / "a", outs[main_host])
     r = json.loads((outs[main_host] / "result.json").read_text())
     assert r["restarts"] == 1 and "resumed_from" in r, r

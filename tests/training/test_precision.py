@@ -196,14 +196,18 @@ def test_a_checkpoint_older_than_the_flag_resumes_as_fp32_only():
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_rank_allreduce_in_bf16_trains_cora_like_fp32(tmp_path):
-    results = {}
-    for precision in ("fp32", "bf16"):
-        proc = run_cli(
+    from helpers import start_cli
+
+    results, procs = {}, {}
+    for precision in ("fp32", "bf16"):  # both at once
+        procs[precision] = start_cli(
             "train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce",
             "--partitions", "4", "--workers", "2", "--epochs", "30", "--eval-every", "0",
             "--precision", precision, "--quiet", "--out", str(tmp_path / precision),
         )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
+    for precision, proc in procs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
         results[precision] = json.loads((tmp_path / precision / "result.json").read_text())
     fp32, bf16 = results["fp32"], results["bf16"]
     assert bf16["config"]["run"]["precision"] == "bf16" and bf16["per_worker_batches"] == [60, 60]
