@@ -26,27 +26,17 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
 import statistics
 import tempfile
 import time
 
 import torch
 
+from gnnpar.advise.profile import cpu_model
 from gnnpar.config.validate import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.runtime.dist import DistContext
 from gnnpar.strategies import registry
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -100,7 +90,7 @@ def main() -> None:
         assert seen["gathered"] == seen["examined"], (seen["gathered"][:3], seen["examined"][:3])
     g, e = (statistics.median(times[s]) for s in ("gathered", "examined"))
     print(
-        f"{cpu_name()}, torch {torch.__version__}, {args.threads} thread(s), "
+        f"{cpu_model()}, torch {torch.__version__}, {args.threads} thread(s), "
         f"load {os.getloadavg()[0]:.2f}\n"
         f"{args.dataset} ({ds.num_nodes} x {ds.num_features}, {density:.1%} non-zero), "
         f"{args.model}, sampled, fan-outs {cfg.strategy.fanouts}, {args.batch_size} seeds, "

@@ -228,10 +228,18 @@ class SparseFeatures(TensorKeyedCache):
         dense without counting all of it (a sampled batch's features are a new tensor every
         step; counting 23K x 602 floats cost ~6 ms of a ~150 ms gat3 step). Deterministic in
         ``x``; a borderline input is counted in full."""
-        if x.size(0) < 4096:
+        return self._probe_says_dense(
+            x.size(0), x.size(1), lambda step: int(torch.count_nonzero(x[::step]))
+        )
+
+    def _probe_says_dense(self, n: int, f: int, nonzeros_every) -> bool:
+        """The probe's rule for an ``n x f`` input, from ``nonzeros_every(step)``: the non-zeros
+        in its rows ``0, step, 2 step, ...`` (counted from the dense input, or from a gathered
+        plan's row lengths: the same decision either way)."""
+        if n < 4096:
             return False
-        probe = x[:: x.size(0) // 64]
-        return int(torch.count_nonzero(probe)) > 2 * self.max_density * probe.numel()
+        step = n // 64
+        return nonzeros_every(step) > 2 * self.max_density * len(range(0, n, step)) * f
 
     def get(self, x: torch.Tensor) -> CSRPlan | None:
         return self._cached(x, None, lambda: self._plan(x))
@@ -248,12 +256,10 @@ class SparseFeatures(TensorKeyedCache):
         if not usable or x.requires_grad or x.numel() == 0:
             return None
         plan = self._rows_plan(x)
-        if plan is not None:  # the decision below, from the gathered plan's row counts
+        if plan is not None:  # _sparse_enough's decision, from the gathered plan's row lengths
             counts = plan.crow[1:] - plan.crow[:-1]
-            if x.size(0) >= 4096:
-                probe = counts[:: x.size(0) // 64]
-                if int(probe.sum()) > 2 * self.max_density * probe.numel() * x.size(1):
-                    return None
+            if self._probe_says_dense(x.size(0), x.size(1), lambda step: int(counts[::step].sum())):
+                return None
             return plan if int(plan.crow[-1]) <= self.max_density * x.numel() else None
         return CSRPlan.from_dense(x) if self._sparse_enough(x) else None
 
