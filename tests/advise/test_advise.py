@@ -274,6 +274,9 @@ VALIDATIONS = {  # name: advise's flags (and --out); run at once by the validati
                   "--ranks-per-host", "1", "--network", "100mbit,5ms",
                   "--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1",
                   "--timeout", "60", "--validate"],
+    # not a validation: a profile whose sampled batches are made by loader workers
+    "sampled": ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2",
+                "--strategies", "sampled", "--batch-size", "512", "--timeout", "60"],
 }  # fmt: skip
 
 
@@ -326,6 +329,25 @@ def test_validate_on_a_two_configuration_grid(validations):
         assert sorted(c["measured_runs_epoch_s"]) == pytest.approx(sorted(epochs))
         assert c["measured_epoch_s"] == pytest.approx(sum(epochs) / 2)  # the median of two
     assert "median of 2" in done.stdout and "error" in done.stdout
+
+
+@pytest.mark.slow
+def test_sampled_profile_measures_loader_workers_and_a_ranks_own_batch(validations):
+    """Cora's 140 training nodes on 2 ranks: each rank's batch has 70 seeds, profiled as such
+    beside the asked 512; a batch made by a loader worker is profiled as the run trains it
+    (the worker's CPU per batch, the rank's to receive it, the step on it); sampled's own
+    co-run factor is measured on two ranks."""
+    done, out = validations["sampled"]
+    assert done.returncode == 0, done.stderr
+    advice = json.loads((out / "advice.json").read_text())
+    check_contract(advice)
+    prof = advice["profile"]
+    assert set(prof["sampled"]) == {"70", "512"}
+    for b in prof["sampled"].values():
+        assert b["worker_s"] > 0 and b["recv_s"] > 0 and b["compute_recv_s"] > 0, b
+    assert prof["comm"]["sampled_corun_factor"] >= 1.0
+    workers = {p["settings"]["loader_workers"] for p in advice["predictions"]}
+    assert workers == {0, 2}
 
 
 @pytest.mark.slow
@@ -490,6 +512,63 @@ def test_two_hosts_on_one_machine_share_its_cores():
     prof.threads, prof.comm["corun_factor"] = 2, 3.0
     shared = predict(c, prof, ClusterSpec(2, 1, free, hosts_per_machine=2), sim.NONE, 1)
     assert shared.epoch_s == pytest.approx(2 * 0.03 + barrier)
+
+
+def test_seed_batch_sizes_add_a_ranks_share_where_it_is_smaller():
+    from gnnpar.advise.profile import Need, seed_batch_sizes
+
+    cora = [Need("sampled", batch_size=512, world=w) for w in (1, 2, 3)]
+    assert seed_batch_sizes(cora, 140) == [46, 70, 512]  # 140 // 3, 140 // 2, the asked size
+    reddit = [Need("sampled", batch_size=1024, world=w) for w in (1, 2, 4)]
+    assert seed_batch_sizes(reddit, 7688) == [1024]  # every share has full batches
+    assert seed_batch_sizes([Need("sampled", batch_size=64, world=2)], 140) == [64]
+
+
+def _sampled_profile(**sampled) -> Profile:
+    return Profile(
+        machine="test", cores=2, threads=1, dataset="cora", model="gcn", epochs=1, seed=0,
+        num_nodes=2708, num_train=140, param_bytes=1000, base_rss_bytes=100 << 20,
+        loader_start_s=0.05, sampled=sampled,
+        comm={"ring_step": [1e-4, 1e9], "p2p_link": [1e-4, 1e9], "corun_factor": 1.5,
+              "sampled_corun_factor": 1.2},
+    )  # fmt: skip
+
+
+ASKED = {"compute_s": 0.010, "main_sample_s": 0.002, "sample_s": 0.002, "first_batch_s": 0.0,
+         "worker_s": 0.008, "recv_s": 0.002, "compute_recv_s": 0.009}  # fmt: skip
+SHARE = {"compute_s": 0.006, "main_sample_s": 0.001, "sample_s": 0.001, "first_batch_s": 0.003,
+         "worker_s": 0.004, "recv_s": 0.001, "compute_recv_s": 0.005}  # fmt: skip
+
+
+def test_sampled_prediction_uses_the_ranks_own_batch_and_the_loader_workers_costs():
+    """A rank's 70-seed batch costs what the profile measured for 70 seeds (not 70/140 of the
+    asked size's); with loader workers the worker's whole CPU per batch makes it and the rank
+    pays for receiving it; sampled's own co-run factor (1.2), not the subgraphs' (1.5)."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, make_cluster, predict
+
+    prof = _sampled_profile(**{"512": ASKED, "70": SHARE})
+    spec = ClusterSpec(1, 2)
+    cluster = make_cluster(spec, prof, 2)
+    # 2 ranks of 1 thread on 2 cores: no time-sharing, x1.2 co-run; 1 step per epoch
+    bare = predict(Candidate("sampled", {"batch_size": 512, "loader_workers": 0}, 2), prof,
+                   spec, sim.NONE, 3)  # fmt: skip
+    want = sim.sampled(cluster, 1, 3, 0.006 * 1.2, 0.001 * 1.2, 0, 1000, start_s=0.003)
+    assert bare.train_time_s == pytest.approx(want.train_time_s)
+    # 2 workers, busy 0.004 / (0.005 + 0.001) of a step each: 2 x (1 + 2/3) threads on 2 cores
+    workers = predict(Candidate("sampled", {"batch_size": 512, "loader_workers": 2}, 2), prof,
+                      spec, sim.NONE, 3)  # fmt: skip
+    f = (1 + 2 / 3) * 1.2
+    want = sim.sampled(cluster, 1, 3, 0.006 * f, 0.004 * f, 2, 1000, start_s=0.05)
+    assert workers.train_time_s == pytest.approx(want.train_time_s)
+    # a profile from before (the asked size only, no loader costs): seeds scaled, making alone
+    old = {k: v for k, v in ASKED.items() if k not in ("worker_s", "recv_s", "compute_recv_s")}
+    prof = _sampled_profile(**{"512": old})
+    got = predict(Candidate("sampled", {"batch_size": 512, "loader_workers": 2}, 2), prof,
+                  spec, sim.NONE, 3)  # fmt: skip
+    f = (1 + 0.2) * 1.2 * 0.5  # busy 0.002 / 0.010; 70 of 140 seeds
+    want = sim.sampled(cluster, 1, 3, 0.010 * f, 0.002 * f, 2, 1000, start_s=0.05)
+    assert got.train_time_s == pytest.approx(want.train_time_s)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,9 @@ them); their speed-up is over one rank training the same images (images per seco
 Cores. The hosts are taken to be like this machine (its core count). Where the ranks of a
 host ask for more cores than it has (``ranks x (threads + busy loader workers)``), every step
 on that host is slowed by the ratio (time-sharing); a loader worker counts as busy for the
-share of a step it spends making batches. Where a host runs several ranks, their steps are
+share of a step it spends making a batch and handing it over (its CPU per batch, measured with
+the batch moved into shared memory and sent; the rank's CPU to receive one counts in its step:
+:func:`gnnpar.advise.profile._loader_costs`). Where a host runs several ranks, their steps are
 slowed further by the factor measured in a real two-rank run here (``comm["corun_factor"]``,
 :func:`gnnpar.advise.profile._corun_factor`: 1.0-2.9 on this 2-vCPU machine, the two vCPUs
 sharing one core's resources), whatever the number of ranks per host. Hosts that are not
@@ -82,7 +84,7 @@ class Candidate:
         if self.strategy in ("allreduce", "gossip", "gossip-bipartite"):
             return Need("parts", partitions=s["partitions"])
         if self.strategy == "sampled":
-            return Need("sampled", batch_size=s["batch_size"])
+            return Need("sampled", batch_size=s["batch_size"], world=self.world)
         replicas = s.get("replicas", 1)
         return Need("pipeline", replicas=replicas, stages=s["stages"], chunks=s["chunks"])
 
@@ -256,7 +258,9 @@ def memory_per_rank(c: Candidate, prof: Profile) -> int:
     return int(prof.base_rss_bytes + need)
 
 
-def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> float:
+def _slowdown(
+    prof: Profile, ranks_per_host: int, busy_workers: float = 0.0, kind: str = "corun_factor"
+) -> float:
     """Steps of a host with ``ranks_per_host`` busy ranks against the profile's lone process:
     time-sharing where they ask for more cores than there are, times the slowdown measured
     with two ranks training at once (shared cores, SMT siblings, memory bandwidth)."""
@@ -267,7 +271,7 @@ def _slowdown(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> 
     # the co-run factor was measured with two ranks of prof.threads each on this machine: the
     # part of it that time-sharing explains is already in ``share``; the rest (SMT siblings,
     # memory bandwidth, gloo's threads, the real loop's slow steps) comes on top
-    measured = prof.comm.get("corun_factor", 1.0)
+    measured = prof.comm.get(kind) or prof.comm.get("corun_factor", 1.0)
     shared_then = max(1.0, 2 * prof.threads / cores)
     return share * max(1.0, measured / shared_then)
 
@@ -368,21 +372,29 @@ def simulate(
             per_epoch,
         )
     if c.strategy == "sampled":
-        b = prof.sampled[str(s["batch_size"])]
         w = s["loader_workers"]
         per_rank, steps = shard_plan(prof.num_train, world, s["batch_size"])
         # the profile's batches have min(batch, training nodes) seeds; a rank whose whole share
-        # is fewer (a small graph on several ranks) makes and trains smaller ones: taken as
-        # proportional to the seeds (an upper bound: neighbourhoods of more seeds overlap more)
-        seeds = min(s["batch_size"], per_rank) / max(min(s["batch_size"], prof.num_train), 1)
-        busy = min(w, b["sample_s"] / max(b["compute_s"], 1e-9)) if w else 0.0
-        f = _slowdown(prof, per_host, busy) * min(1.0, seeds)
-        sample = b["sample_s"] if w else b["main_sample_s"]
+        # is fewer (a small graph on several ranks) makes and trains smaller ones, profiled as
+        # such (profile.seed_batch_sizes); in a profile from before, taken as proportional to
+        # the seeds (an upper bound: neighbourhoods of more seeds overlap more)
+        b = prof.sampled.get(str(per_rank)) if per_rank < s["batch_size"] else None
+        if b is not None:
+            seeds = 1.0
+        else:
+            b = prof.sampled[str(s["batch_size"])]
+            seeds = min(s["batch_size"], per_rank) / max(min(s["batch_size"], prof.num_train), 1)
+        compute, sample = b["compute_s"], b["main_sample_s"]
+        if w:  # a worker makes and sends the batch; the rank receives it and trains on it
+            sample = b.get("worker_s") or b["sample_s"]  # profiles from before: making alone
+            compute = b.get("compute_recv_s", compute) + b.get("recv_s", 0.0)
+        busy = min(w, sample / max(compute, 1e-9)) if w else 0.0
+        f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * min(1.0, seeds)
         return sim.sampled(
             cluster,
             steps,
             epochs,
-            b["compute_s"] * f + loop,
+            compute * f + loop,
             sample * f,
             w,
             prof.param_bytes,

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from gnnpar.config.validate import build_config
+from gnnpar.data.sampling.loader import SampledBatches
 
 REPEATS = 5
 ROUNDS = 15  # round-robin repetitions of a set of batches (fewer when a round is long)
@@ -63,6 +64,7 @@ class Need:
     replicas: int = 1
     stages: int = 1
     chunks: int = 1
+    world: int = 1  # sampled: the ranks that share the training nodes (see seed_batch_sizes)
 
 
 @dataclass
@@ -289,6 +291,73 @@ def _worker_start_s(batches, sample_s: float) -> float:
     return max(0.0, start)
 
 
+class _CPUStampedBatches(SampledBatches):
+    """The run's batches, each stamped with its maker's CPU time (all of the process's threads)
+    when it was made: between two batches a loader worker makes one and hands it over (the
+    tensors moved into shared memory, pickled, their file descriptors sent), so the difference
+    is a worker's whole CPU cost per batch."""
+
+    def __getitem__(self, i: int):
+        b = super().__getitem__(i)
+        b.maker_cpu_s = time.process_time()
+        return b
+
+
+def _loader_costs(plan, batches, n: int) -> dict[str, float]:
+    """What a batch costs when a loader worker makes it, as a run trains it: the worker's CPU
+    per batch (``worker_s``: making it, moving it into shared memory and sending it, often 2-4x
+    the making alone: Cora's 1,353 x 1,433 features 6 -> 12 ms), the training process's CPU to
+    receive it (``recv_s``: unpickling, mapping the shared memory, the batch as ``Data``, marked
+    as the loop does) and the training step on it (``compute_recv_s``: its features are pages
+    of shared memory touched for the first time). ``n`` batches of one loader with one worker,
+    after one that warms up; CPU time, so waiting for the worker does not count."""
+    from gnnpar.data.sampling.loader import build_loader
+
+    stamped = _CPUStampedBatches.__new__(_CPUStampedBatches)
+    stamped.__dict__.update(batches.__getstate__())
+    epochs = math.ceil((n + 1) / batches.steps)
+    it = iter(build_loader(stamped, epochs, 1, timeout_s=120))
+    step = _train_step(plan)
+    step(plan.source.mark(next(it).to_data()))()  # warm-up
+    recv, compute, worker, last = [], [], [], None
+    try:
+        for _ in range(n):
+            t0 = time.thread_time()
+            b = next(it)
+            data = plan.source.mark(b.to_data())
+            recv.append(time.thread_time() - t0)
+            if last is not None:
+                worker.append(b.maker_cpu_s - last)
+            last = b.maker_cpu_s
+            t0 = time.perf_counter()
+            step(data)()
+            compute.append(time.perf_counter() - t0)
+    finally:
+        del it
+    return {
+        "worker_s": statistics.fmean(worker) if worker else 0.0,
+        "recv_s": statistics.fmean(recv),
+        "compute_recv_s": statistics.fmean(compute),
+    }
+
+
+def seed_batch_sizes(needs: Iterable[Need], num_train: int) -> list[int]:
+    """The batch sizes to profile for sampled configurations: each ``--batch-size``, and where
+    a rank's share of the training nodes is smaller than it (a small graph on several ranks:
+    Cora's 140 on 2 ranks), that share, the size of the batches the rank really makes. Their
+    cost is not proportional to the seeds (neighbourhoods overlap, every step has fixed costs),
+    so it is measured rather than scaled."""
+    from gnnpar.data.sampling.loader import shard_plan
+
+    sizes = set()
+    for n in needs:
+        sizes.add(n.batch_size)
+        per_rank = shard_plan(num_train, n.world, n.batch_size)[0]
+        if 0 < per_rank < min(n.batch_size, num_train):
+            sizes.add(per_rank)
+    return sorted(sizes)
+
+
 def profile_sampled(
     base: dict, ds, batch_sizes: Iterable[int], prof: Profile, workers: bool = False
 ) -> None:
@@ -312,11 +381,16 @@ def profile_sampled(
                 sample.append(time.perf_counter() - t0)
                 torch.set_num_threads(threads)
                 compute.append(_fresh_batch_time(plan, data))
-            t0 = time.perf_counter()  # the rank making a batch itself (W = 0) at its threads
-            plan.source.batches[0].to_data()
-            main = time.perf_counter() - t0
-            if workers:  # a loader worker's start: a process, so only where processes may start
+            made = []  # the rank making a batch itself (W = 0) at its threads
+            for i in range(n):
+                t0 = time.perf_counter()
+                plan.source.mark(batches[i].to_data())
+                made.append(time.perf_counter() - t0)
+            main = statistics.fmean(made)
+            loader: dict[str, float] = {}
+            if workers:  # loader workers are processes, so only where processes may start
                 prof.loader_start_s = _worker_start_s(batches, statistics.fmean(sample))
+                loader = _loader_costs(plan, batches, SAMPLED_BATCHES + 1)
         finally:
             plan.source.close()
         prof.sampled[str(bs)] = {
@@ -325,6 +399,7 @@ def profile_sampled(
             "compute_s": statistics.fmean(compute),
             "first_batch_s": max(0.0, first - statistics.fmean(sample)),
             "fanouts": list(cfg.strategy.fanouts),
+            **loader,
         }
         prof.memory[f"sampled{bs}"] = _estimate(cfg, ds)
 
@@ -348,7 +423,11 @@ def _fresh_batch_time(plan, data, repeats: int = REPEATS) -> float:
     repetition trains its own copy of the batch (new tensors, copied before the clock), its
     features marked as the graph's rows, as the run's are (SampledSource.mark)."""
     step = _train_step(plan)
+    t0 = time.perf_counter()
     step(data)()  # warm-up: allocator, autograd graph, lazy initialisation
+    # millisecond steps vary by +-30% from one set of 5 to the next: more of them, up to ~0.1 s
+    warm = time.perf_counter() - t0
+    repeats = max(repeats, min(4 * repeats, int(0.1 / max(warm, 1e-4))))
     copies = [plan.source.mark(data.clone()) for _ in range(repeats)]
     times = []
     for c in copies:
@@ -562,6 +641,7 @@ def comm_rank(
     timeout_s: float,
     pipelines: list[tuple[str, dict]],
     corun: dict | None,
+    sampled: tuple[dict, float] | None,
     log_dir: str,
 ) -> dict | None:
     """One of two ranks started by gnnpar's launcher: all-reduce and pairwise exchange
@@ -601,6 +681,8 @@ def comm_rank(
         out["store_rtt_s"] = max(got)
         out["pipeline_step_s"] = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
         out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else 1.0
+        if sampled is not None:
+            out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx)
         return out if ctx.rank == 0 else None
     finally:
         gdist.teardown()
@@ -667,16 +749,66 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
     return max(1.0, statistics.fmean(busy) / solo) if solo and busy else 1.0
 
 
+def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30) -> float:
+    """The co-run factor of sampled training, which differs from the subgraph strategies':
+    each step's gradients are averaged by DDP, whose hooks and gloo's thread run during the
+    backward, beside the other rank's step. sampled's own plan (``flags``: two ranks, batches
+    made in the rank) trained by the real loop on both ranks for at least ``min_steps`` steps
+    after a first epoch that warms up; the mean of both ranks' steps (making the batch and
+    training it, not the wait at the all-reduce, which the simulation charges itself) against
+    ``alone_s``, the same batch's making and step timed alone by the profile."""
+    from gnnpar.data.datasets import load_dataset
+    from gnnpar.strategies import registry
+    from gnnpar.training.loop import train
+
+    cfg = build_config(None, flags)
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    spec = registry.get("sampled")
+    per_epoch = _sampled_steps(cfg, ds, ctx.world_size)
+    epochs = _probe_epochs(min_steps, per_epoch, alone_s)
+    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
+        cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
+        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+        ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
+    busy = [t for r in ranks for t in r.step_times[per_epoch:]]
+    return max(1.0, statistics.fmean(busy) / alone_s) if alone_s > 0 and busy else 1.0
+
+
+def _sampled_steps(cfg, ds, world: int) -> int:
+    """sampled's steps per epoch on ``world`` ranks (as SampledSource counts them)."""
+    from gnnpar.data.sampling.loader import shard_plan
+
+    train = int(ds.data.train_mask.sum())
+    steps = shard_plan(train, world, cfg.strategy.batch_size)[1]
+    return min(steps, cfg.run.max_steps or steps)
+
+
+def _sampled_probe(base: dict, needs: list[Need], prof: Profile) -> tuple[dict, float] | None:
+    """sampled's flags for the co-run probe on two ranks (the smallest batch size asked, made in
+    the rank), and what such a rank's batch costs alone (making and step, as profiled)."""
+    sizes = sorted(n.batch_size for n in needs if n.kind == "sampled")
+    if not sizes:
+        return None
+    from gnnpar.data.sampling.loader import shard_plan
+
+    per_rank = shard_plan(prof.num_train, 2, sizes[0])[0]
+    b = prof.sampled.get(str(min(sizes[0], per_rank))) or prof.sampled[str(sizes[0])]
+    flags = {**flags_for(base, "sampled", batch_size=sizes[0], loader_workers=0), "workers": 2}
+    return flags, b["compute_s"] + b["main_sample_s"]
+
+
 def profile_comm(
     timeout_s: float,
     prof: Profile,
     threads: int,
     pipelines: list[tuple[str, dict]] = (),
     corun: dict | None = None,
+    sampled: tuple[dict, float] | None = None,
 ) -> None:
     from gnnpar.runtime.launch import launch
 
-    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines), corun)
+    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines), corun, sampled)
     out = launch(comm_rank, args, 2, timeout_s, threads=threads)[0]
     # a 2-rank ring all-reduce is 2 steps of bytes / 2: t = 2 a + bytes * b
     a, b = _line(out["allreduce"])
@@ -690,6 +822,8 @@ def profile_comm(
         "store_rtt_s": out["store_rtt_s"],
         "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
         "corun_factor": out["corun_factor"],  # a step in a real 2-rank run / alone
+        # the same for sampled's steps (DDP's hooks in the backward); absent: no sampled run
+        **({"sampled_corun_factor": out["sampled_corun_factor"]} if sampled else {}),
     }
 
 
@@ -762,7 +896,7 @@ def take_profile(
                 step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
                 with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
                     prof.loop_factor = real_loop_factor(base, ds, tmp, p, step_s)
-            sizes = [n.batch_size for n in needs if n.kind == "sampled"]
+            sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
             if sizes:
                 profile_sampled(base, ds, sizes, prof, workers=loader_workers)
             shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
@@ -782,7 +916,7 @@ def take_profile(
         ]
         parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
         corun = {**flags_for(base, "allreduce", partitions=parts[0], sync_every=20), "workers": 2}
-        profile_comm(timeout_s, prof, threads, pipelines, corun)
+        profile_comm(timeout_s, prof, threads, pipelines, corun, _sampled_probe(base, needs, prof))
     from gnnpar.training.metrics import peak_memory
 
     prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
