@@ -571,6 +571,31 @@ def test_sampled_prediction_uses_the_ranks_own_batch_and_the_loader_workers_cost
     assert got.train_time_s == pytest.approx(want.train_time_s)
 
 
+@pytest.mark.parametrize("corun", [1.0, 1.5])
+def test_a_pipeline_predicts_its_own_measured_step_on_this_machine(corun):
+    """The real two-stage step measured by the profile (both ranks on this machine) calibrates
+    the per-operation overhead; predicted back for the same shape on the same host it is that
+    step, whatever the co-run factor (once applied to the measured blocks, not twice)."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, predict
+
+    blocks = {
+        "balance": [1, 1], "fwd_s": [[0.001, 0.001], [0.002, 0.002]],
+        "bwd_s": [[0.002, 0.002], [0.003, 0.003]], "act_bytes": [4096.0],
+        "opt_s": [0.0005, 0.0005], "grad_bytes": [4000.0, 4000.0],
+    }  # fmt: skip
+    prof = Profile(
+        machine="test", cores=2, threads=1, dataset="cora", model="gcn", epochs=1, seed=0,
+        num_nodes=2708, num_train=140, param_bytes=8000, base_rss_bytes=100 << 20,
+        full_step_s=0.03, pipeline={"1x2x2": blocks},
+        comm={"ring_step": [1e-4, 1e9], "p2p_link": [1e-4, 1e9], "corun_factor": corun,
+              "pipeline_step_s": {"1x2x2": 0.05}},
+    )  # fmt: skip
+    c = Candidate("pipeline", {"stages": 2, "chunks": 2}, 2)
+    got = predict(c, prof, ClusterSpec(1, 2), sim.NONE, 1)
+    assert got.epoch_s == pytest.approx(0.05)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

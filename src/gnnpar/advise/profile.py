@@ -675,7 +675,14 @@ def comm_rank(
                 out[name].append([n, mean_time(fn, repeats)])
         dist.barrier()
         key = "advise/rtt"
-        rtt = mean_time(lambda: ctx.store.add(key, 1), repeats * 4)
+        # the median of many calls: a round trip is ~50 us here, and one descheduled call of
+        # 10 ms in 36 made the mean 0.5 ms (gossip pays it several times a step)
+        calls = []
+        for _ in range(repeats * 16):
+            t0 = time.perf_counter()
+            ctx.store.add(key, 1)
+            calls.append(time.perf_counter() - t0)
+        rtt = statistics.median(calls)
         got = [None, None]
         dist.all_gather_object(got, rtt)
         out["store_rtt_s"] = max(got)
@@ -709,8 +716,19 @@ def _pipeline_step_s(flags: dict, ctx) -> float:
         plan.optimizer.step()
 
     dist.barrier()
-    t = mean_time(step, REPEATS + 2)
-    return max(collectives.gather_to_all(t))
+    t0 = time.perf_counter()
+    step()  # warm-up
+    # the median of up to 30 steps (~2 s): the step is mostly torch.distributed.pipelining's
+    # own work per micro-batch (~5-10 ms a forward or backward on Cora against ~1 ms of
+    # compute), which a descheduled moment stretches; a mean of 7 was off by up to 30%.
+    # Every step is point-to-point between the ranks, so both take the same count.
+    warm = max(collectives.gather_to_all(time.perf_counter() - t0))
+    times = []
+    for _ in range(max(REPEATS + 2, min(30, int(2.0 / max(warm, 1e-3))))):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return max(collectives.gather_to_all(statistics.median(times)))
 
 
 def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
