@@ -594,6 +594,11 @@ def test_a_pipeline_predicts_its_own_measured_step_on_this_machine(corun):
     c = Candidate("pipeline", {"stages": 2, "chunks": 2}, 2)
     got = predict(c, prof, ClusterSpec(1, 2), sim.NONE, 1)
     assert got.epoch_s == pytest.approx(0.05)
+    # the first step's set-up (measured beside it) is paid once, in the first epoch
+    prof.comm["pipeline_first_s"] = {"1x2x2": 0.5}
+    got = predict(c, prof, ClusterSpec(1, 2), sim.NONE, 10)
+    assert got.train_time_s == pytest.approx(10 * 0.05 + 0.5)
+    assert got.result.epoch_s[0] == pytest.approx(0.55)
 
 
 @pytest.mark.parametrize(

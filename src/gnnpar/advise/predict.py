@@ -356,6 +356,7 @@ def simulate(
         p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]
         f = _slowdown(prof, per_host)
         o = pipeline_op_overhead_s(prof, s["chunks"])
+        first = _closest_chunks(prof.comm.get("pipeline_first_s") or {}, s["chunks"])
         per_epoch = len(image_steps(prof, replicas, True)) if prof.kind == "image" else 1
         if per_epoch < 1:
             raise ValueError(f"{c.label()}: no step in an epoch")  # omitted by run_advise
@@ -370,6 +371,7 @@ def simulate(
             replicas,
             p["grad_bytes"],
             per_epoch,
+            first_step_extra_s=first,  # measured on two ranks here, as o
         )
     if c.strategy == "sampled":
         w = s["loader_workers"]
@@ -416,6 +418,14 @@ def image_steps(prof: Profile, replicas: int, pipelined: bool) -> list[int]:
     else:
         steps = [b] * (n // b) + ([n % b] if n % b else [])
     return steps[: prof.max_steps] if prof.max_steps else steps
+
+
+def _closest_chunks(measured: dict[str, float], chunks: int) -> float:
+    """The value measured for the two-stage shape ("1x2xM") with the closest micro-batch count;
+    0 where none was measured."""
+    if not measured:
+        return 0.0
+    return measured[min(measured, key=lambda k: abs(int(k.split("x")[2]) - chunks))]
 
 
 def pipeline_op_overhead_s(prof: Profile, chunks: int) -> float:

@@ -686,7 +686,9 @@ def comm_rank(
         got = [None, None]
         dist.all_gather_object(got, rtt)
         out["store_rtt_s"] = max(got)
-        out["pipeline_step_s"] = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
+        steps = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
+        out["pipeline_step_s"] = {key: t for key, (t, _) in steps.items()}
+        out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
         out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else 1.0
         if sampled is not None:
             out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx)
@@ -695,8 +697,10 @@ def comm_rank(
         gdist.teardown()
 
 
-def _pipeline_step_s(flags: dict, ctx) -> float:
-    """Median seconds of a real step (schedule and optimizer) of pipeline's own plan."""
+def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
+    """Median seconds of a real step (schedule and optimizer) of pipeline's own plan, and what
+    its first step took beyond that (torch.distributed.pipelining's set-up on first use: up
+    to ~0.8 s on a 24K-node graph, which a 10-epoch run of one step an epoch pays once)."""
     import torch.distributed as dist
 
     from gnnpar.data.datasets import load_dataset
@@ -728,7 +732,8 @@ def _pipeline_step_s(flags: dict, ctx) -> float:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return max(collectives.gather_to_all(statistics.median(times)))
+    step_s = max(collectives.gather_to_all(statistics.median(times)))
+    return step_s, max(0.0, warm - step_s)
 
 
 def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
@@ -839,6 +844,7 @@ def profile_comm(
         "p2p_link": (pa, 1.0 / pb),
         "store_rtt_s": out["store_rtt_s"],
         "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
+        "pipeline_first_s": out["pipeline_first_s"],  # "1x2xM" -> its first step's extra
         "corun_factor": out["corun_factor"],  # a step in a real 2-rank run / alone
         # the same for sampled's steps (DDP's hooks in the backward); absent: no sampled run
         **({"sampled_corun_factor": out["sampled_corun_factor"]} if sampled else {}),

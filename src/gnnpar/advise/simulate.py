@@ -488,6 +488,7 @@ def pipeline(
     replicas: int = 1,
     grad_bytes: Sequence[float] | None = None,
     steps_per_epoch: int = 1,
+    first_step_extra_s: float = 0.0,
 ) -> SimResult:
     """``fwd[s][m]``, ``bwd[s][m]``: seconds of micro-batch ``m`` on stage ``s`` (each copy
     runs the same); ``act_bytes[s]``: one micro-batch's activation from stage ``s`` to ``s + 1``
@@ -495,8 +496,10 @@ def pipeline(
     ``steps_per_epoch``: how many of them make an epoch (graphs: one; ViG: one per mini-batch),
     which only groups the steps' end times into epoch times (no barrier between epochs);
     ``opt_s[s]``: the optimizer step of stage ``s``; ``grad_bytes[s]``: the gradients stage
-    ``s`` all-reduces over the copies. Rank ``replica * S + s`` holds stage ``s`` of copy
-    ``replica``."""
+    ``s`` all-reduces over the copies; ``first_step_extra_s``: what the run's first step takes
+    beyond the others (torch.distributed.pipelining's set-up on first use), charged once
+    before the first stage's first forward, so every stage waits for it. Rank
+    ``replica * S + s`` holds stage ``s`` of copy ``replica``."""
     S, M = len(fwd), len(fwd[0])
     world = replicas * S
     if world != cluster.world:
@@ -526,6 +529,9 @@ def pipeline(
     def stage(q: int, s: int):
         r = q * S + s
         ops = schedule_ops(schedule, s, S, M)
+        if s == 0 and first_step_extra_s > 0:
+            busy[r] += first_step_extra_s
+            yield sim.delay(first_step_extra_s)
         for i in range(steps):
             for kind, m in ops:
                 t = sim.now
