@@ -303,14 +303,15 @@ class _CPUStampedBatches(SampledBatches):
         return b
 
 
-def _loader_costs(plan, batches, n: int) -> dict[str, float]:
+def _loader_costs(plan, batches, n: int, sample_s: float) -> dict[str, float]:
     """What a batch costs when a loader worker makes it, as a run trains it: the worker's CPU
     per batch (``worker_s``: making it, moving it into shared memory and sending it, often 2-4x
     the making alone: Cora's 1,353 x 1,433 features 6 -> 12 ms), the training process's CPU to
     receive it (``recv_s``: unpickling, mapping the shared memory, the batch as ``Data``, marked
     as the loop does) and the training step on it (``compute_recv_s``: its features are pages
-    of shared memory touched for the first time). ``n`` batches of one loader with one worker,
-    after one that warms up; CPU time, so waiting for the worker does not count."""
+    of shared memory touched for the first time, timed with the worker idle: ``sample_s``, its
+    making, sets the wait). ``n`` batches of one loader with one worker, after one that warms
+    up; CPU time, so waiting for the worker does not count."""
     from gnnpar.data.sampling.loader import build_loader
 
     stamped = _CPUStampedBatches.__new__(_CPUStampedBatches)
@@ -329,6 +330,10 @@ def _loader_costs(plan, batches, n: int) -> dict[str, float]:
             if last is not None:
                 worker.append(b.maker_cpu_s - last)
             last = b.maker_cpu_s
+            # the worker makes the next batch now: let it finish first, so that the step is
+            # timed alone (the simulation adds the worker's share of the cores itself; timed
+            # beside it, a step on a 24K-node graph came out 40% slower, counted twice)
+            time.sleep(3 * sample_s + 0.02)
             t0 = time.perf_counter()
             step(data)()
             compute.append(time.perf_counter() - t0)
@@ -390,7 +395,7 @@ def profile_sampled(
             loader: dict[str, float] = {}
             if workers:  # loader workers are processes, so only where processes may start
                 prof.loader_start_s = _worker_start_s(batches, statistics.fmean(sample))
-                loader = _loader_costs(plan, batches, SAMPLED_BATCHES + 1)
+                loader = _loader_costs(plan, batches, SAMPLED_BATCHES + 1, statistics.fmean(sample))
         finally:
             plan.source.close()
         prof.sampled[str(bs)] = {
