@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.profile import Need, Profile, flags_for, image_step_s
+from gnnpar.advise.profile import Need, Profile, flags_for, image_step_s, sampled_batch_costs
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
@@ -356,7 +356,9 @@ def simulate(
         p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]
         f = _slowdown(prof, per_host)
         o = pipeline_op_overhead_s(prof, s["chunks"])
-        first = _closest_chunks(prof.comm.get("pipeline_first_s") or {}, s["chunks"])
+        firsts = prof.comm.get("pipeline_first_s") or {}
+        key = _closest_chunks(firsts, s["chunks"])
+        first = firsts[key] if key else 0.0
         per_epoch = len(image_steps(prof, replicas, True)) if prof.kind == "image" else 1
         if per_epoch < 1:
             raise ValueError(f"{c.label()}: no step in an epoch")  # omitted by run_advise
@@ -375,23 +377,16 @@ def simulate(
         )
     if c.strategy == "sampled":
         w = s["loader_workers"]
-        per_rank, steps = shard_plan(prof.num_train, world, s["batch_size"])
-        # the profile's batches have min(batch, training nodes) seeds; a rank whose whole share
-        # is fewer (a small graph on several ranks) makes and trains smaller ones, profiled as
-        # such (profile.seed_batch_sizes); in a profile from before, taken as proportional to
-        # the seeds (an upper bound: neighbourhoods of more seeds overlap more)
-        b = prof.sampled.get(str(per_rank)) if per_rank < s["batch_size"] else None
-        if b is not None:
-            seeds = 1.0
-        else:
-            b = prof.sampled[str(s["batch_size"])]
-            seeds = min(s["batch_size"], per_rank) / max(min(s["batch_size"], prof.num_train), 1)
+        steps = shard_plan(prof.num_train, world, s["batch_size"])[1]
+        # a rank whose share of the training nodes is smaller than the batch (a small graph on
+        # several ranks) makes and trains smaller ones: their own costs, or scaled ones
+        b, seeds = sampled_batch_costs(prof, s["batch_size"], world)
         compute, sample = b["compute_s"], b["main_sample_s"]
         if w:  # a worker makes and sends the batch; the rank receives it and trains on it
             sample = b.get("worker_s") or b["sample_s"]  # profiles from before: making alone
             compute = b.get("compute_recv_s", compute) + b.get("recv_s", 0.0)
         busy = min(w, sample / max(compute, 1e-9)) if w else 0.0
-        f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * min(1.0, seeds)
+        f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
         return sim.sampled(
             cluster,
             steps,
@@ -420,12 +415,12 @@ def image_steps(prof: Profile, replicas: int, pipelined: bool) -> list[int]:
     return steps[: prof.max_steps] if prof.max_steps else steps
 
 
-def _closest_chunks(measured: dict[str, float], chunks: int) -> float:
-    """The value measured for the two-stage shape ("1x2xM") with the closest micro-batch count;
-    0 where none was measured."""
+def _closest_chunks(measured: dict[str, float], chunks: int) -> str | None:
+    """The two-stage shape ("1x2xM") measured with the closest micro-batch count; None where
+    none was measured."""
     if not measured:
-        return 0.0
-    return measured[min(measured, key=lambda k: abs(int(k.split("x")[2]) - chunks))]
+        return None
+    return min(measured, key=lambda k: abs(int(k.split("x")[2]) - chunks))
 
 
 def pipeline_op_overhead_s(prof: Profile, chunks: int) -> float:
@@ -435,9 +430,9 @@ def pipeline_op_overhead_s(prof: Profile, chunks: int) -> float:
     against its simulation from the bare per-block times; the difference, spread over the
     ``2 (M + S - 1)`` operations on the critical path. 0 where none was measured."""
     measured = prof.comm.get("pipeline_step_s") or {}
-    if not measured:
+    key = _closest_chunks(measured, chunks)
+    if key is None:
         return 0.0
-    key = min(measured, key=lambda k: abs(int(k.split("x")[2]) - chunks))
     p, m = prof.pipeline[key], int(key.split("x")[2])
     comm = prof.comm
     two = sim.Cluster(1, 2, sim.Link(*comm["ring_step"]), sim.Link(*comm["p2p_link"]))

@@ -363,6 +363,22 @@ def seed_batch_sizes(needs: Iterable[Need], num_train: int) -> list[int]:
     return sorted(sizes)
 
 
+def sampled_batch_costs(prof: Profile, batch_size: int, world: int) -> tuple[dict, float]:
+    """The profiled costs of a rank's batch with ``--batch-size`` on ``world`` ranks, and the
+    factor they still need: where the rank's share of the training nodes is smaller than the
+    batch, the share's own costs (:func:`seed_batch_sizes`), 1; in a profile from before, the
+    asked size's, scaled by the seeds (an upper bound: neighbourhoods of more seeds overlap
+    more)."""
+    from gnnpar.data.sampling.loader import shard_plan
+
+    per_rank = shard_plan(prof.num_train, world, batch_size)[0]
+    own = prof.sampled.get(str(per_rank)) if per_rank < batch_size else None
+    if own is not None:
+        return own, 1.0
+    seeds = min(batch_size, per_rank) / max(min(batch_size, prof.num_train), 1)
+    return prof.sampled[str(batch_size)], min(1.0, seeds)
+
+
 def profile_sampled(
     base: dict, ds, batch_sizes: Iterable[int], prof: Profile, workers: bool = False
 ) -> None:
@@ -392,17 +408,18 @@ def profile_sampled(
                 plan.source.mark(batches[i].to_data())
                 made.append(time.perf_counter() - t0)
             main = statistics.fmean(made)
+            sample_s = statistics.fmean(sample)
             loader: dict[str, float] = {}
             if workers:  # loader workers are processes, so only where processes may start
-                prof.loader_start_s = _worker_start_s(batches, statistics.fmean(sample))
-                loader = _loader_costs(plan, batches, SAMPLED_BATCHES + 1, statistics.fmean(sample))
+                prof.loader_start_s = _worker_start_s(batches, sample_s)
+                loader = _loader_costs(plan, batches, SAMPLED_BATCHES + 1, sample_s)
         finally:
             plan.source.close()
         prof.sampled[str(bs)] = {
-            "sample_s": statistics.fmean(sample),
+            "sample_s": sample_s,
             "main_sample_s": main,
             "compute_s": statistics.fmean(compute),
-            "first_batch_s": max(0.0, first - statistics.fmean(sample)),
+            "first_batch_s": max(0.0, first - sample_s),
             "fanouts": list(cfg.strategy.fanouts),
             **loader,
         }
@@ -708,13 +725,11 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
     to ~0.8 s on a 24K-node graph, which a 10-epoch run of one step an epoch pays once)."""
     import torch.distributed as dist
 
-    from gnnpar.data.datasets import load_dataset
     from gnnpar.parallel import collectives
     from gnnpar.strategies import registry
 
     cfg = build_config(None, flags)
-    d = cfg.data
-    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    ds = _probe_dataset(cfg)
     spec = registry.get(cfg.strategy.name)
     plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
     batch = plan.source.batch
@@ -751,14 +766,11 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
     threads, and the loop's own slow steps (:func:`real_loop_factor`)."""
     import torch.distributed as dist
 
-    from gnnpar.data.datasets import load_dataset
     from gnnpar.parallel import collectives
     from gnnpar.strategies import registry
-    from gnnpar.training.loop import train
 
     cfg = build_config(None, flags)
-    d = cfg.data
-    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+    ds = _probe_dataset(cfg)
     spec = registry.get("allreduce")
     plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
     dist.barrier()
@@ -767,14 +779,7 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
         mine = [plan.source.graph.batch(p) for p in plan.source.mine]
         alone = interleaved_times([_train_step(plan)(b) for b in mine], budget_s=5.0)
     solo = statistics.fmean(collectives.gather_to_all(alone)[0] or [0.0])
-    per_epoch = plan.source.steps
-    epochs = _probe_epochs(min_steps, per_epoch, solo)
-    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
-        cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
-        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-        ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
-    busy = [t for r in ranks for t in r.step_times[per_epoch:]]
-    return max(1.0, statistics.fmean(busy) / solo) if solo and busy else 1.0
+    return _two_rank_loop_ratio(flags, ds, ctx, plan.source.steps, solo, min_steps)
 
 
 def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30) -> float:
@@ -785,18 +790,33 @@ def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30)
     after a first epoch that warms up; the mean of both ranks' steps (making the batch and
     training it, not the wait at the all-reduce, which the simulation charges itself) against
     ``alone_s``, the same batch's making and step timed alone by the profile."""
+    cfg = build_config(None, flags)
+    ds = _probe_dataset(cfg)
+    per_epoch = _sampled_steps(cfg, ds, ctx.world_size)
+    return _two_rank_loop_ratio(flags, ds, ctx, per_epoch, alone_s, min_steps)
+
+
+def _probe_dataset(cfg):
+    """The dataset of a probe's flags (the profile's own, read again in a launched rank)."""
     from gnnpar.data.datasets import load_dataset
+
+    d = cfg.data
+    return load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+
+
+def _two_rank_loop_ratio(
+    flags: dict, ds, ctx, per_epoch: int, alone_s: float, min_steps: int
+) -> float:
+    """The strategy of ``flags`` trained by the real loop on both ranks for at least
+    ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up: the mean of both
+    ranks' step times against ``alone_s``, at least 1 (1 where nothing was measured)."""
     from gnnpar.strategies import registry
     from gnnpar.training.loop import train
 
-    cfg = build_config(None, flags)
-    d = cfg.data
-    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
-    spec = registry.get("sampled")
-    per_epoch = _sampled_steps(cfg, ds, ctx.world_size)
     epochs = _probe_epochs(min_steps, per_epoch, alone_s)
     with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
         cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
+        spec = registry.get(cfg.strategy.name)
         plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
         ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
     busy = [t for r in ranks for t in r.step_times[per_epoch:]]
@@ -818,10 +838,7 @@ def _sampled_probe(base: dict, needs: list[Need], prof: Profile) -> tuple[dict, 
     sizes = sorted(n.batch_size for n in needs if n.kind == "sampled")
     if not sizes:
         return None
-    from gnnpar.data.sampling.loader import shard_plan
-
-    per_rank = shard_plan(prof.num_train, 2, sizes[0])[0]
-    b = prof.sampled.get(str(min(sizes[0], per_rank))) or prof.sampled[str(sizes[0])]
+    b, _ = sampled_batch_costs(prof, sizes[0], 2)
     flags = {**flags_for(base, "sampled", batch_size=sizes[0], loader_workers=0), "workers": 2}
     return flags, b["compute_s"] + b["main_sample_s"]
 
