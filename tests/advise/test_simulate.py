@@ -87,6 +87,38 @@ def test_gpipe_bubble_and_1f1b_two_stages_two_microbatches():
     assert two.epoch_s == [10.25, 10.25]
 
 
+def test_a_message_between_hosts_leaves_once_its_receive_is_posted():
+    """gloo's rendezvous: the bytes go once the receiver's "ready" notification (one latency,
+    0.5 s) has reached the sender, one message after another on the same connection (100
+    bytes: 1 s), and arrive a latency later. Posted as it is sent, that is the two latencies
+    of ``p2p_s``; posted early, one; inside a host, ``p2p_s`` whenever it is posted."""
+    c = sim.Cluster(2, 1, FREE, FREE, sim.Link(0.5, 100.0))
+    assert c.p2p_delivery(0, 1, 100, 0.0, 0.0, 0.0) == (2.0, 1.5) == (c.p2p_s(0, 1, 100), 1.5)
+    assert c.p2p_delivery(0, 1, 100, 0.0, -10.0, 0.0) == (1.5, 1.0)  # posted early
+    assert c.p2p_delivery(0, 1, 100, 0.0, 4.0, 0.0) == (6.0, 5.5)  # posted late
+    assert c.p2p_delivery(0, 1, 100, 0.0, -10.0, 3.0) == (4.5, 4.0)  # behind another message
+    inside = one_host(2, p2p=sim.Link(0.5, 100.0))
+    assert (
+        inside.p2p_delivery(0, 1, 100, 1.0, 9.0, 0.0)
+        == (2.5, 0.0)
+        == (1 + inside.p2p_s(0, 1, 100), 0)
+    )
+
+
+def test_gpipe_across_two_hosts_waits_for_each_receive_to_be_posted():
+    """The GPipe case above over a 0.5 s link carrying 100 bytes a second (1 s per activation).
+    Stage 1 posts its first receive at 0: F0, sent at 1, arrives at 2.5 and runs to 3.5; only
+    then does stage 1 post F1's receive, so F1 (sent at 2) leaves at 3.5 + 0.5 and arrives at
+    5.5; F1 6.5, B0 8.5, B1 10.5. Stage 0 posted B0's receive at 2: it leaves at 8.5 and arrives
+    at 10 (B0 to 12); B1's receive, posted at 12, brings it at 12.5 + 1 + 0.5 = 14: end 16.
+    Charging every message two latencies after its send, as inside a host, ends at 13."""
+    c = sim.Cluster(2, 1, FREE, FREE, sim.Link(0.5, 100.0))
+    fwd, bwd = [[1.0, 1.0]] * 2, [[2.0, 2.0]] * 2
+    r = sim.pipeline(c, fwd, bwd, [100.0], steps=1)
+    assert r.train_time_s == 16.0 and r.busy_s == [6.0, 6.0] and r.wait_s == [10.0, 4.5]
+    assert r.bytes_moved == r.bytes_between_hosts == 400.0
+
+
 def test_pipeline_steps_group_into_epochs_without_a_barrier():
     """ViG: an epoch is several pipeline steps (one per mini-batch). Two steps of the GPipe
     case above (10.25 s each, back to back) make one epoch of 20.5 s; four steps two epochs.

@@ -22,8 +22,11 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
 * :func:`pipeline` (pipeline, hybrid): each stage runs torch's op order (ScheduleGPipe: every
   forward, then every backward; Schedule1F1B: ``min(M, S - s)`` warm-up forwards, then one
   backward / one forward, then the remaining backwards); a forward waits for its input
-  activation from the stage before, a backward for the gradient from the stage after, each
-  arriving one point-to-point message after it was sent. Hybrid: after its schedule each stage
+  activation from the stage before, a backward for the gradient from the stage after, posting
+  its receive when it reaches that operation (as the schedules do). Inside a host a message
+  arrives one measured point-to-point cost after it was sent; between hosts it follows gloo's
+  rendezvous (:meth:`Cluster.p2p_delivery`: the bytes leave once the receive is posted and the
+  notification has crossed, one message after another on a pair's connection). Hybrid: after its schedule each stage
   all-reduces its gradients with the same stage of the other copies. No epoch barrier
   (``NoSync``): a stage starts the next step as soon as its inputs come.
 * :func:`sampled`: DDP over neighbour-sampled batches. Each rank's DataLoader has ``W`` workers,
@@ -78,7 +81,10 @@ class Link:
 GLOO_LATENCIES_PER_MESSAGE = 3.0
 # A point-to-point message (gossip's exchange, a pipeline's activations) between: a 92 KB
 # isend + irecv exchange took 3.86 ms over 1 Gbit/s with 1 ms (1.74 ms for one latency and the
-# bytes) and 17.87 ms over 100 Mbit/s with 5 ms (12.4 ms); 2 is taken.
+# bytes) and 17.87 ms over 100 Mbit/s with 5 ms (12.4 ms); 2 is taken. That is gloo's protocol
+# when both sides post at once (the receiver's "ready" notification crosses, then the bytes): a
+# pipeline, whose receives are posted when the schedule reaches them, gets the protocol itself
+# (Cluster.p2p_delivery).
 GLOO_P2P_LATENCIES = 2.0
 
 
@@ -112,6 +118,25 @@ class Cluster:
 
     def p2p_s(self, a: int, b: int, nbytes: float) -> float:
         return self._link(a, b, self.p2p, GLOO_P2P_LATENCIES).send_s(nbytes)
+
+    def p2p_delivery(
+        self, a: int, b: int, nbytes: float, sent_s: float, posted_s: float, free_s: float
+    ) -> tuple[float, float]:
+        """A message from ``a`` to ``b`` sent at ``sent_s`` into a receive posted at
+        ``posted_s``, on a connection that is free from ``free_s`` (messages between the same
+        pair are one TCP stream, so their bytes go one after the other): ``(arrival,
+        connection free again)``. Between hosts this is gloo's protocol: the bytes leave only once
+        the receiver's "receive ready" notification has reached the sender (``Pair::send`` sends
+        at once only into a remote pending receive), so a receive posted late costs a latency
+        before the bytes' own, and one posted early costs nothing. Inside a host the measured
+        point-to-point cost is used as it is (``p2p_s``)."""
+        if not self.crosses(a, b):
+            return sent_s + self.p2p_s(a, b, nbytes), free_s
+        net = self.network
+        path = self.p2p.then(Link(net.latency_s, net.bandwidth_Bps))
+        start = max(sent_s, posted_s + net.latency_s, free_s)
+        done = start + nbytes / path.bandwidth_Bps
+        return done + path.latency_s, done
 
     def ring(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world)) if ranks is None else sorted(ranks)
@@ -519,12 +544,31 @@ def pipeline(
     ends = [[0.0] * steps for _ in range(world)]
     busy, wait = [0.0] * world, [0.0] * world
     moved = [0.0, 0.0]
+    sent: dict[tuple, tuple] = {}  # message -> (sent at, sender, receiver, bytes)
+    posted: dict[tuple, float] = {}  # message -> when its receiver posted the receive
+    free: dict[tuple[int, int], float] = {}  # (sender, receiver) -> connection free from
+
+    def deliver(key: tuple) -> None:
+        """Schedule a message's arrival once it is both sent and its receive posted."""
+        if key not in sent or key not in posted:
+            return
+        t, a, b, nbytes = sent.pop(key)
+        at, free[a, b] = cluster.p2p_delivery(a, b, nbytes, t, posted.pop(key), free.get((a, b), 0))
+        arrive[key].succeed(delay=at - sim.now)
 
     def send(kind: str, q: int, i: int, src: int, dst: int, m: int, nbytes: float) -> None:
         a, b = q * S + src, q * S + dst
-        arrive[kind, q, i, dst, m].succeed(delay=cluster.p2p_s(a, b, nbytes))
+        key = (kind, q, i, dst, m)
+        sent[key] = (sim.now, a, b, nbytes)
+        deliver(key)
         moved[0] += nbytes
         moved[1] += nbytes * cluster.crosses(a, b)
+
+    def receive(kind: str, q: int, i: int, s: int, m: int) -> Event:
+        key = (kind, q, i, s, m)
+        posted[key] = sim.now
+        deliver(key)
+        return arrive[key]
 
     def stage(q: int, s: int):
         r = q * S + s
@@ -536,9 +580,9 @@ def pipeline(
             for kind, m in ops:
                 t = sim.now
                 if kind == "F" and s > 0:
-                    yield arrive["F", q, i, s, m]
+                    yield receive("F", q, i, s, m)
                 if kind == "B" and s < S - 1:
-                    yield arrive["B", q, i, s, m]
+                    yield receive("B", q, i, s, m)
                 wait[r] += sim.now - t
                 c = fwd[s][m] if kind == "F" else bwd[s][m]
                 busy[r] += c
