@@ -24,6 +24,7 @@ from gnnpar.training.loop import Final, Plan, train
 from gnnpar.training.losses import LocalStep, loss_fn
 from gnnpar.training.protocols import BaseSource, Source, Sync
 from gnnpar.training.sources import Resumable
+from gnnpar.training.straggler import Straggler
 from gnnpar.training.sync import NoSync
 
 
@@ -181,6 +182,58 @@ def test_time_breakdown_adds_up(tmp_path):
     assert sum(r["step_times_s"]) == pytest.approx(b["data_wait"] + b["compute"])
     assert r["step_time_s"]["count"] == 6 and len(r["first_batch_wait_s"]) == 1
     assert r["first_batch_wait_s"][0] >= 0.003
+
+
+# ------------------------------------------------------------------------ emulated stragglers
+class WaitsInsideTheStep(NoSync):
+    """As DDP: part of each step is spent blocked on the other ranks inside backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside: list[float] = []
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        time.sleep(0.02)
+        self.inside.append(time.perf_counter() - t0)
+
+    def waited_in_step_s(self) -> float:
+        return self.inside[-1]
+
+    def after_backward(self, has_batch: bool) -> bool:
+        self.clock.seconds += self.inside[-1]
+        return has_batch
+
+
+class SeenSteps(Straggler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
+    def after_step(self, step_s: float) -> None:
+        self.seen.append(step_s)
+
+
+def test_a_stragglers_pause_is_drawn_on_its_compute_not_on_its_waits(tmp_path):
+    """A sampled rank's DDP all-reduce waits for the other rank inside backward; a straggler's
+    pause multiplied that wait too, so with every rank slowed each pause grew on the others'
+    (a 10x straggler pair: a 58 s step after 0.4 s ones). The straggler is given the step less
+    the wait: never more than the step's compute as the time breakdown counts it."""
+    sync = WaitsInsideTheStep()
+    plan = make_plan(Batches(2, steps=3), sync, step_s=0.005)
+    inner = plan.step.loss
+
+    def loss(net, batch):
+        out = inner(net, batch)
+        sync.wait()
+        return out
+
+    plan.step.loss = loss
+    plan.straggler = SeenSteps()
+    out = train(config(tmp_path, epochs=2), plan)
+    seen = plan.straggler.seen
+    assert len(seen) == len(out.step_times) == len(sync.inside) == 6
+    assert all(0.005 <= s <= t for s, t in zip(seen, out.step_times, strict=True))
 
 
 # --------------------------------------------------------------------------- resume midway

@@ -12,7 +12,7 @@ calls them directly. :func:`train` then runs, on every rank::
         for batch in source.epoch(epoch):          # None: this rank sits this step out
             optimizer.zero_grad()
             loss = step(batch)                     # forward + backward (pipelines: schedule.step)
-            straggler.after_step(compute time)     # --slowdown / --jitter
+            straggler.after_step(compute time)     # --slowdown / --jitter (waits excluded)
             if sync.after_backward(has_batch):     # all-reduce or gossip of gradients
                 optimizer.step()
             sync.after_step(has_batch)             # averaging or gossip of parameters
@@ -243,8 +243,10 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                 opt.zero_grad(set_to_none=True)
                 with precision():
                     loss = plan.step(batch) if has_batch else None
-                if has_batch:
-                    plan.straggler.after_step(time.perf_counter() - t1)
+                if has_batch:  # its compute: not what it waited for others inside the step
+                    plan.straggler.after_step(
+                        max(0.0, time.perf_counter() - t1 - sync.waited_in_step_s())
+                    )
                 if sync.after_backward(has_batch):
                     opt.step()
                 sync.after_step(has_batch)

@@ -24,6 +24,9 @@ probes for nothing. The defaults live in two small base classes that every part 
 ``Sync``               the loop calls
 =====================  =======================================================================
 ``start_epoch()``      before an epoch's first batch
+``waited_in_step_s()`` after a step's forward and backward: what of it was spent blocked on
+                       other ranks (DDP's all-reduce in backward); a straggler's pause is
+                       drawn on the rest
 ``after_backward(b)``  after a step's backward (``b``: this rank had a batch); True: the
                        optimizer steps
 ``after_step(b)``      after the optimizer step
@@ -101,6 +104,8 @@ class Sync(Protocol):
     exchanges: int
 
     def start_epoch(self) -> None: ...
+
+    def waited_in_step_s(self) -> float: ...
 
     def after_backward(self, has_batch: bool) -> bool: ...
 

@@ -47,6 +47,11 @@ class NoSync:
     def start_epoch(self) -> None:
         pass
 
+    def waited_in_step_s(self) -> float:
+        """Of the step just computed, the seconds spent blocked on other ranks inside it (DDP's
+        all-reduce in backward), which an emulated straggler's pause must not multiply."""
+        return 0.0
+
     def after_backward(self, has_batch: bool) -> bool:
         return has_batch
 
@@ -174,8 +179,11 @@ class DDPHooks(NoSync):
 
         return allreduce_hook(None, bucket).then(done)
 
+    def waited_in_step_s(self) -> float:
+        return max(0.0, self.last_done - self.last_call)
+
     def after_backward(self, has_batch: bool) -> bool:
-        self.clock.seconds += max(0.0, self.last_done - self.last_call)
+        self.clock.seconds += self.waited_in_step_s()
         self.last_call = self.last_done = 0.0  # a step without a hook adds 0
         return has_batch
 
