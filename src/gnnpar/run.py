@@ -129,7 +129,8 @@ RANK_MODULES = launch.TRAIN_RANK_MODULES  # imported by the fork server, before 
 def _rank_main(cfg_dict: dict[str, Any], dims: ParallelDims, log_dir: str) -> dict[str, Any] | None:
     """What every local rank runs (module level so that ``spawn`` can pickle it)."""
     # An exception propagates to torch's @record wrapper, which writes "<Type>: <message>" and
-    # the traceback into the agent's per-rank error file, where the launcher reads it back.
+    # the traceback into the agent's per-rank error file, where the launcher reads it back; a
+    # collective that failed because of a peer is told in gnnpar's words (run_rank).
     return run_rank(Config.from_dict(cfg_dict), dims)
 
 
@@ -169,6 +170,11 @@ def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str,
             save_model(out / "model.pt", outcome.model, cfg, ds, result)
             write_result(result, out)
         return result if ctx.is_main else None
+    except RuntimeError as e:  # a collective failed because of a peer: who and why, in our words
+        message = dist.peer_failure(e)  # (here, while the heartbeat watch's view still holds)
+        if message is None or isinstance(e, dist.CollectiveFailedError):
+            raise
+        raise dist.CollectiveFailedError(message) from e
     finally:
         if beats is not None:
             beats.stop()

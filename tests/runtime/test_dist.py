@@ -267,3 +267,28 @@ def test_a_collective_that_failed_because_a_peer_went_away_gets_one_message_nami
     assert peer_failure(tdist.DistNetworkError("Connection reset by peer")) is not None
     assert peer_failure(RuntimeError("CUDA out of memory")) is None
     assert peer_failure(ValueError("/gloo/ is not a peer")) is None
+
+
+def test_a_collective_that_timed_out_while_every_peer_beat_names_a_slow_rank(monkeypatch):
+    """Every other rank still answered its heartbeat when the collective timed out: none is
+    gone, one is slower than --timeout allows (a 300x --slowdown straggler on sampled gave
+    gloo's bare "Timed out waiting 5000ms"). Without a watch running, the general message."""
+    from gnnpar.runtime import heartbeat
+    from gnnpar.runtime.dist import peer_failure
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(heartbeat, "silence", None)
+    monkeypatch.setattr(heartbeat, "watched_timeout_s", 5.0)
+    gloo = RuntimeError(
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out "
+        "waiting 5000ms for send operation to complete"
+    )
+    message = peer_failure(gloo)
+    assert message.startswith("rank 0 of 2: a collective with the other ranks timed out (")
+    assert "still answering its heartbeat" in message and "--timeout 5 s" in message
+    assert message.endswith("Raise --timeout.")
+    closed = RuntimeError("[/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    assert "a peer stopped answering" in peer_failure(closed)  # gone, not slow
+    monkeypatch.setattr(heartbeat, "watched_timeout_s", None)
+    assert "a peer stopped answering" in peer_failure(gloo)

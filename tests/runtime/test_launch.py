@@ -137,6 +137,7 @@ def test_root_cause_ordering_prefers_real_errors_over_their_consequences():
     assert _collateral("DistBackendError: connection closed by peer") == 2
     assert _collateral("StoreUnreachableError: rank 1 of 2 reached the store but ...") == 2
     assert _collateral("Signal 15 (SIGTERM) received by PID 12") == 3
+    assert _collateral("CollectiveFailedError: rank 0 of 2: a collective ...") == 2
 
 
 def _error_file(log_dir, rank: int, message: str, timestamp: int, attempt: int = 0) -> None:
@@ -182,6 +183,23 @@ def test_the_cause_is_reported_not_the_rank_the_agent_saw_exit_first(tmp_path, l
     _error_file(tmp_path / "c", 1, "KeyError: new", 60, attempt=1)
     message = str(_describe(_first_exit(0, reset, 60), str(tmp_path / "c")))
     assert message.startswith("rank 1 failed: KeyError: new")
+
+
+def test_a_collective_failure_in_gnnpars_words_is_reported_as_it_is_unless_a_cause_is_known(
+    tmp_path,
+):
+    """A rank's CollectiveFailedError names the rank itself (no "rank R failed: " before it);
+    it is the consequence of another rank's own error where there is one."""
+    from gnnpar.runtime.launch import _describe
+
+    slow = "CollectiveFailedError: rank 0 of 2: a collective with the other ranks timed out"
+    _error_file(tmp_path / "a", 0, slow, 100)
+    message = str(_describe(_first_exit(0, slow, 100), str(tmp_path / "a")))
+    assert message.startswith("rank 0 of 2: a collective with the other ranks timed out.")
+    _error_file(tmp_path / "b", 0, slow, 100)
+    _error_file(tmp_path / "b", 1, "ValueError: boom on rank 1", 101)
+    message = str(_describe(_first_exit(0, slow, 100), str(tmp_path / "b")))
+    assert message.startswith("rank 1 failed: ValueError: boom on rank 1 (then also rank 0)")
 
 
 @pytest.mark.timeout(180)

@@ -217,6 +217,14 @@ def peer_failure(e: BaseException) -> str | None:
     if not isinstance(e, dist.DistError) and not gloo:
         return None
     who = f"rank {os.environ.get('RANK', '?')} of {os.environ.get('WORLD_SIZE', '?')}"
+    timeout_s = heartbeat.watched_timeout_s
+    if timeout_s is not None and heartbeat.silence is None and "Timed out" in str(e):
+        return (
+            f"{who}: a collective with the other ranks timed out ({_first_line(e)}) while "
+            "every other rank was still answering its heartbeat: a rank is slower than "
+            f"--timeout {timeout_s:g} s allows (a long step or first step, or a --slowdown "
+            "straggler), not gone. Raise --timeout."
+        )
     seen = f" (by then {heartbeat.silence})" if heartbeat.silence else ""
     return (
         f"{who}: a collective or store call with the other ranks failed ({_first_line(e)}){seen}:"
@@ -228,6 +236,12 @@ def peer_failure(e: BaseException) -> str | None:
 def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class CollectiveFailedError(RankFailedError):
+    """A rank of gnnpar's launcher whose collective failed because of a peer: the message is
+    :func:`peer_failure`'s (it names the rank); the launcher ranks it below a rank's own error,
+    which is usually the cause (:func:`gnnpar.runtime.launch._collateral`)."""
 
 
 class StoreUnreachableError(RankFailedError):

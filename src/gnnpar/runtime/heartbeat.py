@@ -93,11 +93,15 @@ class Heartbeat:
         self.me = " ".join(me)
 
     def start(self) -> Heartbeat:
+        global watched_timeout_s
+        watched_timeout_s = self.timeout_s
         self.thread.start()
         return self
 
     def stop(self) -> None:
         """This rank is done: say so, so that nobody takes its silence for a stall."""
+        global watched_timeout_s
+        watched_timeout_s = None
         self.stop_event.set()
         self.thread.join(timeout=5 * self.interval + 1)
         if self.io.ident is not None:  # its last count must not follow "done"
@@ -228,6 +232,10 @@ class Heartbeat:
 # What this rank's heartbeat watch last saw silent, if anything: the store, or the peer silent
 # longest (``None`` when all answered). A collective that fails names it (dist.peer_failure).
 silence: str | None = None
+# The --timeout of this rank's running watch; None when no watch runs (one process alone, or
+# stopped). With a watch running and nothing silent, a collective that timed out waited for a
+# rank that is alive but slower than --timeout allows (dist.peer_failure says so).
+watched_timeout_s: float | None = None
 
 
 def next_step() -> str:

@@ -42,6 +42,7 @@ import gnnpar
 from gnnpar import RankFailedError, UsageError
 
 _USAGE_PREFIX = "UsageError: "
+_COLLECTIVE_PREFIX = "CollectiveFailedError: "  # dist.CollectiveFailedError, as @record writes it
 
 # What one rank holds before it loads any data: Python, torch, PyG. Measured 2026-11-22 on the CI
 # box (torch 2.13 CPU): ~235 MiB anonymous memory (smaps_rollup) per spawned rank; 200 MiB
@@ -90,6 +91,8 @@ def _collateral(message: str) -> int:
         return 2  # gloo's RuntimeError when the peer it talked to died (the peer is the cause)  # a peer vanished or timed out: usually the consequence of another failure
     if message.startswith("StoreUnreachableError"):
         return 2  # dist.setup's message for the same, when the group is being formed
+    if message.startswith(_COLLECTIVE_PREFIX):
+        return 2  # dist.peer_failure's message for the same, in gnnpar's words
     if message.startswith("Signal ") or "To enable traceback" in message:
         return 3  # stopped by the agent (or killed): no exception of its own
     return 1
@@ -447,8 +450,11 @@ def _describe(e: Any, log_dir: str) -> Exception:
     _, _, rank, message = failures[0]
     if message.startswith(_USAGE_PREFIX):
         return UsageError(message[len(_USAGE_PREFIX) :])
+    head = f"rank {rank} failed: "
+    if message.startswith(_COLLECTIVE_PREFIX):  # it names the rank itself
+        message, head = message[len(_COLLECTIVE_PREFIX) :], ""
     others = sorted(r for _, _, r, _ in failures[1:])
     also = f" (then also rank {', '.join(map(str, others))})" if others else ""
     tb = Path(log_dir, f"rank{rank}.traceback.txt")
     where = f" Traceback: {tb}" if tb.exists() else f" Logs: {log_dir}"
-    return RankFailedError(f"rank {rank} failed: {message.rstrip('.')}{also}.{where}")
+    return RankFailedError(f"{head}{message.rstrip('.')}{also}.{where}")
