@@ -26,9 +26,9 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
   its receive when it reaches that operation (as the schedules do). Inside a host a message
   arrives one measured point-to-point cost after it was sent; between hosts it follows gloo's
   rendezvous (:meth:`Cluster.p2p_delivery`: the bytes leave once the receive is posted and the
-  notification has crossed, one message after another on a pair's connection). Hybrid: after its schedule each stage
-  all-reduces its gradients with the same stage of the other copies. No epoch barrier
-  (``NoSync``): a stage starts the next step as soon as its inputs come.
+  notification has crossed, one message after another on a pair's connection). Hybrid: after
+  its schedule each stage all-reduces its gradients with the same stage of the other copies.
+  No epoch barrier (``NoSync``): a stage starts the next step as soon as its inputs come.
 * :func:`sampled`: DDP over neighbour-sampled batches. Each rank's DataLoader has ``W`` workers,
   batch ``i`` made by worker ``i mod W`` (one thread), ``2 W`` batches dispatched at the start
   and one more each time the rank takes a batch (``prefetch_factor=2``), delivered in order;
