@@ -514,6 +514,39 @@ def test_two_hosts_on_one_machine_share_its_cores():
     assert shared.epoch_s == pytest.approx(2 * 0.03 + barrier)
 
 
+@pytest.mark.parametrize("k", [1, 20])
+def test_gossip_slows_a_step_by_the_co_run_factor_as_far_as_the_others_compute(k):
+    """Two namespace hosts on this machine, 50 ms apart: rank 1's every store call crosses the
+    link, so it spends most of its time waiting on the network and rank 0 trains nearly every
+    subgraph alone; the co-run factor measured with both ranks computing (1.5) then hardly
+    slows it (the old rule: every step 1.5x). Two ranks of one host, both computing all the
+    time, keep nearly all of it."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, predict, simulate
+
+    def prof(corun: float) -> Profile:
+        return Profile(
+            machine="test", cores=2, threads=1, dataset="cora", model="gcn", epochs=1, seed=0,
+            num_nodes=2708, num_train=140, param_bytes=1_000, base_rss_bytes=100 << 20,
+            full_step_s=0.03, parts_step_s={"4": [0.01] * 4},
+            comm={"ring_step": [1e-4, 1e9], "p2p_link": [1e-4, 1e9], "corun_factor": corun,
+                  "store_rtt_s": 1e-4},
+        )  # fmt: skip
+
+    c = Candidate("gossip", {"partitions": 4, "sync_every": k}, 2)
+    far = ClusterSpec(2, 1, sim.Link(0.05, 1e9), hosts_per_machine=2)
+    batches = simulate(c, prof(1.5), far, sim.NONE, 50).batches
+    assert batches[0] > 5 * batches[1]
+    slowed = predict(c, prof(1.5), far, sim.NONE, 50)
+    assert slowed.epoch_s / predict(c, prof(1.0), far, sim.NONE, 50).epoch_s < 1.02
+    one = ClusterSpec(1, 2, None)
+    ratio = (
+        predict(c, prof(1.5), one, sim.NONE, 50).epoch_s
+        / predict(c, prof(1.0), one, sim.NONE, 50).epoch_s
+    )
+    assert ratio > 1.4
+
+
 def test_seed_batch_sizes_add_a_ranks_share_where_it_is_smaller():
     from gnnpar.advise.profile import Need, seed_batch_sizes
 

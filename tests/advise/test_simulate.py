@@ -119,6 +119,14 @@ def test_gpipe_across_two_hosts_waits_for_each_receive_to_be_posted():
     assert r.bytes_moved == r.bytes_between_hosts == 400.0
 
 
+def test_gossip_ranks_steps_take_their_own_speed():
+    """Four 1 s subgraphs, no averaging; rank 1's steps take 3x (its cores shared): rank 0
+    trains three of them (0-1, 1-2, 2-3), rank 1 one (0-3); each computed for 3 s."""
+    c = one_host(2)
+    r = sim.gossip(c, [1.0] * 4, 1, 100, 0, 0, speed=[1.0, 3.0])
+    assert r.train_time_s == 3.0 and r.batches == [3, 1] and r.compute_s == [3.0, 3.0]
+
+
 def test_pipeline_steps_group_into_epochs_without_a_barrier():
     """ViG: an epoch is several pipeline steps (one per mini-batch). Two steps of the GPipe
     case above (10.25 s each, back to back) make one epoch of 20.5 s; four steps two epochs.

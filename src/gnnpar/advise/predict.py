@@ -276,6 +276,37 @@ def _slowdown(
     return share * max(1.0, measured / shared_then)
 
 
+def _corun_by_overlap(
+    run, world: int, per_host: int, full: float, alone: float, passes: int = 4
+) -> sim.SimResult:
+    """Gossip's ranks do not compute in step: a rank far from the store (across a link) spends
+    most of its time on store round trips, and the rank beside it then computes nearly alone.
+    ``full`` slows a step as if every rank sharing its machine computed all the time (the
+    co-run factor is measured so), ``alone`` as a rank alone on it. ``run(speed)`` simulates with
+    each rank's steps ``speed`` times ``full``'s; each pass gives a rank the factor
+    ``alone + (full - alone) * u``, ``u`` the mean share of the run that the other ranks of its
+    machine spent computing in the pass before, until the factors settle (1%) or ``passes``
+    more runs. Lock-step strategies compute together and keep ``full``."""
+    speed = [1.0] * world
+    result = run(speed)
+    if per_host < 2 or full <= alone:
+        return result
+    for _ in range(passes):
+        total = result.train_time_s or 1.0
+        share = [x / total for x in result.compute_s]
+        new = []
+        for r in range(world):
+            first = r // per_host * per_host
+            others = [share[o] for o in range(first, min(first + per_host, world)) if o != r]
+            u = min(1.0, sum(others) / len(others)) if others else 0.0
+            new.append((alone + (full - alone) * u) / full)
+        if max(abs(a - b) for a, b in zip(new, speed, strict=True)) < 0.01:
+            break
+        speed = new
+        result = run(speed)
+    return result
+
+
 def _first_extra(prof: Profile, partitions: int) -> list[float]:
     """Per subgraph, what a rank's first step on it costs beyond the others (0 in profiles
     from before it was measured)."""
@@ -325,7 +356,7 @@ def simulate(
             compute.append(epochs_r)
         return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag)
     if c.strategy in ("gossip", "gossip-bipartite"):
-        f = _slowdown(prof, per_host)
+        f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         pool = WorkPool(None, "", len(part_s), epochs, seed)
         parts = [i for e in range(epochs) for i in pool.order(e)]
@@ -337,20 +368,28 @@ def simulate(
         # per step: one take from the pool, a quarter of a publish of its speed (the pairing's
         # store calls are charged by the simulation, call by call)
         overhead = [1.25 * t for t in store_rtt]
-        return sim.gossip(
-            cluster,
-            positions,
-            epochs,
-            s["sync_every"],
-            prof.param_bytes,
-            seed,
-            strag,
-            bipartite=c.strategy == "gossip-bipartite",
-            step_overhead_s=overhead,
-            store_rtt_s=store_rtt,
-            position_part=parts,
-            first_extra_s=[x * f for x in _first_extra(prof, s["partitions"])],
-        )
+
+        def run(speed: list[float]) -> sim.SimResult:
+            return sim.gossip(
+                cluster,
+                positions,
+                epochs,
+                s["sync_every"],
+                prof.param_bytes,
+                seed,
+                strag,
+                bipartite=c.strategy == "gossip-bipartite",
+                step_overhead_s=overhead,
+                store_rtt_s=store_rtt,
+                position_part=parts,
+                first_extra_s=[x * f for x in _first_extra(prof, s["partitions"])],
+                speed=speed,
+            )
+
+        # a rank whose machine-mates idle: a lone rank's step (the co-run factor is clamped at
+        # 1 where the real loop ran faster than the profile's steps; so is this)
+        alone = max(1.0, prof.threads / max(prof.cores, 1)) * max(1.0, prof.loop_factor)
+        return _corun_by_overlap(run, world, per_host, f, min(f, alone))
     if c.strategy in ("pipeline", "hybrid"):
         replicas = s.get("replicas", 1)
         p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]

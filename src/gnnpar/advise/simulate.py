@@ -202,6 +202,7 @@ class SimResult:
     bytes_moved: float  # between ranks, whole run
     bytes_between_hosts: float  # the part of it that crosses hosts
     log: list = field(default_factory=list)  # gossip: (time, claimer, partner); pool: takes
+    compute_s: list[float] = field(default_factory=list)  # gossip, per rank: steps alone
 
     @property
     def mean_epoch_s(self) -> float:
@@ -307,6 +308,7 @@ def gossip(
     store_rtt_s: Sequence[float] | None = None,
     position_part: Sequence[int] | None = None,
     first_extra_s: Sequence[float] | None = None,
+    speed: Sequence[float] | None = None,
 ) -> SimResult:
     """``position_s[i]``: seconds of the step that trains the subgraph at pool position ``i``
     (``epochs * parts`` positions; the order is the pool's, :meth:`WorkPool.order`).
@@ -318,8 +320,11 @@ def gossip(
     compare-and-sets and its look at each candidate's speed, and the release after an exchange.
     ``position_part[i]``: the subgraph at pool position ``i``; ``first_extra_s[part]``: what a
     rank's first step on that subgraph costs beyond ``position_s`` (each rank derives what its
-    model keeps from a subgraph the first time it takes it)."""
+    model keeps from a subgraph the first time it takes it). ``speed[rank]``: how much longer
+    that rank's steps take than ``position_s`` says (the cores it shares; 1 by default).
+    ``compute_s`` of the result: each rank's steps, without pauses and store calls."""
     world = cluster.world
+    speed = list(speed or [1.0] * world)
     overhead = list(step_overhead_s or [0.0] * world)
     rtt = list(store_rtt_s or [0.0] * world)
     owed = [0.0] * world  # store round trips of this boundary, paid before the rank goes on
@@ -342,6 +347,7 @@ def gossip(
     final = Rendezvous(sim, world)
     counter = [0]
     busy, wait, batches = [0.0] * world, [0.0] * world, [0] * world
+    compute = [0.0] * world
     log: list = []
     moved = [0.0, 0.0]
 
@@ -437,6 +443,8 @@ def gossip(
                 if part not in seen[r]:
                     seen[r].add(part)
                     c += first_extra_s[part]
+            c *= speed[r]
+            compute[r] += c
             c += straggler.pause_s(c) + overhead[r]
             busy[r] += c
             batches[r] += 1
@@ -477,7 +485,16 @@ def gossip(
     _run(sim, procs, "gossip")
     train = sim.now
     return SimResult(
-        [train / epochs] * epochs, train, batches, busy, wait, len(log), moved[0], moved[1], log
+        [train / epochs] * epochs,
+        train,
+        batches,
+        busy,
+        wait,
+        len(log),
+        moved[0],
+        moved[1],
+        log,
+        compute,
     )
 
 
