@@ -258,6 +258,12 @@ def memory_per_rank(c: Candidate, prof: Profile) -> int:
     return int(prof.base_rss_bytes + need)
 
 
+def _time_share(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> float:
+    """How much longer a step takes when a host's ranks (and their busy loader workers) ask for
+    more cores than there are: their threads time-share them."""
+    return max(1.0, ranks_per_host * (prof.threads + busy_workers) / max(prof.cores, 1))
+
+
 def _slowdown(
     prof: Profile, ranks_per_host: int, busy_workers: float = 0.0, kind: str = "corun_factor"
 ) -> float:
@@ -265,7 +271,7 @@ def _slowdown(
     time-sharing where they ask for more cores than there are, times the slowdown measured
     with two ranks training at once (shared cores, SMT siblings, memory bandwidth)."""
     cores = max(prof.cores, 1)
-    share = max(1.0, ranks_per_host * (prof.threads + busy_workers) / cores)
+    share = _time_share(prof, ranks_per_host, busy_workers)
     if ranks_per_host == 1:
         return share * prof.loop_factor
     # the co-run factor was measured with two ranks of prof.threads each on this machine: the
@@ -388,7 +394,7 @@ def simulate(
 
         # a rank whose machine-mates idle: a lone rank's step (the co-run factor is clamped at
         # 1 where the real loop ran faster than the profile's steps; so is this)
-        alone = max(1.0, prof.threads / max(prof.cores, 1)) * max(1.0, prof.loop_factor)
+        alone = _time_share(prof, 1) * max(1.0, prof.loop_factor)
         return _corun_by_overlap(run, world, per_host, f, min(f, alone))
     if c.strategy in ("pipeline", "hybrid"):
         replicas = s.get("replicas", 1)
