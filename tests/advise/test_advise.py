@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -73,6 +74,9 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
     # the real loop's slow steps, measured on sequential's subgraphs, apply to every step
     f = prof["loop_factor"]
     assert 0.5 <= f < 5
+    # taken in rounds (each timing the steps alone, then the real loop), the median kept
+    rounds = prof["probe_rounds"]["loop_factor"]
+    assert len(rounds) == 3 and f == pytest.approx(statistics.median(rounds))
     step = (s["main_sample_s"] + s["compute_s"]) * f + prof["loop_step_s"]
     assert sampled["train_time_s"] == pytest.approx(9 * step + s["first_batch_s"])
     assert (out / "advice.png").stat().st_size > 1000
@@ -345,7 +349,12 @@ def test_sampled_profile_measures_loader_workers_and_a_ranks_own_batch(validatio
     assert set(prof["sampled"]) == {"70", "512"}
     for b in prof["sampled"].values():
         assert b["worker_s"] > 0 and b["recv_s"] > 0 and b["compute_recv_s"] > 0, b
-    assert prof["comm"]["sampled_corun_factor"] >= 1.0
+    # both co-run factors: the median of rounds that each time a rank's steps alone, then two
+    # ranks in the real loop
+    for probe in ("corun_factor", "sampled_corun_factor"):
+        rounds = prof["probe_rounds"][probe]
+        assert len(rounds) == 3 and min(rounds) >= 1.0, (probe, rounds)
+        assert prof["comm"][probe] == pytest.approx(statistics.median(rounds))
     workers = {p["settings"]["loader_workers"] for p in advice["predictions"]}
     assert workers == {0, 2}
 
@@ -732,3 +741,17 @@ def test_repeated_validation_alternates_the_order_and_compares_with_the_median()
     assert case["failed_runs"] == ["exit 1: boom"] and "failed" not in case
     failed = _combined([{**run, "measured_epoch_s": None, "error": None, "failed": "exit 1"}])
     assert failed["failed"] == "exit 1" and failed["error"] is None
+
+
+def test_a_profile_whose_probe_rounds_disagree_says_so():
+    """The machine's speed changed while it was profiled: a ratio probe's rounds more than 20%
+    apart give one note naming the probe, its range and the median used; rounds that agree
+    (or a single round, or none) give none."""
+    from gnnpar.advise.report import steadiness_note
+
+    assert steadiness_note({}) is None
+    assert steadiness_note({"corun_factor": [1.96]}) is None
+    assert steadiness_note({"corun_factor": [1.15, 1.23, 1.30], "loop_factor": [1.0]}) is None
+    note = steadiness_note({"loop_factor": [1.0, 1.1, 1.15], "corun_factor": [1.15, 1.23, 1.96]})
+    assert "two ranks' co-run slowdown came out at 1.15-1.96 in 3 rounds" in note
+    assert "the median, 1.23, is used" in note

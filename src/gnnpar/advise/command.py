@@ -332,7 +332,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         f"({prof.cores} cores, {req.threads} thread(s) per rank) "
         + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
     )
-    report.print_table(preds, title, rec)
+    report.print_table(preds, title, rec, report.steadiness_note(prof.probe_rounds))
     cluster = {
         "hosts": c.hosts,
         "ranks_per_host": c.ranks_per_host,

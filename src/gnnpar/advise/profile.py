@@ -28,6 +28,14 @@ of their means, and on a shared machine a step's time has a long tail (another p
 the core for a while) that a median or a minimum would leave out; measured on Cora's 8
 subgraphs, the median step was 1.6-1.9 ms both here and in ``gnnpar train``, whose epochs
 nevertheless averaged 2.7-2.9 ms per step.
+
+The two ratios the profile takes (a step in the real loop against alone, :func:`real_loop_factor`;
+a step with two ranks training at once against alone, :func:`_corun_factor`) are taken in
+rounds that each time both sides back to back, and the median of the rounds' ratios is kept
+(``PROBE_ROUNDS``; their values are in ``Profile.probe_rounds``). Timed once each, minutes
+apart, on a VM whose speed drifts (a fixed 11 ms piece of work took 11-79 ms within one minute
+on the model-207 Xeon, 2026-11-27), one slow moment on one side made a co-run factor of 2.06
+where the runs themselves showed 1.1-1.35, and a grid's predictions 65-99% too slow.
 """
 
 from __future__ import annotations
@@ -52,6 +60,11 @@ ROUNDS = 15  # round-robin repetitions of a set of batches (fewer when a round i
 SAMPLED_BATCHES = 4  # sampled batches timed per batch size
 COMM_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 COMM_REPEATS = 9
+# rounds of a ratio probe (both sides timed back to back in each; the median ratio is kept),
+# where a round's two epochs fit PROBE_ROUND_BUDGET_S; else 1 (a large graph's long steps vary
+# less, and every round costs whole epochs)
+PROBE_ROUNDS = 3
+PROBE_ROUND_BUDGET_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,9 @@ class Profile:
     batch_size: int = 0  # images: --batch-size (per copy of the model)
     max_steps: int | None = None  # images: --max-steps (steps per epoch at most)
     images: dict[str, Any] = field(default_factory=dict)  # images: per-block costs per image
+    # each ratio probe's rounds ("loop_factor", "corun_factor", "sampled_corun_factor"): the
+    # profile keeps their median; how far apart they are says how steady this machine was
+    probe_rounds: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -251,26 +267,40 @@ def _probe_epochs(min_steps: int, per_epoch: int, step_s: float, budget_s: float
     return max(2, min(epochs, 1 + int(budget_s / max(step_s * per_epoch, 1e-9))))
 
 
+def probe_rounds(epoch_s: float) -> int:
+    """How many rounds a ratio probe takes (:data:`PROBE_ROUNDS`), given one epoch's seconds."""
+    return PROBE_ROUNDS if 2 * epoch_s <= PROBE_ROUND_BUDGET_S else 1
+
+
 def real_loop_factor(
     base: dict, ds, out: str, partitions: int | None, profiled_s: float, min_steps: int = 60
-) -> float:
-    """How much longer a step takes in the real training loop than profiled alone: sequential's
-    plan (its ``partitions`` subgraphs, else the full graph) trained by
+) -> list[float]:
+    """How much longer a step takes in the real training loop than profiled alone, per round
+    (:func:`probe_rounds`): sequential's plan (its ``partitions`` subgraphs, else the full
+    graph) has its batches' steps timed alone (:func:`interleaved_times`), then is trained by
     :func:`gnnpar.training.loop.train` for a few epochs (at least ``min_steps`` steps after the
-    first epoch, which warms up), the mean of the loop's own step times over ``profiled_s``,
-    the profiled mean step of the same batches. What it covers and the profile does not: the
+    first epoch, which warms up); the round's ratio is the mean of the loop's own step times
+    over the mean of the steps alone (with one round, ``profiled_s``: the profile's mean step of
+    these batches, which also sizes the rounds). What it covers and the profile does not: the
     slow steps between the quick ones (the loop's bookkeeping and Python's garbage collector
     disturbing the caches; on Cora-sized steps of ~1 ms the mean is 20-25% above the median)."""
     from gnnpar.training.loop import train
 
     per_epoch = partitions or 1
     flags = flags_for(base, "sequential", **({"partitions": partitions} if partitions else {}))
-    flags.update({"epochs": _probe_epochs(min_steps, per_epoch, profiled_s), "out": out})
-    cfg, plan = _plan(flags, ds)
-    times = train(cfg, _no_final(plan)).ranks[0].step_times[per_epoch:]
-    if not times or profiled_s <= 0:
-        return 1.0
-    return max(0.5, statistics.fmean(times) / profiled_s)
+    flags["epochs"] = _probe_epochs(min_steps, per_epoch, profiled_s)
+    rounds, ratios = probe_rounds(per_epoch * profiled_s), []
+    for i in range(rounds):
+        cfg, plan = _plan({**flags, "out": os.path.join(out, str(i))}, ds)
+        alone = profiled_s  # one round (long epochs): the profile's own timing of the batches
+        if rounds > 1:
+            step = _train_step(plan)
+            fns = [step(b) for b in plan.source.batches]
+            alone = statistics.fmean(interleaved_times(fns, budget_s=1.0))
+        times = train(cfg, _no_final(plan)).ranks[0].step_times[per_epoch:]
+        if times and alone > 0:
+            ratios.append(max(0.5, statistics.fmean(times) / alone))
+    return ratios or [1.0]
 
 
 def _worker_start_s(batches, sample_s: float) -> float:
@@ -711,7 +741,7 @@ def comm_rank(
         steps = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
         out["pipeline_step_s"] = {key: t for key, (t, _) in steps.items()}
         out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
-        out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else 1.0
+        out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else [1.0]
         if sampled is not None:
             out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx)
         return out if ctx.rank == 0 else None
@@ -756,14 +786,15 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
     return step_s, max(0.0, warm - step_s)
 
 
-def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
-    """How much slower a step is in a real two-rank run than alone: allreduce's own plan on
-    both ranks (its dealt subgraphs; averaging every ``--sync-every`` steps) trained by the real
-    loop (:func:`gnnpar.training.loop.train`) for at least ``min_steps`` steps per rank after
-    a first epoch that warms up; the mean of both ranks' step times (without waiting for each
-    other) against the same subgraphs' steps timed by rank 0 alone first. What it covers: the
-    two ranks sharing cores (SMT siblings) and memory bandwidth, gloo's and the heartbeat's
-    threads, and the loop's own slow steps (:func:`real_loop_factor`)."""
+def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> list[float]:
+    """How much slower a step is in a real two-rank run than alone, per round
+    (:func:`probe_rounds`): the steps of allreduce's own plan (rank 0's dealt subgraphs) timed
+    by rank 0 alone, the other rank idle at a barrier; then that plan on both ranks (averaging
+    every ``--sync-every`` steps) trained by the real loop (:func:`gnnpar.training.loop.train`)
+    for at least ``min_steps`` steps per rank after a first epoch that warms up: the mean of
+    both ranks' step times (without waiting for each other) over the steps alone. What it
+    covers: the two ranks sharing cores (SMT siblings) and memory bandwidth, gloo's and the
+    heartbeat's threads, and the loop's own slow steps (:func:`real_loop_factor`)."""
     import torch.distributed as dist
 
     from gnnpar.parallel import collectives
@@ -773,27 +804,70 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> float:
     ds = _probe_dataset(cfg)
     spec = registry.get("allreduce")
     plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-    dist.barrier()
-    alone: list[float] = []
-    if ctx.rank == 0:  # the same kind of steps, the other rank idle at the barrier
-        mine = [plan.source.graph.batch(p) for p in plan.source.mine]
-        alone = interleaved_times([_train_step(plan)(b) for b in mine], budget_s=5.0)
-    solo = statistics.fmean(collectives.gather_to_all(alone)[0] or [0.0])
-    return _two_rank_loop_ratio(flags, ds, ctx, plan.source.steps, solo, min_steps)
+    mine = [plan.source.graph.batch(p) for p in plan.source.mine]
+    steps = [_train_step(plan)(b) for b in mine]
+
+    def alone(rounds: int) -> float:  # the same kind of steps, the other rank idle
+        dist.barrier()
+        times = interleaved_times(steps, budget_s=5.0 / rounds) if ctx.rank == 0 else []
+        return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
+
+    return _two_rank_rounds(flags, ds, ctx, plan.source.steps, alone, min_steps)
 
 
-def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30) -> float:
-    """The co-run factor of sampled training, which differs from the subgraph strategies':
-    each step's gradients are averaged by DDP, whose hooks and gloo's thread run during the
-    backward, beside the other rank's step. sampled's own plan (``flags``: two ranks, batches
-    made in the rank) trained by the real loop on both ranks for at least ``min_steps`` steps
-    after a first epoch that warms up; the mean of both ranks' steps (making the batch and
-    training it, not the wait at the all-reduce, which the simulation charges itself) against
-    ``alone_s``, the same batch's making and step timed alone by the profile."""
+def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30) -> list[float]:
+    """The co-run factor of sampled training, per round, which differs from the subgraph
+    strategies': each step's gradients are averaged by DDP, whose hooks and gloo's thread run
+    during the backward, beside the other rank's step. Rank 0 alone first makes and trains a
+    few of its batches (the other rank idle at a barrier); then sampled's own plan (``flags``:
+    two ranks, batches made in the rank) is trained by the real loop on both ranks for at least
+    ``min_steps`` steps after a first epoch that warms up: the mean of both ranks' steps
+    (making the batch and training it, not the wait at the all-reduce, which the simulation
+    charges itself) over the steps alone. ``alone_s``: the profile's own cost of such a batch
+    (making and step), which sizes the rounds."""
+    import torch.distributed as dist
+
+    from gnnpar.data.sampling.loader import shard_plan
+    from gnnpar.parallel import collectives
+    from gnnpar.runtime.dist import DistContext
+    from gnnpar.strategies import registry
+
     cfg = build_config(None, flags)
     ds = _probe_dataset(cfg)
     per_epoch = _sampled_steps(cfg, ds, ctx.world_size)
-    return _two_rank_loop_ratio(flags, ds, ctx, per_epoch, alone_s, min_steps)
+    # batches of a rank's size, made and trained by a plan of one rank; built on both ranks,
+    # as sharing the graph file gathers its path from every rank of the process group
+    bs = cfg.strategy.batch_size
+    size = min(bs, shard_plan(int(ds.data.train_mask.sum()), ctx.world_size, bs)[0])
+    solo = build_config(None, {**flags, "batch-size": max(1, size)})
+    spec = registry.get("sampled")
+    mine = spec.build(solo, ds, DistContext(), spec.parallel_dims(solo, 1))
+
+    def alone(rounds: int) -> float:  # timed by rank 0, the other rank idle
+        dist.barrier()
+        times = [_made_and_trained_s(mine, 5.0 / rounds)] if ctx.rank == 0 else []
+        return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
+
+    try:
+        return _two_rank_rounds(flags, ds, ctx, per_epoch, alone, min_steps, alone_s)
+    finally:
+        mine.source.close()
+
+
+def _made_and_trained_s(plan, budget_s: float) -> float:
+    """Mean seconds to make one of sampled's batches in this process and train it (a fresh
+    batch each step, as the loop's), over up to ``SAMPLED_BATCHES`` batches after one warm-up,
+    fewer where they would take over ``budget_s``."""
+    batches, step = plan.source.batches, _train_step(plan)
+
+    def one(i: int) -> float:
+        t0 = time.perf_counter()
+        step(plan.source.mark(batches[i % batches.steps].to_data()))()
+        return time.perf_counter() - t0
+
+    first = one(0)
+    n = max(1, min(SAMPLED_BATCHES, int(budget_s / max(first, 1e-9))))
+    return statistics.fmean(one(i) for i in range(1, n + 1))
 
 
 def _probe_dataset(cfg):
@@ -804,23 +878,39 @@ def _probe_dataset(cfg):
     return load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
 
 
-def _two_rank_loop_ratio(
-    flags: dict, ds, ctx, per_epoch: int, alone_s: float, min_steps: int
-) -> float:
-    """The strategy of ``flags`` trained by the real loop on both ranks for at least
-    ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up: the mean of both
-    ranks' step times against ``alone_s``, at least 1 (1 where nothing was measured)."""
+def _two_rank_rounds(
+    flags: dict,
+    ds,
+    ctx,
+    per_epoch: int,
+    alone: Callable[[int], float],
+    min_steps: int,
+    step_s: float | None = None,
+) -> list[float]:
+    """Rounds (:func:`probe_rounds`) of: ``alone(rounds)`` (a step's seconds alone, the same
+    on both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
+    at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
+    round's ratio is the mean of both ranks' step times over the steps alone, at least 1.
+    ``step_s`` sizes the rounds (default: the first round's steps alone)."""
     from gnnpar.strategies import registry
     from gnnpar.training.loop import train
 
-    epochs = _probe_epochs(min_steps, per_epoch, alone_s)
-    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
-        cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
-        spec = registry.get(cfg.strategy.name)
-        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-        ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
-    busy = [t for r in ranks for t in r.step_times[per_epoch:]]
-    return max(1.0, statistics.fmean(busy) / alone_s) if alone_s > 0 and busy else 1.0
+    solo = alone(1 if step_s is None else probe_rounds(per_epoch * step_s))
+    rounds = probe_rounds(per_epoch * (step_s or solo))
+    epochs = _probe_epochs(min_steps, per_epoch, step_s or solo)
+    ratios = []
+    for i in range(rounds):
+        if i:
+            solo = alone(rounds)
+        with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
+            cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
+            spec = registry.get(cfg.strategy.name)
+            plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+            ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
+        busy = [t for r in ranks for t in r.step_times[per_epoch:]]
+        if solo > 0 and busy:
+            ratios.append(max(1.0, statistics.fmean(busy) / solo))
+    return ratios or [1.0]
 
 
 def _sampled_steps(cfg, ds, world: int) -> int:
@@ -867,10 +957,18 @@ def profile_comm(
         "store_rtt_s": out["store_rtt_s"],
         "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
         "pipeline_first_s": out["pipeline_first_s"],  # "1x2xM" -> its first step's extra
-        "corun_factor": out["corun_factor"],  # a step in a real 2-rank run / alone
+        # a step in a real 2-rank run / alone (the median of the probe's rounds)
+        "corun_factor": statistics.median(out["corun_factor"]),
         # the same for sampled's steps (DDP's hooks in the backward); absent: no sampled run
-        **({"sampled_corun_factor": out["sampled_corun_factor"]} if sampled else {}),
+        **(
+            {"sampled_corun_factor": statistics.median(out["sampled_corun_factor"])}
+            if sampled
+            else {}
+        ),
     }
+    prof.probe_rounds["corun_factor"] = out["corun_factor"]
+    if sampled:
+        prof.probe_rounds["sampled_corun_factor"] = out["sampled_corun_factor"]
 
 
 def _line(points: list[list[float]]) -> tuple[float, float]:
@@ -941,7 +1039,9 @@ def take_profile(
                 p = min(parts) if parts else None
                 step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
                 with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
-                    prof.loop_factor = real_loop_factor(base, ds, tmp, p, step_s)
+                    rounds = real_loop_factor(base, ds, tmp, p, step_s)
+                prof.loop_factor = statistics.median(rounds)
+                prof.probe_rounds["loop_factor"] = rounds
             sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
             if sizes:
                 profile_sampled(base, ds, sizes, prof, workers=loader_workers)

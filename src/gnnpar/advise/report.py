@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import textwrap
 from pathlib import Path
@@ -61,11 +62,40 @@ def rows(preds: list[Prediction]) -> list[list[str]]:
     return out
 
 
+# a ratio probe whose rounds differ by more than this says the machine was not steady
+UNSTEADY = 1.2
+PROBES = {
+    "loop_factor": "real loop's slowdown",
+    "corun_factor": "two ranks' co-run slowdown",
+    "sampled_corun_factor": "two sampled ranks' co-run slowdown",
+}
+
+
+def steadiness_note(probe_rounds: dict[str, list[float]]) -> str | None:
+    """A warning when a ratio probe's rounds (``Profile.probe_rounds``) disagree by more than
+    :data:`UNSTEADY`: the machine's speed changed while it was profiled (a shared VM), and
+    predictions from it are no closer than that spread; None when every probe agreed."""
+    spread = {k: max(v) / min(v) for k, v in probe_rounds.items() if len(v) > 1 and min(v) > 0}
+    worst = max(spread, key=spread.__getitem__, default=None)
+    if worst is None or spread[worst] < UNSTEADY:
+        return None
+    v = probe_rounds[worst]
+    med = statistics.median(v)
+    return (
+        f"note: this machine's speed changed while it was profiled: the "
+        f"{PROBES.get(worst, worst)} came out at {min(v):.2f}-{max(v):.2f} in {len(v)} rounds "
+        f"(the median, {med:.2f}, is used); predictions from this profile are no closer than "
+        f"that. Profile on a quiet machine, or again."
+    )
+
+
 HEADER = ["#", "strategy (settings)", "ranks", "epoch", "training", "speed-up", "waiting"]
 HEADER += ["memory/rank", "network"]
 
 
-def print_table(preds: list[Prediction], title: str, recommended: dict[str, Any]) -> None:
+def print_table(
+    preds: list[Prediction], title: str, recommended: dict[str, Any], note: str | None = None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -79,6 +109,8 @@ def print_table(preds: list[Prediction], title: str, recommended: dict[str, Any]
     settings = ", ".join(f"{k}={v}" for k, v in recommended["settings"].items())
     console.print(f"recommended: {recommended['strategy']} {settings}".rstrip())
     console.print(f"why: {recommended['why']}", soft_wrap=True)
+    if note:
+        console.print(note, soft_wrap=True)
 
 
 def plot(preds: list[Prediction], path: Path, title: str) -> None:
