@@ -248,6 +248,22 @@ def test_simulated_straggler_pauses_are_the_emulations(monkeypatch):
     assert len(slept) == len(steps) and any(p > 0.5 * t for p, t in zip(slept, steps))
 
 
+def test_a_stragglers_pause_leaves_out_what_the_emulation_does_not_slow():
+    """The loop draws rank 1's pause (3x) on forward and backward only: of a 1 s step, 0.25 s
+    (optimizer step, the loop's own work) is not slowed, so rank 1 pauses 2 x 0.75 s and a
+    lock-step step takes 2.5 s, not 3 s; the same in sampled's and gossip's ranks."""
+    c = one_host(2, ring=sim.Link(0.0, INF))
+    strag = sim.Stragglers({1: 3.0}, slowed_share=0.75)
+    steps = [[[1.0, 1.0]], [[1.0, 1.0]]]
+    assert sim.lockstep(c, steps, 1, 0, strag).train_time_s == 5.0
+    assert sim.lockstep(c, steps, 1, 0, sim.Stragglers({1: 3.0})).train_time_s == 6.0
+    assert sim.sampled(c, 2, 1, 1.0, 0.0, 0, 0, stragglers=strag).busy_s == [2.0, 5.0]
+    alone = sim.gossip(one_host(1), [1.0] * 4, 1, 100, 0, 0, stragglers=strag)
+    assert alone.busy_s == [4.0]  # rank 0 is no straggler
+    r = sim.gossip(c, [1.0] * 4, 1, 100, 0, 0, stragglers=strag)
+    assert sorted(r.batches) == [1, 3] and r.busy_s[1] == 2.5  # 1 step of 1 + 1.5 s
+
+
 def test_gossip_never_deadlocks_and_trains_every_position_once():
     for world in (2, 3, 4):
         for k in (1, 3):

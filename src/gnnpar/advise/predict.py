@@ -33,7 +33,7 @@ for the run (a lower bound: see there), a pipeline stage holding its share of th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gnnpar.advise import simulate as sim
@@ -333,6 +333,8 @@ def simulate(
     s, seed, world = c.settings, prof.seed, c.world
     strag = stragglers if c.strategy in STRAGGLING else sim.NONE
     loop = prof.loop_step_s  # the training loop's own share of every step
+    # a pause is drawn on the forward and backward's share of a step (not the optimizer's)
+    strag = replace(strag, slowed_share=prof.slowed_share)
     if c.strategy == "sequential":
         f = _slowdown(prof, 1)
         if prof.kind == "image":
@@ -432,6 +434,10 @@ def simulate(
             compute = b.get("compute_recv_s", compute) + b.get("recv_s", 0.0)
         busy = min(w, sample / max(compute, 1e-9)) if w else 0.0
         f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
+        share = b.get("slowed_share", prof.slowed_share)
+        if w:  # receiving a worker's batch comes before the step's clock: never slowed
+            share *= b.get("compute_recv_s", compute) / max(compute, 1e-12)
+        strag = replace(strag, slowed_share=share)
         return sim.sampled(
             cluster,
             steps,

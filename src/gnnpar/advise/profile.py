@@ -65,6 +65,10 @@ COMM_REPEATS = 9
 # less, and every round costs whole epochs)
 PROBE_ROUNDS = 3
 PROBE_ROUND_BUDGET_S = 5.0
+# each side of a round is timed for at least this long where steps are short: a VM's slow
+# moments come every second or two and last ~50 ms, so a window of 0.2 s (60 Cora steps) was
+# hit or missed by one, and a real loop factor's rounds spread 0.8-1.7
+PROBE_SIDE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,10 @@ class Profile:
     full_step_s: float | None = None
     loop_step_s: float = 0.0  # what the training loop adds to every step
     loop_factor: float = 1.0  # a step in the real loop / profiled alone (real_loop_factor)
+    # the share of a graph model's training step (the step times above) that is its forward
+    # and backward: the loop draws a straggler's pause on that share alone, not on the optimizer
+    # step; 1 in profiles from before it was measured
+    slowed_share: float = 1.0
     loader_start_s: float = 0.0  # a loader worker process's start, to its first batch
     parts_step_s: dict[str, list[float]] = field(default_factory=dict)  # str(P) -> per part
     # str(P) -> per part: what the first step on a subgraph costs beyond the others (what the
@@ -196,17 +204,30 @@ def _plan(flags: dict[str, Any], ds):
     return cfg, spec.build(cfg, ds, DistContext(), dims)
 
 
-def _train_step(plan) -> Callable[[Any], Callable[[], None]]:
+def _train_step(plan, split: list[tuple[float, float]] | None = None):
+    """``one(batch)``: a function that trains ``batch`` for a step, as the loop does; with
+    ``split``, each call appends (its forward and backward, the whole step) in seconds."""
+
     def one(batch):
         def run() -> None:
+            t0 = time.perf_counter()
             plan.optimizer.zero_grad(set_to_none=True)
             loss = plan.step(batch)
+            t1 = time.perf_counter()
             plan.optimizer.step()
             float(loss)
+            if split is not None:
+                split.append((t1 - t0, time.perf_counter() - t0))
 
         return run
 
     return one
+
+
+def _share(split: list[tuple[float, float]]) -> float:
+    """The forward and backward's share of the steps in ``split`` (1 where nothing was timed)."""
+    whole = sum(w for _, w in split)
+    return sum(f for f, _ in split) / whole if whole > 0 else 1.0
 
 
 def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool, prof: Profile):
@@ -214,13 +235,20 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
     if full:
         cfg, plan = _plan(flags_for(base, "sequential"), ds)
         (batch,) = plan.source.batches
-        (prof.full_step_s,) = interleaved_times([_train_step(plan)(batch)])
+        split: list[tuple[float, float]] = []
+        (prof.full_step_s,) = interleaved_times([_train_step(plan, split)(batch)])
+        prof.slowed_share = _share(split)
         prof.memory["full"] = _estimate(cfg, ds)
     for p in sorted(set(partitions)):
         cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
-        step = _train_step(plan)
+        split = []
         batches = plan.source.batches
-        prof.parts_step_s[str(p)] = interleaved_times([step(b) for b in batches])
+        prof.parts_step_s[str(p)] = interleaved_times(
+            [_train_step(plan, split)(b) for b in batches]
+        )
+        if p == min(partitions):  # the subgraphs' share where a grid has some (the last word)
+            prof.slowed_share = _share(split)
+        step = _train_step(plan)
         prof.parts_first_s[str(p)] = _first_step_extra(step, batches, prof.parts_step_s[str(p)])
         prof.memory[f"parts{p}"] = _estimate(cfg, ds)
 
@@ -262,7 +290,9 @@ def _no_final(plan):
 
 def _probe_epochs(min_steps: int, per_epoch: int, step_s: float, budget_s: float = 5.0) -> int:
     """Epochs of a real-loop probe: a first one that warms up, then at least ``min_steps``
-    steps, but not much over ``budget_s`` of training (a big graph's few slow steps say enough)."""
+    steps and :data:`PROBE_SIDE_S` seconds, but not much over ``budget_s`` of training (a big
+    graph's few slow steps say enough)."""
+    min_steps = max(min_steps, math.ceil(PROBE_SIDE_S / max(step_s, 1e-6)))
     epochs = 1 + math.ceil(min_steps / per_epoch)
     return max(2, min(epochs, 1 + int(budget_s / max(step_s * per_epoch, 1e-9))))
 
@@ -296,7 +326,7 @@ def real_loop_factor(
         if rounds > 1:
             step = _train_step(plan)
             fns = [step(b) for b in plan.source.batches]
-            alone = statistics.fmean(interleaved_times(fns, budget_s=1.0))
+            alone = statistics.fmean(interleaved_times(fns, 1 << 20, PROBE_SIDE_S))
         times = train(cfg, _no_final(plan)).ranks[0].step_times[per_epoch:]
         if times and alone > 0:
             ratios.append(max(0.5, statistics.fmean(times) / alone))
@@ -419,7 +449,7 @@ def profile_sampled(
         try:
             batches = plan.source.batches
             n = min(SAMPLED_BATCHES, batches.steps)
-            sample, compute, first = [], [], 0.0
+            sample, compute, first, split = [], [], 0.0, []
             for i in range(n):
                 threads = torch.get_num_threads()
                 torch.set_num_threads(1)
@@ -431,7 +461,7 @@ def profile_sampled(
                 data = plan.source.mark(b.to_data())
                 sample.append(time.perf_counter() - t0)
                 torch.set_num_threads(threads)
-                compute.append(_fresh_batch_time(plan, data))
+                compute.append(_fresh_batch_time(plan, data, split=split))
             made = []  # the rank making a batch itself (W = 0) at its threads
             for i in range(n):
                 t0 = time.perf_counter()
@@ -450,6 +480,7 @@ def profile_sampled(
             "main_sample_s": main,
             "compute_s": statistics.fmean(compute),
             "first_batch_s": max(0.0, first - sample_s),
+            "slowed_share": _share(split),  # forward and backward (see Profile.slowed_share)
             "fanouts": list(cfg.strategy.fanouts),
             **loader,
         }
@@ -468,20 +499,20 @@ def _first_step_extra(step, batches: list, steady_s: list[float]) -> list[float]
     return extra
 
 
-def _fresh_batch_time(plan, data, repeats: int = REPEATS) -> float:
+def _fresh_batch_time(plan, data, repeats: int = REPEATS, split: list | None = None) -> float:
     """Mean seconds of a training step on a batch it has not seen: a run trains each sampled
     batch once, so what the model derives from a batch and keeps for the next call on the same
     tensors (the sparse input's CSR plan, the GCN adjacency) is made in every step. Each
     repetition trains its own copy of the batch (new tensors, copied before the clock), its
-    features marked as the graph's rows, as the run's are (SampledSource.mark)."""
-    step = _train_step(plan)
+    features marked as the graph's rows, as the run's are (SampledSource.mark). ``split``: as
+    :func:`_train_step`'s, for the timed steps."""
     t0 = time.perf_counter()
-    step(data)()  # warm-up: allocator, autograd graph, lazy initialisation
+    _train_step(plan)(data)()  # warm-up: allocator, autograd graph, lazy initialisation
     # millisecond steps vary by +-30% from one set of 5 to the next: more of them, up to ~0.1 s
     warm = time.perf_counter() - t0
     repeats = max(repeats, min(4 * repeats, int(0.1 / max(warm, 1e-4))))
     copies = [plan.source.mark(data.clone()) for _ in range(repeats)]
-    times = []
+    step, times = _train_step(plan, split), []
     for c in copies:
         t0 = time.perf_counter()
         step(c)()
@@ -807,9 +838,9 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> list[float]:
     mine = [plan.source.graph.batch(p) for p in plan.source.mine]
     steps = [_train_step(plan)(b) for b in mine]
 
-    def alone(rounds: int) -> float:  # the same kind of steps, the other rank idle
+    def alone() -> float:  # the same kind of steps, the other rank idle
         dist.barrier()
-        times = interleaved_times(steps, budget_s=5.0 / rounds) if ctx.rank == 0 else []
+        times = interleaved_times(steps, 1 << 20, PROBE_SIDE_S) if ctx.rank == 0 else []
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
     return _two_rank_rounds(flags, ds, ctx, plan.source.steps, alone, min_steps)
@@ -843,9 +874,9 @@ def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30)
     spec = registry.get("sampled")
     mine = spec.build(solo, ds, DistContext(), spec.parallel_dims(solo, 1))
 
-    def alone(rounds: int) -> float:  # timed by rank 0, the other rank idle
+    def alone() -> float:  # timed by rank 0, the other rank idle
         dist.barrier()
-        times = [_made_and_trained_s(mine, 5.0 / rounds)] if ctx.rank == 0 else []
+        times = [_made_and_trained_s(mine, PROBE_SIDE_S)] if ctx.rank == 0 else []
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
     try:
@@ -856,8 +887,8 @@ def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30)
 
 def _made_and_trained_s(plan, budget_s: float) -> float:
     """Mean seconds to make one of sampled's batches in this process and train it (a fresh
-    batch each step, as the loop's), over up to ``SAMPLED_BATCHES`` batches after one warm-up,
-    fewer where they would take over ``budget_s``."""
+    batch each step, as the loop's), over as many batches as fit ``budget_s`` after one
+    warm-up (at least one; the plan's batches in turn)."""
     batches, step = plan.source.batches, _train_step(plan)
 
     def one(i: int) -> float:
@@ -866,7 +897,7 @@ def _made_and_trained_s(plan, budget_s: float) -> float:
         return time.perf_counter() - t0
 
     first = one(0)
-    n = max(1, min(SAMPLED_BATCHES, int(budget_s / max(first, 1e-9))))
+    n = max(1, int(budget_s / max(first, 1e-9)))
     return statistics.fmean(one(i) for i in range(1, n + 1))
 
 
@@ -883,25 +914,25 @@ def _two_rank_rounds(
     ds,
     ctx,
     per_epoch: int,
-    alone: Callable[[int], float],
+    alone: Callable[[], float],
     min_steps: int,
     step_s: float | None = None,
 ) -> list[float]:
-    """Rounds (:func:`probe_rounds`) of: ``alone(rounds)`` (a step's seconds alone, the same
-    on both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
+    """Rounds (:func:`probe_rounds`) of: ``alone()`` (a step's seconds alone, the same on
+    both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
     at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
     round's ratio is the mean of both ranks' step times over the steps alone, at least 1.
     ``step_s`` sizes the rounds (default: the first round's steps alone)."""
     from gnnpar.strategies import registry
     from gnnpar.training.loop import train
 
-    solo = alone(1 if step_s is None else probe_rounds(per_epoch * step_s))
+    solo = alone()
     rounds = probe_rounds(per_epoch * (step_s or solo))
     epochs = _probe_epochs(min_steps, per_epoch, step_s or solo)
     ratios = []
     for i in range(rounds):
         if i:
-            solo = alone(rounds)
+            solo = alone()
         with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
             cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
             spec = registry.get(cfg.strategy.name)

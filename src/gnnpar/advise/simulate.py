@@ -37,7 +37,8 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
 
 Stragglers: every strategy that reads ``--slowdown``/``--jitter`` draws each step's pause from
 :meth:`gnnpar.training.straggler.Straggler.pause_s` of the rank's own ``Straggler`` (same seed),
-so the simulated pauses are the emulation's, to the bit. Ties (two things at the same instant)
+so the simulated pauses are the emulation's, to the bit; drawn, as the loop draws them, on the
+share of a step that is its forward and backward (``Stragglers.slowed_share``). Ties (two things at the same instant)
 run in the order they were scheduled.
 
 Networks: :class:`Cluster` holds the measured cost of one message inside a host (gloo on this
@@ -178,14 +179,22 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Stragglers:
-    """``--slowdown`` and ``--jitter`` of the run (the seed is the run's ``--seed``)."""
+    """``--slowdown`` and ``--jitter`` of the run (the seed is the run's ``--seed``).
+    ``slowed_share``: the share of every step that the emulation slows: the loop draws a
+    straggler's pause on the step's forward and backward (waits excluded), not on the
+    optimizer step and the loop's bookkeeping that follow them."""
 
     slowdown: dict[int, float] = field(default_factory=dict)
     jitter: float = 0.0
     seed: int = 0
+    slowed_share: float = 1.0
 
     def for_rank(self, rank: int) -> Straggler:
         return Straggler.for_rank(self.slowdown, self.jitter, self.seed, rank)
+
+    def pause_s(self, straggler: Straggler, step_s: float) -> float:
+        """``straggler``'s pause after a step of ``step_s`` seconds (all of it simulated)."""
+        return straggler.pause_s(step_s * self.slowed_share)
 
 
 NONE = Stragglers()
@@ -260,7 +269,7 @@ def lockstep(
             wait[r] += sim.now - t
             for c in compute[r][e]:
                 if c is not None:
-                    c += straggler.pause_s(c)
+                    c += stragglers.pause_s(straggler, c)
                     busy[r] += c
                     batches[r] += 1
                     yield sim.delay(c)
@@ -445,7 +454,7 @@ def gossip(
                     c += first_extra_s[part]
             c *= speed[r]
             compute[r] += c
-            c += straggler.pause_s(c) + overhead[r]
+            c += stragglers.pause_s(straggler, c) + overhead[r]
             busy[r] += c
             batches[r] += 1
             yield sim.delay(c)
@@ -689,7 +698,7 @@ def sampled(
             else:
                 yield sim.delay(samp[i] + (start_s if i == 0 else 0.0))
             wait[r] += sim.now - t
-            c = comp[i] + straggler.pause_s(comp[i])
+            c = comp[i] + stragglers.pause_s(straggler, comp[i])
             busy[r] += c
             yield sim.delay(c)
             if world > 1:
