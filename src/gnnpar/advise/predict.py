@@ -285,14 +285,17 @@ def _slowdown(
 def _corun_by_overlap(
     run, world: int, per_host: int, full: float, alone: float, passes: int = 4
 ) -> sim.SimResult:
-    """Gossip's ranks do not compute in step: a rank far from the store (across a link) spends
-    most of its time on store round trips, and the rank beside it then computes nearly alone.
+    """Ranks that do not compute in step: gossip's (a rank far from the store, across a link,
+    spends most of its time on store round trips, and the rank beside it then computes nearly
+    alone) and sampled's (a straggler pauses after DDP's all-reduce, while the others make and
+    train their next batch).
     ``full`` slows a step as if every rank sharing its machine computed all the time (the
     co-run factor is measured so), ``alone`` as a rank alone on it. ``run(speed)`` simulates with
     each rank's steps ``speed`` times ``full``'s; each pass gives a rank the factor
     ``alone + (full - alone) * u``, ``u`` the mean share of the run that the other ranks of its
     machine spent computing in the pass before, until the factors settle (1%) or ``passes``
-    more runs. Lock-step strategies compute together and keep ``full``."""
+    more runs. allreduce's ranks, whose straggler pauses before the all-reduce (while the
+    others wait), compute together and keep ``full``."""
     speed = [1.0] * world
     result = run(speed)
     if per_host < 2 or full <= alone:
@@ -438,17 +441,25 @@ def simulate(
         if w:  # receiving a worker's batch comes before the step's clock: never slowed
             share *= b.get("compute_recv_s", compute) / max(compute, 1e-12)
         strag = replace(strag, slowed_share=share)
-        return sim.sampled(
-            cluster,
-            steps,
-            epochs,
-            compute * f + loop,
-            sample * f,
-            w,
-            prof.param_bytes,
-            strag,
-            start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
-        )
+
+        def run_sampled(speed: list[float]) -> sim.SimResult:
+            return sim.sampled(
+                cluster,
+                steps,
+                epochs,
+                compute * f + loop,
+                sample * f,
+                w,
+                prof.param_bytes,
+                strag,
+                start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
+                speed=speed,
+            )
+
+        # a straggler's pause comes after DDP's all-reduce, and the other ranks make and train
+        # their next batch meanwhile, alone on the machine: slowed as far as they overlap
+        alone = _time_share(prof, 1, busy) * max(1.0, prof.loop_factor) * seeds
+        return _corun_by_overlap(run_sampled, world, per_host, f, min(f, alone))
     raise ValueError(f"gnnpar advise cannot simulate --strategy {c.strategy}")
 
 

@@ -211,7 +211,7 @@ class SimResult:
     bytes_moved: float  # between ranks, whole run
     bytes_between_hosts: float  # the part of it that crosses hosts
     log: list = field(default_factory=list)  # gossip: (time, claimer, partner); pool: takes
-    compute_s: list[float] = field(default_factory=list)  # gossip, per rank: steps alone
+    compute_s: list[float] = field(default_factory=list)  # gossip, sampled: per rank, steps alone
 
     @property
     def mean_epoch_s(self) -> float:
@@ -654,14 +654,19 @@ def sampled(
     stragglers: Stragglers = NONE,
     prefetch: int = 2,
     start_s: float = 0.0,
+    speed: Sequence[float] | None = None,
 ) -> SimResult:
     """``compute_s``: forward, backward and optimizer step of one batch; ``sample_s``: making
     one batch (sampling and feature gather) in one thread; either a number or one value per
     step of the run (``steps_per_epoch * epochs``). ``start_s``: what each batch maker (a
     loader worker, or the rank itself with ``W = 0``) spends before its first batch (starting
     the worker, mapping the graph, building the sampler); training time, since the loop's
-    first batch waits for it."""
+    first batch waits for it. ``speed``: per rank, a factor on its steps and batch making (1).
+    As in the loop, DDP's all-reduce ends the backward, and a straggler pauses after it (the
+    other ranks go on to their next batch meanwhile). ``compute_s`` of the result: each rank's
+    steps and, with ``W = 0``, its own batch making, without pauses."""
     world, total, W = cluster.world, steps_per_epoch * epochs, loader_workers
+    speed = list(speed) if speed is not None else [1.0] * world
 
     def per_step(v):
         return [float(v)] * total if isinstance(v, int | float) else list(v)
@@ -671,13 +676,13 @@ def sampled(
     cost = cluster.allreduce_s(grad_bytes) if world > 1 else 0.0
     meet = _Keyed(lambda key: Rendezvous(sim, world, cost))
     ends = [[0.0] * epochs for _ in range(world)]
-    busy, wait = [0.0] * world, [0.0] * world
+    busy, wait, compute = [0.0] * world, [0.0] * world, [0.0] * world
 
     def loader(r: int, w: int, dispatched: _Keyed, ready: _Keyed):
         yield sim.delay(start_s)
         for i in range(w, total, W):
             yield dispatched[r, i]
-            yield sim.delay(samp[i])
+            yield sim.delay(samp[i] * speed[r])
             ready[r, i].succeed()
 
     def rank(r: int):
@@ -696,15 +701,20 @@ def sampled(
                 if i + prefetch * W < total:
                     dispatched[r, i + prefetch * W].succeed()
             else:
-                yield sim.delay(samp[i] + (start_s if i == 0 else 0.0))
+                compute[r] += samp[i] * speed[r]
+                yield sim.delay(samp[i] * speed[r] + (start_s if i == 0 else 0.0))
             wait[r] += sim.now - t
-            c = comp[i] + stragglers.pause_s(straggler, comp[i])
+            c = comp[i] * speed[r]
+            compute[r] += c
             busy[r] += c
             yield sim.delay(c)
             if world > 1:
                 t = sim.now
                 yield meet[i].arrive()
                 wait[r] += sim.now - t - cost
+            pause = stragglers.pause_s(straggler, c)
+            busy[r] += pause
+            yield sim.delay(pause)
             if (i + 1) % steps_per_epoch == 0:
                 ends[r][(i + 1) // steps_per_epoch - 1] = sim.now
 
@@ -714,4 +724,6 @@ def sampled(
     epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, epochs)]
     moved, between = cluster.allreduce_bytes(grad_bytes)
     n = total if world > 1 else 0
-    return SimResult(epoch_s, max(last), [total] * world, busy, wait, n, moved * n, between * n)
+    return SimResult(
+        epoch_s, max(last), [total] * world, busy, wait, n, moved * n, between * n, [], compute
+    )
