@@ -79,6 +79,8 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
     # taken in rounds (each timing the steps alone, then the real loop), the median kept
     rounds = prof["probe_rounds"]["loop_factor"]
     assert len(rounds) == 3 and f == pytest.approx(statistics.median(rounds))
+    drift = prof["probe_rounds"]["step_drift"]  # the first timing, then each round's again
+    assert len(drift) == 4 and drift[0] == 1.0 and min(drift) > 0
     step = (s["main_sample_s"] + s["compute_s"]) * f + prof["loop_step_s"]
     assert sampled["train_time_s"] == pytest.approx(9 * step + s["first_batch_s"])
     assert (out / "advice.png").stat().st_size > 1000
@@ -813,3 +815,23 @@ def test_a_profile_whose_probe_rounds_disagree_says_so():
     note = steadiness_note({"loop_factor": [1.0, 1.1, 1.15], "corun_factor": [1.15, 1.23, 1.96]})
     assert "two ranks' co-run slowdown came out at 1.15-1.96 in 3 rounds" in note
     assert "the median, 1.23, is used" in note
+    drift = steadiness_note({"loop_factor": [1.0, 1.05], "step_drift": [1.0, 1.41, 1.7]})
+    assert "the same steps, timed again later, took 1.00-1.70x their first time" in drift
+
+
+def test_profile_timings_are_the_median_of_their_rounds():
+    """Each float of a profile's timings is the median of its rounds, whatever the nesting;
+    sizes and counts (ints), names and missing timings are the first round's."""
+    from gnnpar.advise.profile import _median_of
+
+    rounds = [
+        {"8": [0.002, 0.004], "sampled": {"64": {"compute_s": 0.010, "fanouts": [25, 10]}}},
+        {"8": [0.009, 0.001], "sampled": {"64": {"compute_s": 0.030, "fanouts": [25, 10]}}},
+        {"8": [0.003, 0.002], "sampled": {"64": {"compute_s": 0.020, "fanouts": [25, 10]}}},
+    ]
+    assert _median_of(rounds) == {
+        "8": [0.003, 0.002],
+        "sampled": {"64": {"compute_s": 0.020, "fanouts": [25, 10]}},
+    }
+    assert _median_of([None, None, None]) is None and _median_of([0.5]) == 0.5
+    assert _median_of([(1e-4, 1e9), (3e-4, 2e9), (2e-4, 3e9)]) == (2e-4, 2e9)

@@ -29,7 +29,8 @@ the core for a while) that a median or a minimum would leave out; measured on Co
 subgraphs, the median step was 1.6-1.9 ms both here and in ``gnnpar train``, whose epochs
 nevertheless averaged 2.7-2.9 ms per step.
 
-The two ratios the profile takes (a step in the real loop against alone, :func:`real_loop_factor`;
+Where one round of them takes at most 10 s, every batch kind's timings are taken in 3 rounds and
+each is the median of its rounds (:func:`_measure_in_rounds`). The two ratios the profile takes (a step in the real loop against alone, :func:`real_loop_factor`;
 a step with two ranks training at once against alone, :func:`_corun_factor`) are taken in
 rounds that each time both sides back to back, and the median of the rounds' ratios is kept
 (``PROBE_ROUNDS``; their values are in ``Profile.probe_rounds``). Timed once each, minutes
@@ -120,7 +121,9 @@ class Profile:
     max_steps: int | None = None  # images: --max-steps (steps per epoch at most)
     images: dict[str, Any] = field(default_factory=dict)  # images: per-block costs per image
     # each ratio probe's rounds ("loop_factor", "corun_factor", "sampled_corun_factor"): the
-    # profile keeps their median; how far apart they are says how steady this machine was
+    # profile keeps their median; how far apart they are says how steady this machine was; and
+    # "step_drift": the loop factor's subgraph steps timed again in each round, over the first
+    # timing of them (1.0 first)
     probe_rounds: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -304,7 +307,7 @@ def probe_rounds(epoch_s: float) -> int:
 
 def real_loop_factor(
     base: dict, ds, out: str, partitions: int | None, profiled_s: float, min_steps: int = 60
-) -> list[float]:
+) -> tuple[list[float], list[float]]:
     """How much longer a step takes in the real training loop than profiled alone, per round
     (:func:`probe_rounds`): sequential's plan (its ``partitions`` subgraphs, else the full
     graph) has its batches' steps timed alone (:func:`interleaved_times`), then is trained by
@@ -313,13 +316,15 @@ def real_loop_factor(
     over the mean of the steps alone (with one round, ``profiled_s``: the profile's mean step of
     these batches, which also sizes the rounds). What it covers and the profile does not: the
     slow steps between the quick ones (the loop's bookkeeping and Python's garbage collector
-    disturbing the caches; on Cora-sized steps of ~1 ms the mean is 20-25% above the median)."""
+    disturbing the caches; on Cora-sized steps of ~1 ms the mean is 20-25% above the median).
+    Also returns each round's steps alone over ``profiled_s``: the same steps timed again later,
+    which says how far the machine's speed drifted while it was profiled (none: one round)."""
     from gnnpar.training.loop import train
 
     per_epoch = partitions or 1
     flags = flags_for(base, "sequential", **({"partitions": partitions} if partitions else {}))
     flags["epochs"] = _probe_epochs(min_steps, per_epoch, profiled_s)
-    rounds, ratios = probe_rounds(per_epoch * profiled_s), []
+    rounds, ratios, drift = probe_rounds(per_epoch * profiled_s), [], []
     for i in range(rounds):
         cfg, plan = _plan({**flags, "out": os.path.join(out, str(i))}, ds)
         alone = profiled_s  # one round (long epochs): the profile's own timing of the batches
@@ -327,10 +332,11 @@ def real_loop_factor(
             step = _train_step(plan)
             fns = [step(b) for b in plan.source.batches]
             alone = statistics.fmean(interleaved_times(fns, 1 << 20, PROBE_SIDE_S))
+            drift.append(alone / profiled_s if profiled_s > 0 else 1.0)
         times = train(cfg, _no_final(plan)).ranks[0].step_times[per_epoch:]
         if times and alone > 0:
             ratios.append(max(0.5, statistics.fmean(times) / alone))
-    return ratios or [1.0]
+    return ratios or [1.0], drift
 
 
 def _worker_start_s(batches, sample_s: float) -> float:
@@ -1017,6 +1023,49 @@ def _line(points: list[list[float]]) -> tuple[float, float]:
     return max(my - b * mx, 1e-7), b
 
 
+# what one measuring round fills in (:func:`_measure_in_rounds`)
+MEASURED = ("full_step_s", "parts_step_s", "parts_first_s", "slowed_share", "sampled", "pipeline")
+MEASURE_ROUND_BUDGET_S = 10.0  # more rounds only where one takes at most this long
+
+
+def _measure_in_rounds(measure: Callable[[Profile], Profile], prof: Profile) -> None:
+    """Every batch kind's timings, taken in :data:`PROBE_ROUNDS` rounds where one round takes
+    at most :data:`MEASURE_ROUND_BUDGET_S` (else one), each timing the median of its rounds:
+    on a VM whose speed drifts by up to 2x within a minute, one round taken in a fast (or slow)
+    moment moved every prediction with it (a Cora grid's all 30-45% too fast, while the same
+    steps timed again later in the profile took 1.4-2.0x as long)."""
+    from dataclasses import replace
+
+    def fresh() -> Profile:
+        return replace(prof, parts_step_s={}, parts_first_s={}, sampled={}, pipeline={})
+
+    t0 = time.perf_counter()
+    rounds = [measure(fresh())]
+    if time.perf_counter() - t0 <= MEASURE_ROUND_BUDGET_S:
+        rounds += [measure(fresh()) for _ in range(PROBE_ROUNDS - 1)]
+    for name in MEASURED:
+        setattr(prof, name, _median_of([getattr(r, name) for r in rounds]))
+    prof.memory.update(rounds[-1].memory)
+    prof.loader_start_s = _median_of([r.loader_start_s for r in rounds])
+
+
+def _median_of(values: list[Any]) -> Any:
+    """The median of each float over rounds of the same structure (dicts, lists, tuples);
+    anything else (ints: sizes, counts; strings; None) as the first round has it."""
+    first = values[0]
+    if isinstance(first, float) and all(isinstance(v, int | float) for v in values):
+        return statistics.median(values)
+    if isinstance(first, dict) and all(
+        isinstance(v, dict) and v.keys() == first.keys() for v in values
+    ):
+        return {k: _median_of([v[k] for v in values]) for k in first}
+    if isinstance(first, list | tuple) and all(
+        isinstance(v, list | tuple) and len(v) == len(first) for v in values
+    ):
+        return type(first)(_median_of([v[i] for v in values]) for i in range(len(first)))
+    return first
+
+
 def take_profile(
     base: dict[str, Any],
     needs: Iterable[Need],
@@ -1065,22 +1114,29 @@ def take_profile(
         else:
             full = any(n.kind == "full" for n in needs)
             parts = [n.partitions for n in needs if n.kind == "parts"]
-            profile_graph_batches(base, ds, parts, full, prof)
+            sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
+            shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+            if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
+                shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
+
+            def measure(into: Profile) -> Profile:
+                profile_graph_batches(base, ds, parts, full, into)
+                if sizes:
+                    profile_sampled(base, ds, sizes, into, workers=loader_workers)
+                if shapes:
+                    profile_pipeline(base, ds, shapes, into)
+                return into
+
+            _measure_in_rounds(measure, prof)
             if parts or full:
                 p = min(parts) if parts else None
                 step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
                 with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
-                    rounds = real_loop_factor(base, ds, tmp, p, step_s)
+                    rounds, drift = real_loop_factor(base, ds, tmp, p, step_s)
                 prof.loop_factor = statistics.median(rounds)
                 prof.probe_rounds["loop_factor"] = rounds
-            sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
-            if sizes:
-                profile_sampled(base, ds, sizes, prof, workers=loader_workers)
-            shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
-            if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
-                shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
-            if shapes:
-                profile_pipeline(base, ds, shapes, prof)
+                if drift:  # the same steps timed again later, over the profile's timing (1)
+                    prof.probe_rounds["step_drift"] = [1.0, *drift]
     finally:
         torch.set_num_threads(before)
     if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes

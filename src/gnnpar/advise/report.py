@@ -80,12 +80,18 @@ def steadiness_note(probe_rounds: dict[str, list[float]]) -> str | None:
     if worst is None or spread[worst] < UNSTEADY:
         return None
     v = probe_rounds[worst]
-    med = statistics.median(v)
+    if worst == "step_drift":
+        seen = (
+            f"the same steps, timed again later, took {min(v):.2f}-{max(v):.2f}x their first time"
+        )
+    else:
+        seen = (
+            f"the {PROBES.get(worst, worst)} came out at {min(v):.2f}-{max(v):.2f} in {len(v)} "
+            f"rounds (the median, {statistics.median(v):.2f}, is used)"
+        )
     return (
-        f"note: this machine's speed changed while it was profiled: the "
-        f"{PROBES.get(worst, worst)} came out at {min(v):.2f}-{max(v):.2f} in {len(v)} rounds "
-        f"(the median, {med:.2f}, is used); predictions from this profile are no closer than "
-        f"that. Profile on a quiet machine, or again."
+        f"note: this machine's speed changed while it was profiled: {seen}; predictions from "
+        f"this profile are no closer than that. Profile on a quiet machine, or again."
     )
 
 
