@@ -294,8 +294,8 @@ def _corun_by_overlap(
     each rank's steps ``speed`` times ``full``'s; each pass gives a rank the factor
     ``alone + (full - alone) * u``, ``u`` the mean share of the run that the other ranks of its
     machine spent computing in the pass before, until the factors settle (1%) or ``passes``
-    more runs. allreduce's ranks, whose straggler pauses before the all-reduce (while the
-    others wait), compute together and keep ``full``."""
+    more runs. allreduce keeps ``full``: weighting it so too was tried (BENCHMARKS.md,
+    2026-11-27) and made one validation grid better and another worse."""
     speed = [1.0] * world
     result = run(speed)
     if per_host < 2 or full <= alone:

@@ -30,10 +30,11 @@ subgraphs, the median step was 1.6-1.9 ms both here and in ``gnnpar train``, who
 nevertheless averaged 2.7-2.9 ms per step.
 
 Where one round of them takes at most 10 s, every batch kind's timings are taken in 3 rounds and
-each is the median of its rounds (:func:`_measure_in_rounds`). The two ratios the profile takes (a step in the real loop against alone, :func:`real_loop_factor`;
-a step with two ranks training at once against alone, :func:`_corun_factor`) are taken in
-rounds that each time both sides back to back, and the median of the rounds' ratios is kept
-(``PROBE_ROUNDS``; their values are in ``Profile.probe_rounds``). Timed once each, minutes
+each is the median of its rounds (:func:`_measure_in_rounds`). The two ratios the profile takes
+(a step in the real loop against alone, :func:`real_loop_factor`; a step with two ranks
+training at once against alone, :func:`_corun_factor`) are taken in rounds that each time both
+sides back to back, and the median of the rounds' ratios is kept (``PROBE_ROUNDS``; their values
+are in ``Profile.probe_rounds``). Timed once each, minutes
 apart, on a VM whose speed drifts (a fixed 11 ms piece of work took 11-79 ms within one minute
 on the model-207 Xeon, 2026-11-27), one slow moment on one side made a co-run factor of 2.06
 where the runs themselves showed 1.1-1.35, and a grid's predictions 65-99% too slow.
@@ -48,7 +49,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -262,8 +263,6 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     with its step replaced by nothing, writing its metrics to ``out`` as a run does. The plan's
     final evaluation is replaced by nothing too: it is no part of a step, and it is a forward
     pass over the whole graph (synthetic-amazon at scale 1: the profile's 19 GiB peak)."""
-    from dataclasses import replace
-
     from gnnpar.training.loop import train
     from gnnpar.training.sources import ShuffledBatches
 
@@ -284,8 +283,6 @@ def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
 def _no_final(plan):
     """``plan`` without its final evaluation (a forward over the whole graph: no part of a
     step, and on a large graph most of a probe's time and memory)."""
-    from dataclasses import replace
-
     from gnnpar.training.loop import Final
 
     return replace(plan, finish=lambda: Final({"val": None, "test": None}, []))
@@ -1023,8 +1020,10 @@ def _line(points: list[list[float]]) -> tuple[float, float]:
     return max(my - b * mx, 1e-7), b
 
 
-# what one measuring round fills in (:func:`_measure_in_rounds`)
+# what one measuring round fills in (:func:`_measure_in_rounds`); its memory estimates, the same
+# in every round, go straight into the profile's (``replace`` keeps that dict)
 MEASURED = ("full_step_s", "parts_step_s", "parts_first_s", "slowed_share", "sampled", "pipeline")
+MEASURED += ("loader_start_s",)
 MEASURE_ROUND_BUDGET_S = 10.0  # more rounds only where one takes at most this long
 
 
@@ -1034,7 +1033,6 @@ def _measure_in_rounds(measure: Callable[[Profile], Profile], prof: Profile) -> 
     on a VM whose speed drifts by up to 2x within a minute, one round taken in a fast (or slow)
     moment moved every prediction with it (a Cora grid's all 30-45% too fast, while the same
     steps timed again later in the profile took 1.4-2.0x as long)."""
-    from dataclasses import replace
 
     def fresh() -> Profile:
         return replace(prof, parts_step_s={}, parts_first_s={}, sampled={}, pipeline={})
@@ -1045,8 +1043,6 @@ def _measure_in_rounds(measure: Callable[[Profile], Profile], prof: Profile) -> 
         rounds += [measure(fresh()) for _ in range(PROBE_ROUNDS - 1)]
     for name in MEASURED:
         setattr(prof, name, _median_of([getattr(r, name) for r in rounds]))
-    prof.memory.update(rounds[-1].memory)
-    prof.loader_start_s = _median_of([r.loader_start_s for r in rounds])
 
 
 def _median_of(values: list[Any]) -> Any:
