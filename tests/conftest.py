@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing.process
 import os
 import platform
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 from torch_geometric.data import Data
@@ -15,6 +18,13 @@ from helpers import run_cli, tiny_graph
 # result.json records platform.platform(), which runs `uname -p` once per interpreter (the
 # standard library caches it): run it here, before the quick lane's guard below is in place
 platform.platform()
+
+# matplotlib's cache in a folder of the session's, not the user's home (subprocesses inherit
+# it), built here: its first build asks fontconfig (`fc-list`, a process) where that is installed
+if "MPLCONFIGDIR" not in os.environ:
+    os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="gnnpar-tests-matplotlib-")
+    atexit.register(shutil.rmtree, os.environ["MPLCONFIGDIR"], ignore_errors=True)
+import matplotlib.font_manager  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -90,7 +90,8 @@ CONTRACT: dict[str, str] = {
     "loss_curve": 'training loss: per epoch (mean over every rank), per step ("step"), or '
     '{"replica<R>": per step} (Plan.curve)',
     "versions": "torch, torch_geometric, gnnpar, python",
-    "machine": "cpu_count, accelerator (name or null), platform, hostname",
+    "machine": "cpu_count, accelerator (name or null), device (where the ranks trained: cuda or "
+    "cpu; a host with fewer GPUs than ranks trains on its CPUs), platform, hostname",
 }
 LOOP: dict[str, str] = {
     "dataset_info": "the dataset's own description (user graphs: fingerprint, source)",
@@ -190,7 +191,9 @@ KEYS: dict[str, str] = {
 }
 
 
-def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]:
+def build_result(
+    cfg: Config, o: Outcome, ds, world_size: int, device: torch.device | str = "cpu"
+) -> dict[str, Any]:
     """result.json of a run, the same on every rank. Raises for a key no group declares."""
     ranks = o.ranks
     result: dict[str, Any] = {
@@ -211,7 +214,7 @@ def build_result(cfg: Config, o: Outcome, ds, world_size: int) -> dict[str, Any]
         "per_worker_batches": o.per_worker_batches,
         "loss_curve": o.loss_curve,
         "versions": versions(),
-        "machine": machine(),
+        "machine": machine(device),
     }
     # LOOP
     breakdown = [
@@ -304,11 +307,12 @@ def versions() -> dict[str, str]:
     }
 
 
-def machine() -> dict[str, Any]:
+def machine(device: torch.device | str = "cpu") -> dict[str, Any]:
     accel = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "cpu_count": os.cpu_count(),
         "accelerator": accel,
+        "device": torch.device(device).type,  # where the ranks trained: "cuda" or "cpu"
         "platform": platform.platform(),
         "hostname": platform.node(),
     }

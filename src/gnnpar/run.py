@@ -164,7 +164,7 @@ def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str,
         d = cfg.data
         ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
         outcome = train_rank(cfg, ds, ctx, dims)
-        result = build_result(cfg, outcome, ds, ctx.world_size)
+        result = build_result(cfg, outcome, ds, ctx.world_size, ctx.device)
         if ctx.is_main and cfg.run.out:
             out = Path(cfg.run.out)
             save_model(out / "model.pt", outcome.model, cfg, ds, result)

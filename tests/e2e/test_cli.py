@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from gnnpar.cli import main
 from helpers import run_cli
@@ -64,6 +65,7 @@ def test_train_on_cora_writes_every_result_key(tmp_path):
     assert len(r["loss_curve"]) == 3 and all(0 < v < 10 for v in r["loss_curve"])
     assert set(r["versions"]) >= {"torch", "torch_geometric", "gnnpar", "python"}
     assert r["machine"]["cpu_count"] >= 1 and "accelerator" in r["machine"]
+    assert r["machine"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert "train_score" in r  # strategies may add keys
 
 

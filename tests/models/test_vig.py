@@ -291,6 +291,7 @@ def test_recompute_in_chunks_of_images_matches_the_whole_batch(monkeypatch):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(b.abs().max())))
     # what autograd keeps: the three input chunks (views of x), nothing of the activations
     weights = {p.data_ptr() for p in block.parameters()}
-    kept = [t for t in saved3 if t.data_ptr() not in weights]
+    # (empty tensors hold nothing: torch 2.11 with CUDA saves three per block)
+    kept = [t for t in saved3 if t.data_ptr() not in weights and t.numel()]
     assert sorted(t.size(0) for t in kept) == [1, 3, 3]
     assert all(t.shape[1:] == x0.shape[1:] for t in kept)

@@ -40,6 +40,31 @@ def test_device_falls_back_to_cpu_without_cuda():
         assert dist.pick_device(0).type == "cuda"
 
 
+@pytest.mark.parametrize(
+    ("gpus", "local_rank", "local_world", "want"),
+    [
+        (2, 1, 2, "cuda:1"),
+        (4, 0, 1, "cuda:0"),
+        (1, 0, 2, "cpu"),
+        (1, 1, 2, "cpu"),
+        (0, 0, 1, "cpu"),
+    ],
+)
+def test_a_gpu_per_rank_or_every_rank_on_the_cpu(
+    monkeypatch, capsys, gpus, local_rank, local_world, want
+):
+    """NCCL refuses two ranks on one GPU: with fewer GPUs than ranks on a host, all of them
+    train on the CPU, and rank 0 says why once."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert dist.pick_device(local_rank, local_world) == torch.device(want)
+    said = capsys.readouterr().err
+    if want == "cpu" and gpus and local_rank == 0:
+        assert "2 ranks on this host and 1 GPU" in said and "at most 1 rank per host" in said
+    else:
+        assert said == ""
+
+
 def test_relative_distance_is_the_norm_of_the_difference_over_the_norm_of_the_reference():
     from gnnpar.training.final_model import relative_distance
 

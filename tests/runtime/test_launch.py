@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from gnnpar import RankFailedError, UsageError
-from gnnpar.runtime.launch import _collateral, launch
+from gnnpar.runtime.launch import _collateral, launch, launch_settings
 
 
 def _rank_fn(mode: str, log_dir: str) -> dict:
@@ -243,10 +243,8 @@ def test_ranks_are_forked_from_a_fork_server_with_this_launchs_environment(log_r
     4 ranks of a 1M-edge graph share those pages). A later launch from the same process (a
     notebook calling gnnpar.fit twice) reuses the server, which still holds the environment it
     started with: each rank must see its own launch's environment, as a spawned rank does."""
-    from gnnpar.runtime import launch as launch_module
 
-    monkeypatch.delenv("GNNPAR_START_METHOD", raising=False)
-    assert launch_module.start_method() == "forkserver"
+    monkeypatch.setenv("GNNPAR_START_METHOD", "forkserver")  # the default without CUDA
     monkeypatch.setenv("GNNPAR_TEST_PROBE", "first")
     monkeypatch.setenv("GNNPAR_TEST_GONE", "here")
     first = launch(_env_fn, (), 2, timeout_s=30)
@@ -316,6 +314,22 @@ def test_check_ranks_counts_processes_as_they_are_started(monkeypatch, method):
         launch_module.check_ranks(8)
     monkeypatch.setattr(footprint, "available_bytes", lambda device: None)  # unknown: no check
     launch_module.check_ranks(10**6)
+
+
+@pytest.mark.parametrize(("cuda", "want"), [(False, "forkserver"), (True, "spawn")])
+def test_ranks_start_from_the_fork_server_except_with_cuda(monkeypatch, cuda, want):
+    """A process forked after the CUDA driver was asked for its GPUs cannot use CUDA ("CUDA
+    error: initialization error" in every rank, on an H200): with CUDA, ranks are spawned."""
+    import torch
+
+    from gnnpar.runtime import launch as launch_module
+
+    monkeypatch.delenv("GNNPAR_START_METHOD", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert launch_module.start_method() == want
+    for asked in ("spawn", "forkserver"):
+        monkeypatch.setenv("GNNPAR_START_METHOD", asked)
+        assert launch_module.start_method() == asked
 
 
 def test_a_bad_start_method_is_a_usage_error(monkeypatch):
@@ -417,3 +431,18 @@ def test_a_rank_of_torchrun_starts_no_fork_server_and_checks_nothing_early(monke
     monkeypatch.setattr(launch, "_start_fork_server", lambda warm: pytest.fail("started"))
     cfg = build_config(None, {"dataset": "cora", "model": "gat", "strategy": "pipeline"})
     cli._start_ranks_server(cfg)
+
+
+def test_launch_settings_keep_what_this_torchs_launch_config_knows():
+    """torch 2.11's LaunchConfig has no shutdown_timeout: passing it failed every --workers run
+    there (seen on a GPU machine); settings it lacks keep torch's defaults."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    got = launch_settings({"min_nodes": 1, "max_restarts": 0, "no_such_setting": 2})
+    assert got == {"min_nodes": 1, "max_restarts": 0}
+    newer = {"shutdown_timeout": 2, "signals_to_handle": "SIGTERM"}
+    assert launch_settings(newer) == {k: v for k, v in newer.items() if k in known}
+    LaunchConfig(**launch_settings({"min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, **newer}))

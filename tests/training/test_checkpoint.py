@@ -35,8 +35,15 @@ def finished(proc) -> None:
 
 
 def same_weights(a: Path, b: Path) -> bool:
+    """Bit for bit on the CPU. On CUDA two *uninterrupted* runs already differ (scatter's atomic
+    adds sum in any order: GAT's weights by up to 6.9e-6 after 6 Cora epochs on an H200, resumed
+    or not), so there: within 1e-4."""
     wa, wb = weights(a), weights(b)
-    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    if wa.keys() != wb.keys():
+        return False
+    if torch.cuda.is_available():
+        return all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-4) for k in wa)
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_resumed_run_equals_the_uninterrupted_one_bit_for_bit(tmp_path):

@@ -67,3 +67,12 @@ def test_write_result_requires_every_contract_key(tmp_path):
     del result["machine"]
     with pytest.raises(RuntimeError, match="machine"):
         write_result(result, tmp_path / "bad")
+
+
+def test_accuracy_is_the_count_over_the_total_exactly():
+    """405 right of 500 is 0.81 itself, not float32's mean (on CUDA one unit off the CPU's, so
+    `gnnpar predict` on the CPU did not reproduce a GPU run's score)."""
+    y = torch.zeros(500, dtype=torch.long)
+    logits = torch.zeros(500, 2)
+    logits[405:, 1] = 1.0
+    assert score(logits, y, multilabel=False) == 0.81

@@ -153,7 +153,11 @@ def test_cora_in_bf16_lands_within_one_point_of_fp32(name, tmp_path):
     payload = read_model_file(runs["bf16"].out)
     assert payload["config"]["run"]["precision"] == "bf16"
     assert all(t.dtype == torch.float32 for t in payload["state_dict"].values())
-    assert predict(str(runs["bf16"].out))["scores"]["test"] == bf16["test_score"]  # exactly
+    again = predict(str(runs["bf16"].out))["scores"]["test"]
+    if bf16["machine"]["device"] == "cpu":
+        assert again == bf16["test_score"]  # exactly
+    else:  # trained (and scored) on CUDA, predicted on the CPU: bf16 rounds differently there,
+        assert abs(again - bf16["test_score"]) <= 0.002  # and flipped 1 of 1000 nodes on an H200
 
 
 @pytest.mark.parametrize(

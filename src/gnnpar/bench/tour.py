@@ -12,8 +12,8 @@ from pathlib import Path
 from gnnpar.bench.report import bar_plot, markdown_table, print_table, run_plan, write_report
 
 COLS = [
-    "run", "strategy", "model", "workers", "epochs", "score", "train_s", "epoch_ms", "step_ms",
-    "speedup",
+    "run", "strategy", "model", "workers", "device", "epochs", "score", "train_s", "epoch_ms",
+    "step_ms", "speedup",
 ]  # fmt: skip
 
 
@@ -82,13 +82,18 @@ def tour_runs(quick: bool) -> list[tuple[str, dict]]:
     ]
 
 
+def device(r: dict) -> str:
+    return r["machine"].get("device", "cpu")
+
+
 def tour(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dict]:
     results, rows = run_plan(tour_runs(quick), out, data_root, quiet), []
 
     # A parallel run is compared with the sequential run of the same model in the same regime
-    # (full batch, or Cluster-GCN partitions); runs without such a baseline show "n/a".
-    def regime(r: dict) -> tuple[str, bool]:
-        return r["model"], r["config"]["data"]["partitions"] is None
+    # (full batch, or Cluster-GCN partitions) on the same device; runs without such a baseline
+    # show "n/a" (on a host with one GPU the sequential runs train on it, 2 ranks on the CPU).
+    def regime(r: dict) -> tuple[str, bool, str]:
+        return r["model"], r["config"]["data"]["partitions"] is None, device(r)
 
     baseline = {
         regime(r): r["train_time_s"] / max(r["epochs"], 1)
@@ -104,6 +109,7 @@ def tour(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dic
                 "strategy": r["strategy"],
                 "model": r["model"],
                 "workers": r["workers"],
+                "device": device(r),
                 "epochs": r["epochs"],
                 "score": f"{r['score_name']} {r['test_score']:.3f}",
                 "train_s": r["train_time_s"],
@@ -123,8 +129,10 @@ def tour(quick: bool, out: Path, data_root: str | None, quiet: bool) -> list[dic
     )
     note = (
         "speedup: per-epoch train time of the sequential run of the same model in the same "
-        "regime (full batch, or the same Cluster-GCN partitions) divided by this run's; 1.0 "
-        "for the baseline itself, n/a where the tour has no such baseline (sampled). The plot "
+        "regime (full batch, or the same Cluster-GCN partitions) on the same device divided by "
+        "this run's; 1.0 for the baseline itself, n/a where the tour has no such baseline "
+        "(sampled; and, on a host with fewer GPUs than ranks, the multi-rank runs: they train "
+        "on the CPU, the sequential ones on the GPU). The plot "
         "shows train time per epoch (epoch_ms), since the runs differ in epochs (sampled: 50). "
         "Every process runs one intra-op thread (`--threads 1`): N ranks use N cores, the "
         "baseline one."

@@ -33,6 +33,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -104,9 +105,23 @@ def restart_count() -> int:
     return int(count) if count.isdigit() else 0
 
 
-def pick_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+def pick_device(local_rank: int, local_world: int = 1) -> torch.device:
+    """One GPU per rank (``cuda:<local rank>``), or the CPU.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so a host with fewer GPUs than
+    ranks trains on its CPUs with gloo, every rank alike (each decides from the same two counts;
+    rank 0 says so once). ``CUDA_VISIBLE_DEVICES=`` picks the CPU on any host."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= local_world >= 1:
+        return torch.device("cuda", local_rank)
+    if gpus and local_rank == 0:
+        print(
+            f"gnnpar: {local_world} ranks on this host and {gpus} GPU{'s' * (gpus > 1)}: NCCL "
+            "needs a GPU of its own for each rank, so every rank trains on the CPU (gloo). "
+            f"Start at most {gpus} rank{'s' * (gpus > 1)} per host to train on the GPUs.",
+            file=sys.stderr,
+            flush=True,
+        )
     return torch.device("cpu")
 
 
@@ -146,7 +161,7 @@ def setup(timeout_s: float = 120.0) -> DistContext:
     rank = _env_int("RANK")
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    device = pick_device(local_rank)
+    device = pick_device(local_rank, local_world)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)

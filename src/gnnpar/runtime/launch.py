@@ -116,13 +116,22 @@ def start_method() -> str:
     rank cannot inherit a lock held by one of this process's threads (torch's elastic agent runs
     several), which is why ranks are not forked from this process itself. The server is started
     by the first launch and serves every later one from this process (a notebook's), until this
-    process ends. ``spawn`` starts each rank as a fresh interpreter."""
+    process ends. ``spawn`` starts each rank as a fresh interpreter.
+
+    With CUDA, ``spawn``: the fork server's imports ask the CUDA driver how many GPUs there are
+    (``torch.cuda.is_available``), and a process forked from one that did gets "CUDA error:
+    initialization error" at its first CUDA call (seen on an H200 with torch 2.11, every rank,
+    also those training on the CPU)."""
     asked = os.environ.get("GNNPAR_START_METHOD", "")
     if asked not in ("", "forkserver", "spawn"):
         raise UsageError(
             f"GNNPAR_START_METHOD={asked!r}: use forkserver (the default) or spawn, or leave it unset."
         )
-    return asked or "forkserver"
+    if asked:
+        return asked
+    import torch
+
+    return "spawn" if torch.cuda.is_available() else "forkserver"
 
 
 def check_ranks(nprocs: int) -> None:
@@ -245,6 +254,18 @@ def _rank_entry(fn: Callable[..., Any], launcher: int, env: dict[str, str], *arg
     return fn(*args)
 
 
+def launch_settings(settings: dict) -> dict:
+    """The LaunchConfig settings this torch knows. torch >= 2.4 is supported and LaunchConfig
+    gained fields since (2.11 has no ``shutdown_timeout`` nor ``signals_to_handle``): an older
+    torch keeps its defaults for those (a hung rank is killed after 30 s, not 2 s)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {k: v for k, v in settings.items() if k in known}
+
+
 def launch(
     fn: Callable[..., Any],
     args: tuple,
@@ -268,7 +289,7 @@ def launch(
     timeout = max(1, int(timeout_s))
     method = start_method()
     log_dir = tempfile.mkdtemp(prefix="gnnpar-ranks-")
-    launch_cfg = LaunchConfig(
+    settings = dict(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nprocs,
@@ -287,6 +308,7 @@ def launch(
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",  # not SIGINT: _ranks_ignore_ctrl_c
     )
+    launch_cfg = LaunchConfig(**launch_settings(settings))
     # OMP reads its thread count at start-up, so it is set before spawning (children inherit
     # it): the cores shared out between local ranks. run_rank sets torch's count again per rank.
     old_omp = os.environ.get("OMP_NUM_THREADS")
