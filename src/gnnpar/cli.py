@@ -202,6 +202,13 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
         "predicted against measured",
     )
     a.add_argument(
+        "--profile-rounds",
+        default=None,
+        help="take every timing and ratio probe of the profile in this many rounds and keep "
+        "the median of each (default 3; 1 profiles 2-3x quicker, unguarded against a machine "
+        "whose speed changes while it is profiled)",
+    )
+    a.add_argument(
         "--repeats",
         default=None,
         help="with --validate: train each configuration this many times, in rounds whose "

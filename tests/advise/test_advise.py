@@ -88,6 +88,19 @@ def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):
     assert "recommended:" in text and "simulated from a profile taken on" in text
 
 
+def test_a_profile_of_one_round_takes_each_timing_once_and_says_so(tmp_path, capsys):
+    """--profile-rounds 1: the real loop's factor from one round (no re-timed steps to compare),
+    the rounds asked recorded in the profile, and a note that steadiness was not checked."""
+    out = tmp_path / "advice"
+    args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "3", "--threads", "1"]
+    args += ["--strategies", "sequential", "--partitions", "4", "--profile-rounds", "1"]
+    assert main([*args, "--out", str(out)]) == 0
+    prof = json.loads((out / "advice.json").read_text())["profile"]
+    assert prof["rounds"] == 1 and len(prof["probe_rounds"]["loop_factor"]) == 1
+    assert "step_drift" not in prof["probe_rounds"] and len(prof["parts_step_s"]["4"]) == 4
+    assert "profiled in one round (--profile-rounds 1)" in capsys.readouterr().out
+
+
 def fixed_gloo(timeout_s, prof, threads, pipelines=(), corun=None):
     """gloo's costs without starting two ranks (the quick lane starts no process): what
     :func:`gnnpar.advise.profile.profile_comm` would record, with round numbers."""
@@ -215,6 +228,10 @@ def test_vig_batch_larger_than_the_images_is_one_message(tmp_path, capsys, monke
         (["--validate", "--repeats", "0"], "--repeats must be"),
         (["--validate", "--repeats", "x"], "--repeats must be"),
         (["--validate", "--repeats", "21"], "at most 20"),
+        (["--profile-rounds", "0"], "--profile-rounds must be"),
+        (["--profile-rounds", "two"], "--profile-rounds must be"),
+        (["--profile-rounds", "10"], "at most 9"),
+        (["--profile-rounds", "1", "--profile", "advice.json"], "give one of the two"),
     ],
 )
 def test_bad_requests_exit_2_with_one_message(tmp_path, capsys, args, message):
@@ -270,18 +287,20 @@ def _netns_usable() -> bool:
     return shutil.which("ip") is not None and os.geteuid() == 0
 
 
+# What these check does not depend on the profile's steadiness: one round each
+# (--profile-rounds 1 halves a Cora profile), except "sampled", whose test reads its rounds.
 VALIDATIONS = {  # name: advise's flags (and --out); run at once by the validations fixture
     "grid": ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2",
              "--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1",
-             "--timeout", "60", "--validate", "--repeats", "2"],
+             "--timeout", "60", "--validate", "--repeats", "2", "--profile-rounds", "1"],
     "vig": ["--dataset", "synthetic-cifar10", "--scale", "0.001", "--model", "vig",
             "--hidden", "8", "--layers", "2", "--batch-size", "8", "--epochs", "1",
             "--workers", "2", "--strategies", "sequential,pipeline", "--chunks", "2",
-            "--timeout", "60", "--validate"],
+            "--timeout", "60", "--validate", "--profile-rounds", "1"],
     "two-hosts": ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--hosts", "2",
                   "--ranks-per-host", "1", "--network", "100mbit,5ms",
                   "--strategies", "allreduce,gossip", "--partitions", "4", "--sync-every", "1",
-                  "--timeout", "60", "--validate"],
+                  "--timeout", "60", "--validate", "--profile-rounds", "1"],
     # not a validation: a profile whose sampled batches are made by loader workers
     "sampled": ["--dataset", "cora", "--model", "gcn", "--epochs", "2", "--workers", "2",
                 "--strategies", "sampled", "--batch-size", "512", "--timeout", "60"],
@@ -353,9 +372,10 @@ def test_sampled_profile_measures_loader_workers_and_a_ranks_own_batch(validatio
     assert set(prof["sampled"]) == {"70", "512"}
     for b in prof["sampled"].values():
         assert b["worker_s"] > 0 and b["recv_s"] > 0 and b["compute_recv_s"] > 0, b
-    # both co-run factors: the median of rounds that each time a rank's steps alone, then two
-    # ranks in the real loop
-    for probe in ("corun_factor", "sampled_corun_factor"):
+    # sampled's co-run factor: the median of rounds that each time a rank's steps alone, then
+    # two ranks in the real loop; the subgraphs' factor is not taken for a sampled-only grid
+    assert "corun_factor" not in prof["comm"] and "corun_factor" not in prof["probe_rounds"]
+    for probe in ("sampled_corun_factor",):
         rounds = prof["probe_rounds"][probe]
         assert len(rounds) == 3 and min(rounds) >= 1.0, (probe, rounds)
         assert prof["comm"][probe] == pytest.approx(statistics.median(rounds))

@@ -29,7 +29,7 @@ from gnnpar import UsageError
 from gnnpar.advise import NOT_TAKEN
 from gnnpar.advise import simulate as sim
 from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid, candidate_flags
-from gnnpar.advise.profile import flags_for
+from gnnpar.advise.profile import PROBE_ROUNDS, flags_for
 
 # train flags that advise does not take: it chooses the strategy, and runs nothing to resume
 # train flags that fix one axis of the grid (else the grid varies them)
@@ -88,6 +88,7 @@ class Request:
     images: int = 0  # ViG: --batch-size (images per step and copy); 0: a graph
     grid: list[Candidate] = field(default_factory=list)
     repeats: int = 1  # --validate trains each configuration this many times
+    rounds: int = PROBE_ROUNDS  # --profile-rounds: of every timing and ratio probe of the profile
     # a requested strategy with no configuration on this cluster -> why, in one line
     omitted: dict[str, str] = field(default_factory=dict)
 
@@ -163,7 +164,18 @@ def parse_request(flags: dict[str, Any]) -> Request:
         raise UsageError(
             f"--repeats {repeats}: at most 20 (each repetition trains the whole grid)."
         )
+    rounds = _positive(flags, "profile-rounds") or PROBE_ROUNDS
+    if "profile-rounds" in flags and "profile" in flags:
+        raise UsageError(
+            "--profile-rounds says how a new profile is taken; --profile reuses one: give one "
+            "of the two."
+        )
+    if rounds > 9:
+        raise UsageError(
+            f"--profile-rounds {rounds}: at most 9 (each round times every batch kind again)."
+        )
     for key in (
+        "profile-rounds",
         "hosts",
         "ranks-per-host",
         "network",
@@ -207,6 +219,7 @@ def parse_request(flags: dict[str, Any]) -> Request:
         images,
     )
     req.repeats = repeats
+    req.rounds = rounds
     req.grid = checked_grid(req)
     return req
 
@@ -307,7 +320,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         prof = reuse_profile(req, needs, comm)
     else:
         try:
-            prof = take_profile(req.base, needs, req.threads, comm, timeout, workers)
+            prof = take_profile(req.base, needs, req.threads, comm, timeout, workers, req.rounds)
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise
@@ -332,7 +345,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         f"({prof.cores} cores, {req.threads} thread(s) per rank) "
         + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
     )
-    report.print_table(preds, title, rec, report.steadiness_note(prof.probe_rounds))
+    report.print_table(preds, title, rec, report.steadiness_note(prof.probe_rounds, prof.rounds))
     cluster = {
         "hosts": c.hosts,
         "ranks_per_host": c.ranks_per_host,

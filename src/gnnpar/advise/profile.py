@@ -64,7 +64,8 @@ COMM_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 COMM_REPEATS = 9
 # rounds of a ratio probe (both sides timed back to back in each; the median ratio is kept),
 # where a round's two epochs fit PROBE_ROUND_BUDGET_S; else 1 (a large graph's long steps vary
-# less, and every round costs whole epochs)
+# less, and every round costs whole epochs). The default of --profile-rounds, which also sets
+# the rounds of every timing (_measure_in_rounds)
 PROBE_ROUNDS = 3
 PROBE_ROUND_BUDGET_S = 5.0
 # each side of a round is timed for at least this long where steps are short: a VM's slow
@@ -126,6 +127,7 @@ class Profile:
     # "step_drift": the loop factor's subgraph steps timed again in each round, over the first
     # timing of them (1.0 first)
     probe_rounds: dict[str, list[float]] = field(default_factory=dict)
+    rounds: int = PROBE_ROUNDS  # --profile-rounds: rounds asked of every timing and probe
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -297,13 +299,20 @@ def _probe_epochs(min_steps: int, per_epoch: int, step_s: float, budget_s: float
     return max(2, min(epochs, 1 + int(budget_s / max(step_s * per_epoch, 1e-9))))
 
 
-def probe_rounds(epoch_s: float) -> int:
-    """How many rounds a ratio probe takes (:data:`PROBE_ROUNDS`), given one epoch's seconds."""
-    return PROBE_ROUNDS if 2 * epoch_s <= PROBE_ROUND_BUDGET_S else 1
+def probe_rounds(epoch_s: float, asked: int = PROBE_ROUNDS) -> int:
+    """How many rounds a ratio probe takes (``asked``: ``--profile-rounds``), given one epoch's
+    seconds."""
+    return asked if 2 * epoch_s <= PROBE_ROUND_BUDGET_S else 1
 
 
 def real_loop_factor(
-    base: dict, ds, out: str, partitions: int | None, profiled_s: float, min_steps: int = 60
+    base: dict,
+    ds,
+    out: str,
+    partitions: int | None,
+    profiled_s: float,
+    min_steps: int = 60,
+    asked: int = PROBE_ROUNDS,
 ) -> tuple[list[float], list[float]]:
     """How much longer a step takes in the real training loop than profiled alone, per round
     (:func:`probe_rounds`): sequential's plan (its ``partitions`` subgraphs, else the full
@@ -321,7 +330,7 @@ def real_loop_factor(
     per_epoch = partitions or 1
     flags = flags_for(base, "sequential", **({"partitions": partitions} if partitions else {}))
     flags["epochs"] = _probe_epochs(min_steps, per_epoch, profiled_s)
-    rounds, ratios, drift = probe_rounds(per_epoch * profiled_s), [], []
+    rounds, ratios, drift = probe_rounds(per_epoch * profiled_s, asked), [], []
     for i in range(rounds):
         cfg, plan = _plan({**flags, "out": os.path.join(out, str(i))}, ds)
         alone = profiled_s  # one round (long epochs): the profile's own timing of the batches
@@ -728,6 +737,7 @@ def comm_rank(
     pipelines: list[tuple[str, dict]],
     corun: dict | None,
     sampled: tuple[dict, float] | None,
+    rounds: int,
     log_dir: str,
 ) -> dict | None:
     """One of two ranks started by gnnpar's launcher: all-reduce and pairwise exchange
@@ -775,9 +785,10 @@ def comm_rank(
         steps = {key: _pipeline_step_s(flags, ctx) for key, flags in pipelines}
         out["pipeline_step_s"] = {key: t for key, (t, _) in steps.items()}
         out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
-        out["corun_factor"] = _corun_factor(corun, ctx) if corun is not None else [1.0]
+        if corun is not None:
+            out["corun_factor"] = _corun_factor(corun, ctx, rounds)
         if sampled is not None:
-            out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx)
+            out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx, rounds)
         return out if ctx.rank == 0 else None
     finally:
         gdist.teardown()
@@ -820,7 +831,7 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
     return step_s, max(0.0, warm - step_s)
 
 
-def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> list[float]:
+def _corun_factor(flags: dict, ctx, rounds: int, min_steps: int = 40) -> list[float]:
     """How much slower a step is in a real two-rank run than alone, per round
     (:func:`probe_rounds`): the steps of allreduce's own plan (rank 0's dealt subgraphs) timed
     by rank 0 alone, the other rank idle at a barrier; then that plan on both ranks (averaging
@@ -846,10 +857,12 @@ def _corun_factor(flags: dict, ctx, min_steps: int = 40) -> list[float]:
         times = interleaved_times(steps, 1 << 20, PROBE_SIDE_S) if ctx.rank == 0 else []
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
-    return _two_rank_rounds(flags, ds, ctx, plan.source.steps, alone, min_steps)
+    return _two_rank_rounds(flags, ds, ctx, plan.source.steps, alone, rounds, min_steps)
 
 
-def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30) -> list[float]:
+def _sampled_corun_factor(
+    flags: dict, alone_s: float, ctx, rounds: int, min_steps: int = 30
+) -> list[float]:
     """The co-run factor of sampled training, per round, which differs from the subgraph
     strategies': each step's gradients are averaged by DDP, whose hooks and gloo's thread run
     during the backward, beside the other rank's step. Rank 0 alone first makes and trains a
@@ -883,7 +896,7 @@ def _sampled_corun_factor(flags: dict, alone_s: float, ctx, min_steps: int = 30)
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
     try:
-        return _two_rank_rounds(flags, ds, ctx, per_epoch, alone, min_steps, alone_s)
+        return _two_rank_rounds(flags, ds, ctx, per_epoch, alone, rounds, min_steps, alone_s)
     finally:
         mine.source.close()
 
@@ -918,10 +931,11 @@ def _two_rank_rounds(
     ctx,
     per_epoch: int,
     alone: Callable[[], float],
+    asked: int,
     min_steps: int,
     step_s: float | None = None,
 ) -> list[float]:
-    """Rounds (:func:`probe_rounds`) of: ``alone()`` (a step's seconds alone, the same on
+    """Rounds (:func:`probe_rounds`, ``asked``) of: ``alone()`` (a step's seconds alone, the same on
     both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
     at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
     round's ratio is the mean of both ranks' step times over the steps alone, at least 1.
@@ -930,7 +944,7 @@ def _two_rank_rounds(
     from gnnpar.training.loop import train
 
     solo = alone()
-    rounds = probe_rounds(per_epoch * (step_s or solo))
+    rounds = probe_rounds(per_epoch * (step_s or solo), asked)
     epochs = _probe_epochs(min_steps, per_epoch, step_s or solo)
     ratios = []
     for i in range(rounds):
@@ -977,7 +991,7 @@ def profile_comm(
 ) -> None:
     from gnnpar.runtime.launch import launch
 
-    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines), corun, sampled)
+    args = (COMM_SIZES, COMM_REPEATS, timeout_s, list(pipelines), corun, sampled, prof.rounds)
     out = launch(comm_rank, args, 2, timeout_s, threads=threads)[0]
     # a 2-rank ring all-reduce is 2 steps of bytes / 2: t = 2 a + bytes * b
     a, b = _line(out["allreduce"])
@@ -991,8 +1005,13 @@ def profile_comm(
         "store_rtt_s": out["store_rtt_s"],
         "pipeline_step_s": out["pipeline_step_s"],  # "1x2xM" -> a real 2-rank step here
         "pipeline_first_s": out["pipeline_first_s"],  # "1x2xM" -> its first step's extra
-        # a step in a real 2-rank run / alone (the median of the probe's rounds)
-        "corun_factor": statistics.median(out["corun_factor"]),
+        # a step in a real 2-rank run / alone (the median of the probe's rounds); absent where
+        # the grid has no subgraph or pipeline configuration (predict then takes 1)
+        **(
+            {"corun_factor": statistics.median(out["corun_factor"])}
+            if "corun_factor" in out
+            else {}
+        ),
         # the same for sampled's steps (DDP's hooks in the backward); absent: no sampled run
         **(
             {"sampled_corun_factor": statistics.median(out["sampled_corun_factor"])}
@@ -1000,7 +1019,8 @@ def profile_comm(
             else {}
         ),
     }
-    prof.probe_rounds["corun_factor"] = out["corun_factor"]
+    if "corun_factor" in out:
+        prof.probe_rounds["corun_factor"] = out["corun_factor"]
     if sampled:
         prof.probe_rounds["sampled_corun_factor"] = out["sampled_corun_factor"]
 
@@ -1028,7 +1048,7 @@ MEASURE_ROUND_BUDGET_S = 10.0  # more rounds only where one takes at most this l
 
 
 def _measure_in_rounds(measure: Callable[[Profile], Profile], prof: Profile) -> None:
-    """Every batch kind's timings, taken in :data:`PROBE_ROUNDS` rounds where one round takes
+    """Every batch kind's timings, taken in ``prof.rounds`` rounds where one round takes
     at most :data:`MEASURE_ROUND_BUDGET_S` (else one), each timing the median of its rounds:
     on a VM whose speed drifts by up to 2x within a minute, one round taken in a fast (or slow)
     moment moved every prediction with it (a Cora grid's all 30-45% too fast, while the same
@@ -1040,7 +1060,7 @@ def _measure_in_rounds(measure: Callable[[Profile], Profile], prof: Profile) -> 
     t0 = time.perf_counter()
     rounds = [measure(fresh())]
     if time.perf_counter() - t0 <= MEASURE_ROUND_BUDGET_S:
-        rounds += [measure(fresh()) for _ in range(PROBE_ROUNDS - 1)]
+        rounds += [measure(fresh()) for _ in range(prof.rounds - 1)]
     for name in MEASURED:
         setattr(prof, name, _median_of([getattr(r, name) for r in rounds]))
 
@@ -1069,9 +1089,11 @@ def take_profile(
     comm: bool,
     timeout_s: float,
     loader_workers: bool = False,
+    rounds: int = PROBE_ROUNDS,
 ) -> Profile:
     """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them);
-    ``loader_workers``: also a loader worker's start-up (starts one)."""
+    ``loader_workers``: also a loader worker's start-up (starts one); ``rounds``: of every
+    timing and ratio probe (``--profile-rounds``), the median of each kept."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
 
@@ -1101,6 +1123,7 @@ def take_profile(
             kind=ds.kind,
             batch_size=cfg.strategy.batch_size if image else 0,
             max_steps=cfg.run.max_steps,
+            rounds=rounds,
         )
         with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
             prof.loop_step_s = loop_overhead_s(base, ds, tmp)
@@ -1128,7 +1151,7 @@ def take_profile(
                 p = min(parts) if parts else None
                 step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
                 with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
-                    rounds, drift = real_loop_factor(base, ds, tmp, p, step_s)
+                    rounds, drift = real_loop_factor(base, ds, tmp, p, step_s, asked=prof.rounds)
                 prof.loop_factor = statistics.median(rounds)
                 prof.probe_rounds["loop_factor"] = rounds
                 if drift:  # the same steps timed again later, over the profile's timing (1)
@@ -1143,8 +1166,14 @@ def take_profile(
             (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
             for m in chunks
         ]
+        # subgraph steps on two ranks at once: for the subgraph strategies and the pipelines'
+        # blocks (predict's _slowdown); a sampled-only grid has its own factor and skips it
         parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
-        corun = {**flags_for(base, "allreduce", partitions=parts[0], sync_every=20), "workers": 2}
+        corun = (
+            {**flags_for(base, "allreduce", partitions=parts[0], sync_every=20), "workers": 2}
+            if any(n.kind in ("parts", "pipeline") for n in needs)
+            else None
+        )
         profile_comm(timeout_s, prof, threads, pipelines, corun, _sampled_probe(base, needs, prof))
     from gnnpar.training.metrics import peak_memory
 

@@ -71,10 +71,16 @@ PROBES = {
 }
 
 
-def steadiness_note(probe_rounds: dict[str, list[float]]) -> str | None:
+def steadiness_note(probe_rounds: dict[str, list[float]], rounds: int = 3) -> str | None:
     """A warning when a ratio probe's rounds (``Profile.probe_rounds``) disagree by more than
     :data:`UNSTEADY`: the machine's speed changed while it was profiled (a shared VM), and
-    predictions from it are no closer than that spread; None when every probe agreed."""
+    predictions from it are no closer than that spread; None when every probe agreed. A
+    profile of one round (``--profile-rounds 1``) cannot tell, and says so."""
+    if rounds == 1:
+        return (
+            "note: profiled in one round (--profile-rounds 1): whether this machine's speed "
+            "changed while it was profiled is not known."
+        )
     spread = {k: max(v) / min(v) for k, v in probe_rounds.items() if len(v) > 1 and min(v) > 0}
     worst = max(spread, key=spread.__getitem__, default=None)
     if worst is None or spread[worst] < UNSTEADY:
