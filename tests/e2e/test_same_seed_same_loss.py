@@ -58,7 +58,7 @@ BY_NAME = {c["name"]: c for c in CASES}
 NATIVE_RTOL = 1e-6
 
 
-# (args, pinned) -> (the finished process, its --out): the module's runs, made two at a time
+# (args, pinned) -> (the finished process, its --out): the module's runs, made three at a time
 # before its tests (prefetched below); a run not found here is made when its test asks for it
 _RUNS: dict[tuple, tuple] = {}
 
@@ -144,7 +144,7 @@ def _run_of(item) -> tuple[list[str], bool] | None:
 
 @pytest.fixture(scope="module", autouse=True)
 def prefetched(request, data_root, tmp_path_factory):
-    """The runs of the tests selected here, two at a time (each is mostly a process starting
+    """The runs of the tests selected here, three at a time (each is mostly a process starting
     and its ranks waiting for each other; the curves do not depend on the load): the module's
     time nearly halves. Each test then reads its run's curve."""
     from concurrent.futures import ThreadPoolExecutor
@@ -152,7 +152,7 @@ def prefetched(request, data_root, tmp_path_factory):
     runs = [r for item in request.session.items if item.module is request.module
             if (r := _run_of(item)) is not None]  # fmt: skip
     tmp = tmp_path_factory.mktemp("runs")
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {
             (tuple(args), pinned): pool.submit(_train, args, data_root, tmp / str(i), pinned)
             for i, (args, pinned) in enumerate(runs)

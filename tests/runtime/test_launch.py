@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 import tempfile
 import time
 from types import SimpleNamespace
@@ -317,7 +318,7 @@ def test_check_ranks_counts_processes_as_they_are_started(monkeypatch, method):
 
 
 @pytest.mark.parametrize(("cuda", "want"), [(False, "forkserver"), (True, "spawn")])
-def test_ranks_start_from_the_fork_server_except_with_cuda(monkeypatch, cuda, want):
+def test_ranks_start_from_the_fork_server_except_with_cuda(monkeypatch, tmp_path, cuda, want):
     """A process forked after the CUDA driver was asked for its GPUs cannot use CUDA ("CUDA
     error: initialization error" in every rank, on an H200): with CUDA, ranks are spawned."""
     import torch
@@ -327,6 +328,14 @@ def test_ranks_start_from_the_fork_server_except_with_cuda(monkeypatch, cuda, wa
     monkeypatch.delenv("GNNPAR_START_METHOD", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     assert launch_module.start_method() == want
+    # before this process imports torch (the fork server starts first): from the driver
+    monkeypatch.delitem(sys.modules, "torch")
+    nodes = [tmp_path / "nvidiactl"] if cuda else []
+    for n in nodes:
+        n.touch()
+    monkeypatch.setattr(launch_module, "GPU_DRIVER_NODES", (*map(str, nodes), str(tmp_path / "no")))
+    assert launch_module.start_method() == want
+    assert "torch" not in sys.modules  # not imported to find out
     for asked in ("spawn", "forkserver"):
         monkeypatch.setenv("GNNPAR_START_METHOD", asked)
         assert launch_module.start_method() == asked

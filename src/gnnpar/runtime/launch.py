@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import uuid
@@ -129,9 +130,22 @@ def start_method() -> str:
         )
     if asked:
         return asked
-    import torch
+    return "spawn" if cuda_machine() else "forkserver"
 
-    return "spawn" if torch.cuda.is_available() else "forkserver"
+
+def cuda_machine() -> bool:
+    """Whether ranks started from here may use a GPU: torch's answer where this process has
+    imported torch; else, without importing it (the fork server is started before this process
+    imports torch, so that the two import at once), whether an NVIDIA (or ROCm) driver is
+    loaded. A machine with the driver and a CPU-only torch then spawns its ranks too: more
+    memory, the same results."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return bool(torch.cuda.is_available())
+    return any(os.path.exists(p) for p in GPU_DRIVER_NODES)
+
+
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
 
 def check_ranks(nprocs: int) -> None:
