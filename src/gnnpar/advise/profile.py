@@ -935,8 +935,8 @@ def _two_rank_rounds(
     min_steps: int,
     step_s: float | None = None,
 ) -> list[float]:
-    """Rounds (:func:`probe_rounds`, ``asked``) of: ``alone()`` (a step's seconds alone, the same on
-    both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
+    """Rounds (:func:`probe_rounds`, ``asked`` at most) of: ``alone()`` (a step's seconds
+    alone, the same on both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
     at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
     round's ratio is the mean of both ranks' step times over the steps alone, at least 1.
     ``step_s`` sizes the rounds (default: the first round's steps alone)."""
