@@ -29,12 +29,13 @@ the core for a while) that a median or a minimum would leave out; measured on Co
 subgraphs, the median step was 1.6-1.9 ms both here and in ``gnnpar train``, whose epochs
 nevertheless averaged 2.7-2.9 ms per step.
 
-Where one round of them takes at most 10 s, every batch kind's timings are taken in 3 rounds and
-each is the median of its rounds (:func:`_measure_in_rounds`). The two ratios the profile takes
-(a step in the real loop against alone, :func:`real_loop_factor`; a step with two ranks
-training at once against alone, :func:`_corun_factor`) are taken in rounds that each time both
-sides back to back, and the median of the rounds' ratios is kept (``PROBE_ROUNDS``; their values
-are in ``Profile.probe_rounds``). Timed once each, minutes
+Where one round of them takes at most 10 s, every batch kind's timings are taken in 3 rounds
+(``--profile-rounds``, ``Profile.rounds``) and each is the median of its rounds
+(:func:`_measure_in_rounds`). The two ratios the profile takes (a step in the real loop against
+alone, :func:`real_loop_factor`; a step with two ranks training at once against alone,
+:func:`_corun_factor`) are taken in as many rounds, each timing both sides back to back, and the
+median of the rounds' ratios is kept (their values are in ``Profile.probe_rounds``). Timed once
+each, minutes
 apart, on a VM whose speed drifts (a fixed 11 ms piece of work took 11-79 ms within one minute
 on the model-207 Xeon, 2026-11-27), one slow moment on one side made a co-run factor of 2.06
 where the runs themselves showed 1.1-1.35, and a grid's predictions 65-99% too slow.

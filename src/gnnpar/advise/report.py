@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gnnpar.advise.predict import Prediction
+from gnnpar.advise.profile import PROBE_ROUNDS
 
 
 def _bytes(n: float) -> str:
@@ -71,7 +72,7 @@ PROBES = {
 }
 
 
-def steadiness_note(probe_rounds: dict[str, list[float]], rounds: int = 3) -> str | None:
+def steadiness_note(probe_rounds: dict[str, list[float]], rounds: int = PROBE_ROUNDS) -> str | None:
     """A warning when a ratio probe's rounds (``Profile.probe_rounds``) disagree by more than
     :data:`UNSTEADY`: the machine's speed changed while it was profiled (a shared VM), and
     predictions from it are no closer than that spread; None when every probe agreed. A

@@ -110,7 +110,7 @@ def pick_device(local_rank: int, local_world: int = 1) -> torch.device:
 
     NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so a host with fewer GPUs than
     ranks trains on its CPUs with gloo, every rank alike (each decides from the same two counts;
-    rank 0 says so once). ``CUDA_VISIBLE_DEVICES=`` picks the CPU on any host."""
+    each host's local rank 0 says so once). ``CUDA_VISIBLE_DEVICES=`` picks the CPU on any host."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= local_world >= 1:
         return torch.device("cuda", local_rank)
