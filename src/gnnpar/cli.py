@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             print_datasets(args.data_root)
             return 0
     except UsageError as e:
+        from gnnpar.runtime.torchrun import note_refusal
+
+        note_refusal()  # under gnnpar torchrun: this message is the run's one message
         print(f"gnnpar: error: {e}", file=sys.stderr)
         return 2
     except RankFailedError as e:  # a rank of a multi-process run failed: not a usage problem

@@ -104,3 +104,52 @@ def test_a_rendezvous_nobody_joins_ends_after_join_timeout_with_one_message(tmp_
     assert "join_timeout of 3 s" in errors[0] and "--nnodes 2" in errors[0], errors
     assert "Traceback" not in p.stderr and 'File "' not in p.stderr, p.stderr
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+def _agent_ending(monkeypatch, capsys, refuse: bool) -> tuple[int, str]:
+    """run_agent with torch's ``run`` replaced by one whose rank refused (or not) before the
+    agent lost its rendezvous: the race of two hosts refusing the same input, where the host
+    holding the rendezvous ends first."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    from gnnpar.runtime.torchrun import note_refusal, parse, run_agent
+
+    def lost(args) -> None:  # noqa: ANN001
+        if refuse:
+            note_refusal()  # what cli.main does in a rank before its exit 2
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(torchrun, "run", lost)
+    monkeypatch.delenv("GNNPAR_REFUSAL_DIR", raising=False)
+    code = run_agent(parse(["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", "train"]))
+    return code, capsys.readouterr().err
+
+
+def test_a_lost_rendezvous_after_this_hosts_ranks_refused_adds_no_second_message(
+    monkeypatch, capsys
+):
+    code, err = _agent_ending(monkeypatch, capsys, refuse=True)
+    assert code == 2 and "gnnpar: error:" not in err, err
+
+
+def test_a_lost_rendezvous_is_one_message_naming_the_endpoint(monkeypatch, capsys):
+    code, err = _agent_ending(monkeypatch, capsys, refuse=False)
+    assert code == 1, err
+    assert (
+        err.startswith("gnnpar: error: the rendezvous at 10.0.0.1:29400")
+        and err.count("gnnpar: error:") == 1
+    ), err
+    assert "stopped answering" in err and "--resume" in err, err
+
+
+def test_a_refusal_mark_outside_gnnpar_torchrun_or_in_a_bad_folder_is_nothing(
+    monkeypatch, tmp_path
+):
+    from gnnpar.runtime.torchrun import REFUSAL_ENV, note_refusal
+
+    monkeypatch.delenv(REFUSAL_ENV, raising=False)
+    note_refusal()
+    monkeypatch.setenv(REFUSAL_ENV, str(tmp_path / "missing" / "\x01"))
+    note_refusal()
+    assert not (tmp_path / "missing").exists()

@@ -17,6 +17,11 @@ shows the agent's progress) without their tracebacks.
 is ``torchrun [torchrun's flags] -m gnnpar train [train's flags]``. Train's flags are checked
 here before any agent starts (exit 2, one message), so a typo is not retried on every attempt.
 Each attempt gets a key-value store of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
+
+A rank that refused its input (exit 2, its one message printed) leaves a mark in a folder this
+agent made (:func:`note_refusal`): when the agent then loses the rendezvous, because another
+host's torchrun, refusing the same input, ended first and took the rendezvous with it, that loss
+is a consequence, and the ranks' message stays the only one.
 """
 
 from __future__ import annotations
@@ -25,12 +30,35 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 
 from gnnpar import UsageError
 
 #: the loggers torchrun's agent, launcher and rendezvous write to
 AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 DEFAULT_JOIN_TIMEOUT_S = 600  # torch's c10d rendezvous default (its README: join_timeout)
+#: the folder where this host's ranks mark that they refused their input (set for the ranks)
+REFUSAL_ENV = "GNNPAR_REFUSAL_DIR"
+
+
+def note_refusal() -> None:
+    """Mark, for this host's ``gnnpar torchrun``, that this rank ended with exit 2 after printing
+    its one message. Nothing under any other launcher, or where the folder cannot be written."""
+    folder = os.environ.get(REFUSAL_ENV)
+    if not folder:
+        return
+    try:
+        with open(os.path.join(folder, f"rank-{os.getpid()}"), "w"):
+            pass
+    except OSError:
+        pass
+
+
+def _ranks_refused(folder: str) -> bool:
+    try:
+        return any(name.startswith("rank-") for name in os.listdir(folder))
+    except OSError:
+        return False
 
 
 class _NoTraceback(logging.Formatter):
@@ -108,12 +136,7 @@ def run_agent(args) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import (
-        RendezvousClosedError,
-        RendezvousConnectionError,
-        RendezvousError,
-        RendezvousTimeoutError,
-    )
+    from torch.distributed.elastic.rendezvous import RendezvousError
 
     endpoint = args.rdzv_endpoint or f"{args.master_addr}:{args.master_port or 29500}"
     again = (
@@ -127,10 +150,33 @@ def run_agent(args) -> int:
     # after a restart that one host's failure caused, the hosts' counts differ and could not
     # tell this attempt's keys from an earlier one's (runtime/dist.py).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    try:
-        torchrun.run(args)
-        return 0
-    except ChildFailedError as e:
+    with tempfile.TemporaryDirectory(prefix="gnnpar-torchrun-") as refusals:
+        os.environ[REFUSAL_ENV] = refusals  # the ranks inherit it
+        try:
+            torchrun.run(args)
+            return 0
+        except (ChildFailedError, RendezvousError, DistError) as e:
+            if _ranks_refused(refusals):  # a refusal here: the ranks' message is the one
+                return 2
+            return _verdict(e, args, endpoint, again)
+        except SignalException as e:
+            print(f"gnnpar: interrupted ({signal.Signals(e.sigval).name})", file=sys.stderr)
+            return 128 + int(e.sigval)
+
+
+def _verdict(e: Exception, args, endpoint: str, again: str) -> int:  # noqa: ANN001
+    """Print the one message for how the agent ended (``e``) and return 1; or, if every rank
+    refused its input (exit 2, their message printed), print nothing and return 2."""
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import (
+        RendezvousClosedError,
+        RendezvousConnectionError,
+        RendezvousError,
+        RendezvousTimeoutError,
+    )
+
+    if isinstance(e, ChildFailedError):
         codes = {f.exitcode for f in e.failures.values()}
         attempts = args.max_restarts + 1
         if codes == {2}:  # the ranks refused their input: their one message is the message
@@ -143,7 +189,7 @@ def run_agent(args) -> int:
             file=sys.stderr,
         )
         return 1
-    except RendezvousTimeoutError:
+    if isinstance(e, RendezvousTimeoutError):
         join_s = rdzv_conf(args.rdzv_conf).get("join_timeout", DEFAULT_JOIN_TIMEOUT_S)
         print(
             f"gnnpar: error: the rendezvous at {endpoint} (run id {args.rdzv_id}) did not "
@@ -153,7 +199,7 @@ def run_agent(args) -> int:
             file=sys.stderr,
         )
         return 1
-    except RendezvousConnectionError:
+    if isinstance(e, RendezvousConnectionError):
         print(
             f"gnnpar: error: the rendezvous at {endpoint} (run id {args.rdzv_id}) stopped "
             "answering: the host that holds it (--rdzv-endpoint) is down or cannot be reached "
@@ -161,24 +207,21 @@ def run_agent(args) -> int:
             file=sys.stderr,
         )
         return 1
-    except RendezvousClosedError:
+    if isinstance(e, RendezvousClosedError):
         print(
             f"gnnpar: error: the rendezvous at {endpoint} (run id {args.rdzv_id}) was closed: "
             f"another host's torchrun ended (its output says why). To go on, {again}.",
             file=sys.stderr,
         )
         return 1
-    except (RendezvousError, DistError) as e:
-        print(
-            f"gnnpar: error: torchrun's rendezvous at {endpoint} failed: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Check "
-            f"--rdzv-endpoint and that every host reaches it; then {again}.",
-            file=sys.stderr,
-        )
-        return 1
-    except SignalException as e:
-        print(f"gnnpar: interrupted ({signal.Signals(e.sigval).name})", file=sys.stderr)
-        return 128 + int(e.sigval)
+    assert isinstance(e, (RendezvousError, DistError)), e
+    print(
+        f"gnnpar: error: torchrun's rendezvous at {endpoint} failed: "
+        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Check "
+        f"--rdzv-endpoint and that every host reaches it; then {again}.",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def main(argv: list[str]) -> int:
