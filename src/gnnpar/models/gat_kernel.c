@@ -20,11 +20,13 @@
  * Layouts: a_src [n_src, k], a_dst [n_dst, k], per-entry arrays [E, k], all float32 and
  * contiguous; crow [n_dst + 1], col [E], t_crow [n_src + 1], t_entry [E] int64 (t_entry: the
  * entries of each source in CSR order).
+ *
+ * The models' dropout masks are drawn here too (gnnpar/models/dropout.py; at the end).
  */
 #include <math.h>
 #include <stdint.h>
 
-#define GNNPAR_GAT_KERNEL_VERSION 1
+#define GNNPAR_GAT_KERNEL_VERSION 2
 
 int64_t gnnpar_gat_kernel_version(void) { return GNNPAR_GAT_KERNEL_VERSION; }
 
@@ -133,4 +135,82 @@ void gnnpar_edge_products(const float *g, const float *x, const int64_t *crow, c
             float *o = out + e * m;
             for (int64_t q = 0; q < m; q++) o[q] = gi[q] * xj[q];
         }
+}
+
+
+/* ------------------------------------------------------------------------------------------
+ * Dropout masks (gnnpar/models/dropout.py; issue 21).
+ *
+ * Element i is dropped with probability P / 2^40 (P = round(p * 2^40)): its uniform variate is
+ * the 40-bit number (byte_i << 32 | v_i), compared with P. byte_i is byte i % 8 of
+ * splitmix64(seed + (i / 8 + 1) * GAMMA), so one 64-bit hash serves 8 elements; v_i, the low 32
+ * bits of splitmix64(~seed + (i + 1) * GAMMA), is computed only when byte_i alone cannot decide
+ * (byte_i == P >> 32, one element in 256). torch.rand's masks resolve p to 2^-24 and cost one
+ * mt19937 draw and a float conversion per element; these resolve it to 2^-40 for ~1/8 of a hash.
+ * The masks are a function of (seed, i) only: the same for any number of threads, on any
+ * machine, and equal to dropout.py's torch fallback, which computes the same hashes.
+ */
+#define GNNPAR_GAMMA 0x9e3779b97f4a7c15ULL
+
+static inline uint64_t splitmix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* the keep flags (0 or 1) of elements [8b, 8b + m), m <= 8 */
+static inline void keep_block(uint64_t seed, uint64_t t, uint64_t f, int64_t b, int m,
+                              uint8_t *k) {
+    uint64_t h = splitmix64(seed + (uint64_t)(b + 1) * GNNPAR_GAMMA);
+    for (int j = 0; j < 8; j++) k[j] = ((h >> (8 * j)) & 0xff) > t;
+    for (int j = 0; j < m; j++)
+        if (__builtin_expect(((h >> (8 * j)) & 0xff) == t, 0))
+            k[j] = (splitmix64(~seed + (uint64_t)(b * 8 + j + 1) * GNNPAR_GAMMA) &
+                    0xffffffffULL) >= f;
+}
+
+/* keep[i] = 1 if element i is kept, else 0; i < n */
+void gnnpar_dropout_mask(uint8_t *keep, int64_t n, uint64_t seed, uint64_t p40,
+                         int64_t threads) {
+    const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
+    const int64_t blocks = (n + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t b = 0; b < blocks; b++) {
+        int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
+        uint8_t k[8];
+        keep_block(seed, t, f, b, m, k);
+        for (int j = 0; j < m; j++) keep[b * 8 + j] = k[j];
+    }
+}
+
+/* out[i] = (x[i] * scale) * keep_i, and keep[i] = keep_i (keep may be NULL); i < n */
+void gnnpar_dropout_f32(const float *x, float *out, uint8_t *keep, int64_t n, uint64_t seed,
+                        uint64_t p40, float scale, int64_t threads) {
+    const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
+    const int64_t blocks = (n + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t b = 0; b < blocks; b++) {
+        int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
+        uint8_t k[8];
+        keep_block(seed, t, f, b, m, k);
+        const float *xb = x + b * 8;
+        float *ob = out + b * 8;
+        for (int j = 0; j < m; j++) ob[j] = (xb[j] * scale) * (float)k[j];
+        if (keep)
+            for (int j = 0; j < m; j++) keep[b * 8 + j] = k[j];
+    }
+}
+
+/* out[i] = keep_i ? scale : 0 (the attention dropout's factors); i < n */
+void gnnpar_dropout_factors(float *out, int64_t n, uint64_t seed, uint64_t p40, float scale,
+                            int64_t threads) {
+    const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
+    const int64_t blocks = (n + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t b = 0; b < blocks; b++) {
+        int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
+        uint8_t k[8];
+        keep_block(seed, t, f, b, m, k);
+        for (int j = 0; j < m; j++) out[b * 8 + j] = scale * (float)k[j];
+    }
 }

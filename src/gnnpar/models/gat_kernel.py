@@ -1,11 +1,13 @@
-"""GAT's fused edge softmax (``gat_kernel.c``): find it, check its version, load it with ctypes.
+"""GAT's fused edge softmax and the models' dropout masks (``gat_kernel.c``): find it, check
+its version, load it with ctypes.
 
 pip compiles ``gat_kernel.c`` when it installs gnnpar (setup.py, extension name
 ``gnnpar.models._gat_kernel``, with OpenMP), as it does the sampler's kernel
 (:mod:`gnnpar.data.sampling.kernel`: plain C, no torch headers, any torch build). Loaded after
 torch, so the library's ``libgomp.so.1`` is the one torch already loaded and both share one
 thread pool. Without it (no compiler, no OpenMP) :func:`gnnpar.models.gat.attention` computes
-the same values with torch operations, slower with several threads.
+the same values with torch operations, slower with several threads, and
+:mod:`gnnpar.models.dropout` the same masks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-_VERSION = 1  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
+_VERSION = 2  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
 _DIR = Path(__file__).parent
 _STEM = "_gat_kernel"
 _lib: ctypes.CDLL | None = None
@@ -53,6 +55,13 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_sum_by_source.argtypes = [p, p, p, i64, i64, p, i64]
                 lib.gnnpar_edge_products.restype = None
                 lib.gnnpar_edge_products.argtypes = [p, p, p, p, i64, i64, p, i64]
+                u64 = ctypes.c_uint64  # the dropout masks (models/dropout.py)
+                lib.gnnpar_dropout_mask.restype = None
+                lib.gnnpar_dropout_mask.argtypes = [p, i64, u64, u64, i64]
+                lib.gnnpar_dropout_f32.restype = None
+                lib.gnnpar_dropout_f32.argtypes = [p, p, p, i64, u64, u64, f32, i64]
+                lib.gnnpar_dropout_factors.restype = None
+                lib.gnnpar_dropout_factors.argtypes = [p, i64, u64, u64, f32, i64]
             except (OSError, AttributeError):
                 continue
             _lib = lib
