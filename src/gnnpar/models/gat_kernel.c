@@ -214,3 +214,10 @@ void gnnpar_dropout_factors(float *out, int64_t n, uint64_t seed, uint64_t p40, 
         for (int j = 0; j < m; j++) out[b * 8 + j] = scale * (float)k[j];
     }
 }
+
+/* grad_in[i] = (grad[i] * scale) * keep[i]: gnnpar_dropout_f32's backward; i < n */
+void gnnpar_dropout_backward_f32(const float *grad, const uint8_t *keep, float *grad_in,
+                                 int64_t n, float scale, int64_t threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t i = 0; i < n; i++) grad_in[i] = (grad[i] * scale) * (float)keep[i];
+}

@@ -62,6 +62,8 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_dropout_f32.argtypes = [p, p, p, i64, u64, u64, f32, i64]
                 lib.gnnpar_dropout_factors.restype = None
                 lib.gnnpar_dropout_factors.argtypes = [p, i64, u64, u64, f32, i64]
+                lib.gnnpar_dropout_backward_f32.restype = None
+                lib.gnnpar_dropout_backward_f32.argtypes = [p, p, p, i64, f32, i64]
             except (OSError, AttributeError):
                 continue
             _lib = lib

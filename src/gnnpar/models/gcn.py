@@ -25,7 +25,8 @@ from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from gnnpar.csr import indptr
 from gnnpar.models.base import BlockModel, output_head
-from gnnpar.models.gat import SparseInputLinear, dropout
+from gnnpar.models.dropout import dropout
+from gnnpar.models.gat import SparseInputLinear
 
 
 class GCNAdjacencyCache:
