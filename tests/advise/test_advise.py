@@ -355,7 +355,13 @@ def test_validate_on_a_two_configuration_grid(validations):
             epochs.append(result["train_time_s"] / 2)
         assert sorted(c["measured_runs_epoch_s"]) == pytest.approx(sorted(epochs))
         assert c["measured_epoch_s"] == pytest.approx(sum(epochs) / 2)  # the median of two
+        # the machine's speed around each run against the profile's reference work
+        assert len(c["speed_factors"]) == 2 and all(0.05 < f < 20 for f in c["speed_factors"])
+        at = c["measured_at_profile_speed_epoch_s"]
+        assert c["error_at_profile_speed"] == pytest.approx((c["predicted_epoch_s"] - at) / at)
+    assert len(advice["profile"]["speed_ref_s"]) == 2  # the profile's start and end
     assert "median of 2" in done.stdout and "error" in done.stdout
+    assert "at the profile's speed the median |error|" in done.stdout
 
 
 @pytest.mark.slow
@@ -821,6 +827,40 @@ def test_repeated_validation_alternates_the_order_and_compares_with_the_median()
     assert case["failed_runs"] == ["exit 1: boom"] and "failed" not in case
     failed = _combined([{**run, "measured_epoch_s": None, "error": None, "failed": "exit 1"}])
     assert failed["failed"] == "exit 1" and failed["error"] is None
+
+
+def test_a_run_on_a_slower_machine_is_compared_at_the_profiles_speed_too():
+    """The reference work took 1.25x its profile time around a run (mean of before and after
+    over the profile's median): the measured epoch at the profile's speed is measured / 1.25;
+    the repetitions' median of those gives the case's error at the profile's speed, beside
+    the plain error, which stays the result."""
+    from gnnpar.advise.validate import _combined, _with_speed
+
+    run = {"strategy": "allreduce", "settings": {}, "predicted_epoch_s": 0.1}
+    a = _with_speed({**run, "measured_epoch_s": 0.125, "error": -0.2}, [0.010, 0.011, 0.009],
+                    [0.012, 0.013])  # fmt: skip
+    assert a["speed_factor"] == pytest.approx(1.25)
+    assert a["measured_at_profile_speed_epoch_s"] == pytest.approx(0.1)
+    assert a["error_at_profile_speed"] == pytest.approx(0.0)
+    b = _with_speed({**run, "measured_epoch_s": 0.09, "error": 0.1 / 0.9 - 1}, [0.01], [0.009])
+    case = _combined([a, b])
+    assert case["error"] == pytest.approx(0.1 / 0.1075 - 1)  # the plain median, 0.1075
+    assert case["speed_factors"] == pytest.approx([1.25, 0.9])
+    assert case["measured_at_profile_speed_epoch_s"] == pytest.approx(0.1)
+    assert case["error_at_profile_speed"] == pytest.approx(0.0)
+    # no reference kept (an older profile): nothing claimed
+    none = _with_speed({**run, "measured_epoch_s": 0.1, "error": 0.0}, [], [0.01])
+    assert none["speed_factor"] is None and none["error_at_profile_speed"] is None
+
+
+def test_reference_times_from_a_file_are_kept_only_when_all_are_positive_numbers():
+    from gnnpar.advise.speed import clean, reference_s, speed_factor
+
+    assert clean([0.01, 0.012]) == [0.01, 0.012]
+    for bad in ([0.01, float("nan")], [0.01, -1], ["0.01"], [True], 0.01, None, [float("inf")]):
+        assert clean(bad) == [], bad
+    assert speed_factor([float("nan")], [0.01]) is None
+    assert 0 < reference_s(samples=3) < 5
 
 
 def test_a_profile_whose_probe_rounds_disagree_says_so():

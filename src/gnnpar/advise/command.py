@@ -450,6 +450,9 @@ def reuse_profile(req: Request, needs: list, comm: bool):
             f"--profile {path} lacks what this grid needs ({', '.join(map(str, missing[:3]))}"
             f"{' ...' if len(missing) > 3 else ''}): {again}, or narrow --strategies."
         )
+    from gnnpar.advise.speed import clean
+
+    prof.speed_ref_s = clean(prof.speed_ref_s)  # a number of any other kind: not kept
     prof.profile_s = 0.0  # nothing was profiled for this request
     return prof
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from gnnpar.advise.speed import reference_s
 from gnnpar.config.validate import build_config
 from gnnpar.data.sampling.loader import SampledBatches
 
@@ -129,6 +130,9 @@ class Profile:
     # timing of them (1.0 first)
     probe_rounds: dict[str, list[float]] = field(default_factory=dict)
     rounds: int = PROBE_ROUNDS  # --profile-rounds: rounds asked of every timing and probe
+    # the reference work (advise/speed.py) timed at the profile's start and end: --validate
+    # times it around each run to tell the machine's drift from the model's error
+    speed_ref_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -1126,6 +1130,7 @@ def take_profile(
             max_steps=cfg.run.max_steps,
             rounds=rounds,
         )
+        prof.speed_ref_s.append(reference_s())
         with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
             prof.loop_step_s = loop_overhead_s(base, ds, tmp)
         if image:  # ViG: sequential and every pipeline shape, from one set of block timings
@@ -1178,6 +1183,7 @@ def take_profile(
         profile_comm(timeout_s, prof, threads, pipelines, corun, _sampled_probe(base, needs, prof))
     from gnnpar.training.metrics import peak_memory
 
+    prof.speed_ref_s.append(reference_s())
     prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
     prof.profile_s = time.perf_counter() - t_start
     return prof

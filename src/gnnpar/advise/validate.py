@@ -21,6 +21,11 @@ its output, and the others still run.
   Where namespaces cannot be made, those rows are skipped with one line saying why.
 
 The error of a case is ``(predicted - measured) / measured``.
+
+Around each run the reference work of :mod:`gnnpar.advise.speed` is timed (before and after),
+and each case also reports the machine's ``speed_factor`` against the profile's and the error
+the prediction would have had at the profile's speed (``error_at_profile_speed``): where the
+machine drifted, that says how much of an error was the drift. The plain error stays the result.
 """
 
 from __future__ import annotations
@@ -176,6 +181,22 @@ def run_two_hosts(req, p: Prediction, out: str, hosts, port: int) -> dict[str, A
     return _measured(case, outs, max(codes, key=abs), output)
 
 
+def _with_speed(case: dict[str, Any], profile_refs: list[float], refs: list[float]):
+    """The case with the machine's speed factor around its run (the reference times ``refs``,
+    before and after it, over the profile's) and its measured epoch at the profile's speed."""
+    from gnnpar.advise.speed import speed_factor
+
+    factor = speed_factor(profile_refs, refs)
+    case["speed_factor"] = factor
+    if factor is None or case["measured_epoch_s"] is None:
+        case["measured_at_profile_speed_epoch_s"] = case["error_at_profile_speed"] = None
+        return case
+    at = case["measured_epoch_s"] / factor
+    case["measured_at_profile_speed_epoch_s"] = at
+    case["error_at_profile_speed"] = (case["predicted_epoch_s"] - at) / at
+    return case
+
+
 def _round_order(n: int, r: int) -> list[int]:
     """The order of the configurations in repetition ``r``: forwards, then backwards, and so on,
     so that a drift of the machine's speed during the grid does not always fall on the same
@@ -200,6 +221,18 @@ def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
     case["measured_epoch_s"] = measured
     case["measured_runs_epoch_s"] = times
     case["error"] = (case["predicted_epoch_s"] - measured) / measured
+    factors = [c.get("speed_factor") for c in runs if c["measured_epoch_s"] is not None]
+    at = [c.get("measured_at_profile_speed_epoch_s") for c in runs]
+    at = [t for t in at if t is not None]
+    case["speed_factors"] = factors
+    case.pop("speed_factor", None)
+    if at and len(at) == len(times):
+        case["measured_at_profile_speed_epoch_s"] = statistics.median(at)
+        case["error_at_profile_speed"] = (
+            case["predicted_epoch_s"] - case["measured_at_profile_speed_epoch_s"]
+        ) / case["measured_at_profile_speed_epoch_s"]
+    else:
+        case["measured_at_profile_speed_epoch_s"] = case["error_at_profile_speed"] = None
     return case
 
 
@@ -207,7 +240,10 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
     """Train every measurable configuration here (``req.repeats`` times each, in rounds);
     ``prof`` (the profile the predictions came from) re-simulates two-host configurations on the
     link the namespaces really had."""
+    from gnnpar.advise.speed import clean, reference_s
+
     runnable = [p for p in preds if measurable(req, p)]
+    profile_refs = clean(prof.speed_ref_s) if prof is not None else []
     two = [p for p in runnable if across_hosts(req, p)]
     repeats = req.repeats
     times = f", {repeats} times each" if repeats > 1 else ""
@@ -242,6 +278,7 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                 asked, p = compared[i]
                 name = f"{i:02d}-{p.candidate.strategy}" + (f"-r{r}" if repeats > 1 else "")
                 out = str(req.out / "validate" / name)
+                refs = [reference_s()] if profile_refs else []
                 if hosts is not None and id(asked) in two_ids:
                     case = run_two_hosts(req, p, out, hosts, 29500 + (i + r * len(compared)) % 500)
                     case["hosts"] = 2
@@ -249,6 +286,8 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                     case["predicted_epoch_s_asked_network"] = asked.epoch_s
                 else:
                     case = run_one(req, p, out)
+                refs += [reference_s()] if profile_refs else []
+                case = _with_speed(case, profile_refs, refs)
                 runs[i].append(case)
                 shown = p.candidate.label() + (" across 2 hosts" if case.get("hosts") == 2 else "")
                 shown += f" (run {r + 1} of {repeats})" if repeats > 1 else ""
@@ -258,9 +297,11 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                         flush=True,
                     )
                 else:
+                    factor = case["speed_factor"]
                     print(
                         f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
-                        f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}",
+                        f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}"
+                        + ("" if factor is None else f" (machine at {1 / factor:.2f}x its speed)"),
                         flush=True,
                     )
     cases = [_combined(c) for c in runs]
@@ -274,11 +315,18 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                     flush=True,
                 )
     errors = [abs(c["error"]) for c in cases if c["error"] is not None]
+    at_speed = [
+        abs(c["error_at_profile_speed"]) for c in cases if c["error_at_profile_speed"] is not None
+    ]
+    factors = [f for c in cases for f in c.get("speed_factors", []) if f is not None]
     summary = {
         "cases": cases,
         "repeats": repeats,
         "median_abs_error": statistics.median(errors) if errors else None,
         "max_abs_error": max(errors) if errors else None,
+        "median_abs_error_at_profile_speed": statistics.median(at_speed) if at_speed else None,
+        "max_abs_error_at_profile_speed": max(at_speed) if at_speed else None,
+        "speed_factor_range": [min(factors), max(factors)] if factors else None,
     }
     measured = [c for c in cases if c["measured_epoch_s"] is not None]
     if measured:
@@ -292,6 +340,15 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
         print(
             f"  median |error| {summary['median_abs_error']:.0%}, "
             f"largest {summary['max_abs_error']:.0%}",
+            flush=True,
+        )
+    if at_speed:
+        lo, hi = summary["speed_factor_range"]
+        print(
+            f"  the machine ran at {1 / hi:.2f}-{1 / lo:.2f}x its speed when profiled (a "
+            f"reference work timed around each run); at the profile's speed the median |error| "
+            f"would be {summary['median_abs_error_at_profile_speed']:.0%}, the largest "
+            f"{summary['max_abs_error_at_profile_speed']:.0%}",
             flush=True,
         )
     return summary
