@@ -176,3 +176,27 @@ def test_gat_kernel_shares_torchs_openmp_threads():
             assert lib.gnnpar_gat_max_threads() == t
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("e", "n"), [(0, 5), (1, 1), (40, 3), (245_000, 23_194)])
+def test_order_by_key_is_torchs_stable_sort_and_the_keys_offsets(e, n, monkeypatch):
+    """The transpose's order by counting (kernel) equals torch's stable sort, and so does the
+    fallback without the kernel; ptr is each key's offsets."""
+    from gnnpar.csr import indptr
+    from gnnpar.models import gat_kernel
+
+    key = torch.randint(0, n, (e,), generator=torch.Generator().manual_seed(e))
+    want = torch.sort(key, stable=True).indices
+    ptr, order = gat_kernel.order_by_key(key, n)
+    assert torch.equal(order, want) and torch.equal(ptr, indptr(key, n))
+    monkeypatch.setattr(gat_kernel, "load", lambda: None)
+    ptr, order = gat_kernel.order_by_key(key, n)
+    assert torch.equal(order, want) and torch.equal(ptr, indptr(key, n))
+
+
+def test_order_by_key_refuses_keys_outside_the_range():
+    from gnnpar.models import gat_kernel
+
+    for bad in ([0, 3], [-1, 0]):
+        with pytest.raises(ValueError, match="not in \\[0, 3\\)"):
+            gat_kernel.order_by_key(torch.tensor(bad), 3)

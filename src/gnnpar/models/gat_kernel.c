@@ -26,7 +26,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#define GNNPAR_GAT_KERNEL_VERSION 2
+#define GNNPAR_GAT_KERNEL_VERSION 3
 
 int64_t gnnpar_gat_kernel_version(void) { return GNNPAR_GAT_KERNEL_VERSION; }
 
@@ -220,4 +220,21 @@ void gnnpar_dropout_backward_f32(const float *grad, const uint8_t *keep, float *
                                  int64_t n, float scale, int64_t threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < n; i++) grad_in[i] = (grad[i] * scale) * (float)keep[i];
+}
+
+/* ------------------------------------------------------------------------------------------
+ * A CSR's transpose (gnnpar/models/gat_kernel.py, order_by_key): the entries ordered by their
+ * key (a column), stably, by counting: O(e + n) where a comparison sort is O(e log e).
+ * key[i] in [0, n) (checked by the caller); ptr [n + 1] receives each key's offsets, next [n]
+ * is scratch, order [e] receives the entries of key 0 in index order, then key 1's, ...
+ */
+void gnnpar_order_by_key(const int64_t *key, int64_t e, int64_t n, int64_t *ptr, int64_t *next,
+                         int64_t *order) {
+    for (int64_t k = 0; k <= n; k++) ptr[k] = 0;
+    for (int64_t i = 0; i < e; i++) ptr[key[i] + 1]++;
+    for (int64_t k = 0; k < n; k++) {
+        ptr[k + 1] += ptr[k];
+        next[k] = ptr[k];
+    }
+    for (int64_t i = 0; i < e; i++) order[next[key[i]]++] = i;
 }

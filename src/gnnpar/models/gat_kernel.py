@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-_VERSION = 2  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
+_VERSION = 3  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
 _DIR = Path(__file__).parent
 _STEM = "_gat_kernel"
 _lib: ctypes.CDLL | None = None
@@ -64,6 +64,8 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_dropout_factors.argtypes = [p, i64, u64, u64, f32, i64]
                 lib.gnnpar_dropout_backward_f32.restype = None
                 lib.gnnpar_dropout_backward_f32.argtypes = [p, p, p, i64, f32, i64]
+                lib.gnnpar_order_by_key.restype = None
+                lib.gnnpar_order_by_key.argtypes = [p, i64, i64, p, p, p]
             except (OSError, AttributeError):
                 continue
             _lib = lib
@@ -143,3 +145,28 @@ def edge_products(g, x, crow, col):
         _ptr(g), _ptr(x), _ptr(crow), _ptr(col), g.size(0), m, _ptr(out), _threads(e * m)
     )
     return out
+
+
+def order_by_key(key: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ptr, order)`` of int64 ``key`` in ``[0, n)``: ``order`` the entries sorted by key,
+    stably (``torch.sort(key, stable=True).indices``), ``ptr`` [n + 1] each key's offsets in
+    it. By counting where the kernel is built (a sampled layer's 245K entries: ~1 ms against
+    ~7 ms for torch's sort); the same indices either way. ValueError for a key outside
+    ``[0, n)``."""
+    from gnnpar.csr import indptr
+
+    if key.numel():
+        lo, hi = torch.aminmax(key)
+        if int(lo) < 0 or int(hi) >= n:
+            raise ValueError(f"order_by_key: keys in [{int(lo)}, {int(hi)}], not in [0, {n})")
+    lib = load()
+    if lib is None or key.dtype != torch.int64 or key.device.type != "cpu":
+        small = key.to(torch.int32) if n < 2**31 else key  # int32 keys sort ~2x faster
+        return indptr(key, n), torch.sort(small, stable=True).indices
+    key = key.contiguous()
+    ptr, order = torch.empty(n + 1, dtype=torch.int64), torch.empty_like(key)
+    scratch = torch.empty(max(n, 1), dtype=torch.int64)
+    lib.gnnpar_order_by_key(
+        key.data_ptr(), key.numel(), n, ptr.data_ptr(), scratch.data_ptr(), order.data_ptr()
+    )
+    return ptr, order

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gnnpar.csr import indptr
+from gnnpar.models import gat_kernel
 
 
 def _csr(crow, col, values, shape) -> torch.Tensor:
@@ -62,8 +63,8 @@ class MeanAdjacency:
     def transposed(self) -> torch.Tensor:
         """``A^T`` [n_src, n_dst] in CSR (built on first use: only a backward needs it)."""
         if self._t is None:
-            order = torch.sort(self.col, stable=True).indices
-            self._t = (indptr(self.col, self.n_src), self.dst[order], self.values[order])
+            t_crow, order = gat_kernel.order_by_key(self.col, self.n_src)
+            self._t = (t_crow, self.dst[order], self.values[order])
         crow, col, values = self._t
         return _csr(crow, col, values, (self.n_src, self.n_dst))
 
