@@ -122,6 +122,7 @@ def _agent_ending(monkeypatch, capsys, refuse: bool) -> tuple[int, str]:
 
     monkeypatch.setattr(torchrun, "run", lost)
     monkeypatch.delenv("GNNPAR_REFUSAL_DIR", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as torchrun's agent sets it for a rank
     code = run_agent(parse(["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", "train"]))
     return code, capsys.readouterr().err
 
@@ -143,13 +144,19 @@ def test_a_lost_rendezvous_is_one_message_naming_the_endpoint(monkeypatch, capsy
     assert "stopped answering" in err and "--resume" in err, err
 
 
-def test_a_refusal_mark_outside_gnnpar_torchrun_or_in_a_bad_folder_is_nothing(
+def test_a_refusal_mark_outside_torchruns_ranks_or_in_a_bad_folder_is_nothing(
     monkeypatch, tmp_path
 ):
     from gnnpar.runtime.torchrun import REFUSAL_ENV, note_refusal
 
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.delenv(REFUSAL_ENV, raising=False)
     note_refusal()
     monkeypatch.setenv(REFUSAL_ENV, str(tmp_path / "missing" / "\x01"))
     note_refusal()
     assert not (tmp_path / "missing").exists()
+    # a folder that exists, outside torchrun's ranks (a plain `gnnpar train`): no file there
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.setenv(REFUSAL_ENV, str(tmp_path))
+    note_refusal()
+    assert list(tmp_path.iterdir()) == []

@@ -43,9 +43,11 @@ REFUSAL_ENV = "GNNPAR_REFUSAL_DIR"
 
 def note_refusal() -> None:
     """Mark, for this host's ``gnnpar torchrun``, that this rank ended with exit 2 after printing
-    its one message. Nothing under any other launcher, or where the folder cannot be written."""
+    its one message. Nothing outside torchrun's ranks (``TORCHELASTIC_RUN_ID``, which its agent
+    sets), so a stray ``GNNPAR_REFUSAL_DIR`` never gets a file, nor where the folder cannot be
+    written."""
     folder = os.environ.get(REFUSAL_ENV)
-    if not folder:
+    if not folder or "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     try:
         with open(os.path.join(folder, f"rank-{os.getpid()}"), "w"):
