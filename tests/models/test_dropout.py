@@ -72,7 +72,7 @@ def test_the_kernel_draws_the_fallbacks_masks_bit_for_bit(n, p):
     assert torch.equal(d.keep_mask(n, seed, p40).bool(), want)
     scale = 1 / (1 - p)
     factors = torch.empty(n)
-    gat_kernel.load().gnnpar_dropout_factors(factors.data_ptr(), n, seed, p40, scale, 1)
+    gat_kernel.load().gnnpar_dropout(None, factors.data_ptr(), None, n, seed, p40, scale, 1)
     assert torch.equal(factors, torch.full((n,), scale) * want)
 
 

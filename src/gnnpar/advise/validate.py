@@ -93,6 +93,11 @@ def _case(p: Prediction, cmd: list[str]) -> dict[str, Any]:
     }
 
 
+def _error(case: dict[str, Any], measured: float) -> float:
+    """The case's prediction against ``measured``: (predicted - measured) / measured."""
+    return (case["predicted_epoch_s"] - measured) / measured
+
+
 def _measured(case: dict[str, Any], outs: list[str], code: int, output: str) -> dict[str, Any]:
     """The case with its measured epoch time from the run's result.json (in one of ``outs``:
     it is written on the host of global rank 0), or why it failed."""
@@ -106,7 +111,7 @@ def _measured(case: dict[str, Any], outs: list[str], code: int, output: str) -> 
         r = json.load(f)
     measured = r["train_time_s"] / r["epochs"]
     case["measured_epoch_s"] = measured
-    case["error"] = (case["predicted_epoch_s"] - measured) / measured
+    case["error"] = _error(case, measured)
     return case
 
 
@@ -193,7 +198,7 @@ def _with_speed(case: dict[str, Any], profile_refs: list[float], refs: list[floa
         return case
     at = case["measured_epoch_s"] / factor
     case["measured_at_profile_speed_epoch_s"] = at
-    case["error_at_profile_speed"] = (case["predicted_epoch_s"] - at) / at
+    case["error_at_profile_speed"] = _error(case, at)
     return case
 
 
@@ -220,17 +225,16 @@ def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
     measured = statistics.median(times)
     case["measured_epoch_s"] = measured
     case["measured_runs_epoch_s"] = times
-    case["error"] = (case["predicted_epoch_s"] - measured) / measured
-    factors = [c.get("speed_factor") for c in runs if c["measured_epoch_s"] is not None]
+    case["error"] = _error(case, measured)
+    case["speed_factors"] = [
+        c.get("speed_factor") for c in runs if c["measured_epoch_s"] is not None
+    ]
+    case.pop("speed_factor", None)
     at = [c.get("measured_at_profile_speed_epoch_s") for c in runs]
     at = [t for t in at if t is not None]
-    case["speed_factors"] = factors
-    case.pop("speed_factor", None)
     if at and len(at) == len(times):
         case["measured_at_profile_speed_epoch_s"] = statistics.median(at)
-        case["error_at_profile_speed"] = (
-            case["predicted_epoch_s"] - case["measured_at_profile_speed_epoch_s"]
-        ) / case["measured_at_profile_speed_epoch_s"]
+        case["error_at_profile_speed"] = _error(case, statistics.median(at))
     else:
         case["measured_at_profile_speed_epoch_s"] = case["error_at_profile_speed"] = None
     return case
@@ -240,10 +244,11 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
     """Train every measurable configuration here (``req.repeats`` times each, in rounds);
     ``prof`` (the profile the predictions came from) re-simulates two-host configurations on the
     link the namespaces really had."""
-    from gnnpar.advise.speed import clean, reference_s
+    from gnnpar.advise.speed import reference_s
 
     runnable = [p for p in preds if measurable(req, p)]
-    profile_refs = clean(prof.speed_ref_s) if prof is not None else []
+    # a profile from a file had its reference times cleaned where it was read (reuse_profile)
+    profile_refs = prof.speed_ref_s if prof is not None else []
     two = [p for p in runnable if across_hosts(req, p)]
     repeats = req.repeats
     times = f", {repeats} times each" if repeats > 1 else ""

@@ -24,6 +24,8 @@ with a ``torch.rand`` mask and 268 ms with ``F.dropout`` (``benchmarks/dropout_m
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -88,12 +90,12 @@ def keep_mask(n: int, seed: int, p40: int) -> torch.Tensor:
     if lib is None:
         return keep_mask_torch(n, seed, p40)
     keep = torch.empty(n, dtype=torch.uint8)
-    lib.gnnpar_dropout_mask(keep.data_ptr(), n, seed, p40, _threads(n))
+    lib.gnnpar_dropout(None, None, keep.data_ptr(), n, seed, p40, 1.0, _threads(n))
     return keep
 
 
 def _threads(n: int) -> int:
-    return torch.get_num_threads() if n >= PARALLEL_MIN else 1
+    return gat_kernel.threads_for(n, PARALLEL_MIN)
 
 
 class _FusedDropout(torch.autograd.Function):
@@ -105,7 +107,7 @@ class _FusedDropout(torch.autograd.Function):
         x = x.contiguous()
         out = torch.empty_like(x)
         keep = torch.empty(x.shape, dtype=torch.uint8) if ctx.needs_input_grad[0] else None
-        gat_kernel.load().gnnpar_dropout_f32(
+        gat_kernel.load().gnnpar_dropout(
             x.data_ptr(),
             out.data_ptr(),
             None if keep is None else keep.data_ptr(),
@@ -150,15 +152,13 @@ def factors(shape: tuple[int, ...], p: float, dtype: torch.dtype = torch.float32
     """The dropout factors (0 or 1 / (1 - p)) of a tensor of ``shape``, drawn as :func:`dropout`
     draws its mask (``dropout(a, p, True)`` equals ``a * factors(a.shape, p)`` for the same
     generator state)."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     scale = 1.0 / (1.0 - p)
     seed, p40 = draw_seed(), threshold(p)
     lib = gat_kernel.load()
     if dtype == torch.float32 and lib is not None:
         out = torch.empty(shape, dtype=torch.float32)
-        lib.gnnpar_dropout_factors(out.data_ptr(), n, seed, p40, scale, _threads(n))
+        lib.gnnpar_dropout(None, out.data_ptr(), None, n, seed, p40, scale, _threads(n))
         return out
     keep = keep_mask(n, seed, p40).view(shape)
     return torch.full(shape, scale, dtype=dtype) * keep

@@ -24,9 +24,10 @@
  * The models' dropout masks are drawn here too (gnnpar/models/dropout.py; at the end).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#define GNNPAR_GAT_KERNEL_VERSION 3
+#define GNNPAR_GAT_KERNEL_VERSION 4
 
 int64_t gnnpar_gat_kernel_version(void) { return GNNPAR_GAT_KERNEL_VERSION; }
 
@@ -169,9 +170,12 @@ static inline void keep_block(uint64_t seed, uint64_t t, uint64_t f, int64_t b, 
                     0xffffffffULL) >= f;
 }
 
-/* keep[i] = 1 if element i is kept, else 0; i < n */
-void gnnpar_dropout_mask(uint8_t *keep, int64_t n, uint64_t seed, uint64_t p40,
-                         int64_t threads) {
+/* The masks of elements 0..n-1, written where asked (a pointer may be NULL):
+ *   out[i] = (x[i] * scale) * keep_i   (the dropout of x, float32),
+ *   out[i] = scale * keep_i            (x NULL: the dropout factors of the attention weights),
+ *   keep[i] = keep_i                   (0 or 1, the mask itself). */
+void gnnpar_dropout(const float *x, float *out, uint8_t *keep, int64_t n, uint64_t seed,
+                    uint64_t p40, float scale, int64_t threads) {
     const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
     const int64_t blocks = (n + 7) / 8;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
@@ -179,43 +183,17 @@ void gnnpar_dropout_mask(uint8_t *keep, int64_t n, uint64_t seed, uint64_t p40,
         int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
         uint8_t k[8];
         keep_block(seed, t, f, b, m, k);
-        for (int j = 0; j < m; j++) keep[b * 8 + j] = k[j];
-    }
-}
-
-/* out[i] = (x[i] * scale) * keep_i, and keep[i] = keep_i (keep may be NULL); i < n */
-void gnnpar_dropout_f32(const float *x, float *out, uint8_t *keep, int64_t n, uint64_t seed,
-                        uint64_t p40, float scale, int64_t threads) {
-    const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
-    const int64_t blocks = (n + 7) / 8;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
-        uint8_t k[8];
-        keep_block(seed, t, f, b, m, k);
-        const float *xb = x + b * 8;
-        float *ob = out + b * 8;
-        for (int j = 0; j < m; j++) ob[j] = (xb[j] * scale) * (float)k[j];
+        float *ob = out ? out + b * 8 : NULL;
+        if (ob && x)
+            for (int j = 0; j < m; j++) ob[j] = (x[b * 8 + j] * scale) * (float)k[j];
+        else if (ob)
+            for (int j = 0; j < m; j++) ob[j] = scale * (float)k[j];
         if (keep)
             for (int j = 0; j < m; j++) keep[b * 8 + j] = k[j];
     }
 }
 
-/* out[i] = keep_i ? scale : 0 (the attention dropout's factors); i < n */
-void gnnpar_dropout_factors(float *out, int64_t n, uint64_t seed, uint64_t p40, float scale,
-                            int64_t threads) {
-    const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
-    const int64_t blocks = (n + 7) / 8;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
-        uint8_t k[8];
-        keep_block(seed, t, f, b, m, k);
-        for (int j = 0; j < m; j++) out[b * 8 + j] = scale * (float)k[j];
-    }
-}
-
-/* grad_in[i] = (grad[i] * scale) * keep[i]: gnnpar_dropout_f32's backward; i < n */
+/* grad_in[i] = (grad[i] * scale) * keep[i]: gnnpar_dropout's backward; i < n */
 void gnnpar_dropout_backward_f32(const float *grad, const uint8_t *keep, float *grad_in,
                                  int64_t n, float scale, int64_t threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)

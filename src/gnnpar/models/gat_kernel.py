@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-_VERSION = 3  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
+_VERSION = 4  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
 _DIR = Path(__file__).parent
 _STEM = "_gat_kernel"
 _lib: ctypes.CDLL | None = None
@@ -56,12 +56,8 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_edge_products.restype = None
                 lib.gnnpar_edge_products.argtypes = [p, p, p, p, i64, i64, p, i64]
                 u64 = ctypes.c_uint64  # the dropout masks (models/dropout.py)
-                lib.gnnpar_dropout_mask.restype = None
-                lib.gnnpar_dropout_mask.argtypes = [p, i64, u64, u64, i64]
-                lib.gnnpar_dropout_f32.restype = None
-                lib.gnnpar_dropout_f32.argtypes = [p, p, p, i64, u64, u64, f32, i64]
-                lib.gnnpar_dropout_factors.restype = None
-                lib.gnnpar_dropout_factors.argtypes = [p, i64, u64, u64, f32, i64]
+                lib.gnnpar_dropout.restype = None
+                lib.gnnpar_dropout.argtypes = [p, p, p, i64, u64, u64, f32, i64]
                 lib.gnnpar_dropout_backward_f32.restype = None
                 lib.gnnpar_dropout_backward_f32.argtypes = [p, p, p, i64, f32, i64]
                 lib.gnnpar_order_by_key.restype = None
@@ -85,8 +81,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _threads(work: int) -> int:
-    return torch.get_num_threads() if work >= PARALLEL_MIN else 1
+def threads_for(work: int, minimum: int = PARALLEL_MIN) -> int:
+    """torch's thread count for ``work`` items, or 1 below ``minimum`` of them."""
+    return torch.get_num_threads() if work >= minimum else 1
 
 
 def softmax_forward(a_src, a_dst, keep, crow, col, slope: float):
@@ -95,7 +92,7 @@ def softmax_forward(a_src, a_dst, keep, crow, col, slope: float):
     lib = load()
     n_dst, k = a_dst.shape
     e = col.numel()
-    t = _threads(e * k)
+    t = threads_for(e * k)
     s, d = a_src.new_empty(e, k), a_src.new_empty(e, k)
     lib.gnnpar_softmax_logits(
         _ptr(a_src), _ptr(a_dst), _ptr(crow), _ptr(col), n_dst, k, slope, _ptr(s), _ptr(d), t
@@ -113,7 +110,7 @@ def softmax_backward(grad, keep, s, ex, total, crow, t_crow, t_entry, n_src: int
     lib = load()
     n_dst, k = total.shape
     e = s.size(0)
-    t = _threads(e * k)
+    t = threads_for(e * k)
     grad_s, grad_dst = s.new_empty(e, k), s.new_empty(n_dst, k)
     lib.gnnpar_softmax_backward(
         _ptr(grad),
@@ -142,7 +139,7 @@ def edge_products(g, x, crow, col):
     m = g[0].numel() if g.size(0) else x[0].numel()
     out = g.new_empty(e, *g.shape[1:])
     lib.gnnpar_edge_products(
-        _ptr(g), _ptr(x), _ptr(crow), _ptr(col), g.size(0), m, _ptr(out), _threads(e * m)
+        _ptr(g), _ptr(x), _ptr(crow), _ptr(col), g.size(0), m, _ptr(out), threads_for(e * m)
     )
     return out
 
