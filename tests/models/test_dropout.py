@@ -64,8 +64,8 @@ def test_ties_with_the_threshold_are_settled_by_the_next_32_bits():
 
 
 @needs_kernel
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 100_003])
-@pytest.mark.parametrize("p", [0.1, 0.6, 0.9])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 2047, 2049, 100_003])
+@pytest.mark.parametrize("p", [0.1, 0.6, 0.9, 153.5 / 256])  # the last: ties in most chunks
 def test_the_kernel_draws_the_fallbacks_masks_bit_for_bit(n, p):
     seed, p40 = 0x0123456789ABCDEF, d.threshold(p)
     want = d.keep_mask_torch(n, seed, p40)
@@ -74,6 +74,22 @@ def test_the_kernel_draws_the_fallbacks_masks_bit_for_bit(n, p):
     factors = torch.empty(n)
     gat_kernel.load().gnnpar_dropout(None, factors.data_ptr(), None, n, seed, p40, scale, 1)
     assert torch.equal(factors, torch.full((n,), scale) * want)
+
+
+@needs_kernel
+@pytest.mark.parametrize("p40", [0, 1, (1 << 40) - 1, 1 << 40])
+def test_the_kernel_agrees_with_the_fallback_at_the_ends_of_the_threshold(p40):
+    """P(drop) = p40 / 2**40 from 0 (nothing dropped) to 1 (everything: t = 256 > any byte)."""
+    n, seed = 10_000, 99
+    want = d.keep_mask_torch(n, seed, p40)
+    assert torch.equal(d.keep_mask(n, seed, p40).bool(), want)
+    x, out = torch.randn(n), torch.empty(n)
+    gat_kernel.load().gnnpar_dropout(x.data_ptr(), out.data_ptr(), None, n, seed, p40, 2.0, 1)
+    assert torch.equal(out, (x * 2.0) * want)
+    if p40 == 0:
+        assert bool(want.all())
+    if p40 == 1 << 40:
+        assert not bool(want.any())
 
 
 @needs_kernel

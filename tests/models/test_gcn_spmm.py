@@ -71,6 +71,8 @@ def test_cache_reuses_and_never_mistakes_a_changed_graph():
     a1, _ = cache.get(ei, 30, torch.float32, False, True)
     a2, _ = cache.get(ei, 30, torch.float32, False, True)
     assert a2 is a1  # the same graph again: kept
+    assert cache.get(ei.view(2, -1), 30, torch.float32, False, True)[0] is a1  # another object
+    # over the same memory: confirmed by its contents
     ei[0, 0] = (ei[0, 0] + 1) % 27  # changed in place, same address and shape
     a3, _ = cache.get(ei, 30, torch.float32, False, True)
     assert a3 is not a1

@@ -15,7 +15,7 @@ Three CPU costs of plain PyG are avoided without changing the model:
   by the first weight matrix. The first block's projection (:class:`SparseInputLinear`) keeps a
   CSR copy of a mostly-zero input, drops out only its non-zeros (a dropped zero stays zero, so
   every element has exactly the distribution of dense dropout: kept with probability 1-p and
-  scaled by 1/(1-p)) and multiplies with ``torch.sparse.mm``. Strategies still pass ordinary
+  scaled by 1/(1-p)) and multiplies with a CSR product (``gat_kernel.csr_mm``). Strategies still pass ordinary
   dense ``x``: the CSR copy is cached on the tensor object and its version counter, so a new
   tensor or an in-place change is noticed. In eval mode the output equals the dense path up to
   float rounding (a different summation order).
@@ -25,7 +25,7 @@ Three CPU costs of plain PyG are avoided without changing the model:
   a ``torch.rand`` mask and ~5x than ``F.dropout``); on GPU it is ``F.dropout``.
 * Attention on a neighbour-sampled layer (:func:`attention_layer`): GATConv's function for the
   layer's destination rows only, its softmax as segment max/sum over a CSR by destination and
-  its weighted sum as one ``torch.sparse.mm`` (gat3's sampled step 178-180 -> 154-158 ms on
+  its weighted sum as one CSR product (gat3's sampled step 178-180 -> 154-158 ms on
   one thread, BENCHMARKS.md issue 21). Full-batch graphs keep PyG's GATConv (with 8 heads the
   per-head CSR products were slower).
 * The edge softmax (:class:`_EdgeSoftmax`, both paths above): ``gat_kernel.c`` computes it in
@@ -154,13 +154,13 @@ class _CSRMatmul(torch.autograd.Function):
         ctx.plan = plan
         ctx.save_for_backward(values)
         with torch.autocast(values.device.type, enabled=False):
-            return torch.sparse.mm(plan.matrix(values), w)
+            return gat_kernel.csr_mm(plan.matrix(values), w)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (values,) = ctx.saved_tensors
         with torch.autocast(values.device.type, enabled=False):
-            grad_w = torch.sparse.mm(ctx.plan.transposed(values), grad)
+            grad_w = gat_kernel.csr_mm(ctx.plan.transposed(values), grad)
         return None, grad_w, None
 
 
@@ -406,7 +406,7 @@ class AttentionCSR:
 class HeadsCSR:
     """``k`` attention heads over the same edges as one CSR: row ``i * k + h`` holds row ``i``'s
     entries for head ``h`` (columns ``j * k + h``), so that ``h.view(n_src * k, c)`` is
-    multiplied by every head at once (one ``torch.sparse.mm`` instead of one per head).
+    multiplied by every head at once (one CSR product instead of one per head).
     ``take`` / ``take_t``: the flat index into ``alpha.view(-1)`` (``alpha``: [E, k], ``A``'s
     entry order) of each entry of the matrix and of its transpose."""
 
@@ -479,7 +479,7 @@ class _EdgeWeightedSum(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             alpha, x = alpha.to(wide), x.to(wide).contiguous()
             ctx.save_for_backward(alpha, x)
-            out = torch.sparse.mm(adj.heads(k).matrix(alpha), x.view(n_src * k, c))
+            out = gat_kernel.csr_mm(adj.heads(k).matrix(alpha), x.view(n_src * k, c))
         return out.view(adj.n_dst, k, c).to(ctx.dtype)
 
     @staticmethod
@@ -508,7 +508,7 @@ class _EdgeWeightedSum(torch.autograd.Function):
                     g = g.index_select(0, adj.row).mul_(x.index_select(0, adj.col))
                 grad_alpha = g.sum(-1)
             if ctx.needs_input_grad[1]:
-                grad_x = torch.sparse.mm(adj.heads(k).transposed(alpha), grad)
+                grad_x = gat_kernel.csr_mm(adj.heads(k).transposed(alpha), grad)
                 grad_x = grad_x.view(n_src, k, c).to(ctx.dtype)
         return grad_alpha, grad_x, None
 

@@ -21,13 +21,14 @@
  * contiguous; crow [n_dst + 1], col [E], t_crow [n_src + 1], t_entry [E] int64 (t_entry: the
  * entries of each source in CSR order).
  *
- * The models' dropout masks are drawn here too (gnnpar/models/dropout.py; at the end).
+ * The models' dropout masks are drawn here too (gnnpar/models/dropout.py), and the CSR x dense
+ * products of GCN, trimmed SAGE and GAT (gat_kernel.py, csr_mm; at the end).
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define GNNPAR_GAT_KERNEL_VERSION 4
+#define GNNPAR_GAT_KERNEL_VERSION 6
 
 int64_t gnnpar_gat_kernel_version(void) { return GNNPAR_GAT_KERNEL_VERSION; }
 
@@ -159,16 +160,13 @@ static inline uint64_t splitmix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-/* the keep flags (0 or 1) of elements [8b, 8b + m), m <= 8 */
-static inline void keep_block(uint64_t seed, uint64_t t, uint64_t f, int64_t b, int m,
-                              uint8_t *k) {
-    uint64_t h = splitmix64(seed + (uint64_t)(b + 1) * GNNPAR_GAMMA);
-    for (int j = 0; j < 8; j++) k[j] = ((h >> (8 * j)) & 0xff) > t;
-    for (int j = 0; j < m; j++)
-        if (__builtin_expect(((h >> (8 * j)) & 0xff) == t, 0))
-            k[j] = (splitmix64(~seed + (uint64_t)(b * 8 + j + 1) * GNNPAR_GAMMA) &
-                    0xffffffffULL) >= f;
-}
+/* Elements are drawn in chunks of DROPOUT_CHUNK blocks (8 elements each), in three passes
+ * over a chunk that the compiler vectorises apart from the hashes: the hashes' bytes, the
+ * comparisons with t, then the products; the rare blocks with a byte equal to t (one in ~32,
+ * found with a test for a zero byte) are decided afterwards from their 32 extra bits. */
+#define DROPOUT_CHUNK 256
+#define BYTES_01 0x0101010101010101ULL
+#define BYTES_80 0x8080808080808080ULL
 
 /* The masks of elements 0..n-1, written where asked (a pointer may be NULL):
  *   out[i] = (x[i] * scale) * keep_i   (the dropout of x, float32),
@@ -178,18 +176,41 @@ void gnnpar_dropout(const float *x, float *out, uint8_t *keep, int64_t n, uint64
                     uint64_t p40, float scale, int64_t threads) {
     const uint64_t t = p40 >> 32, f = p40 & 0xffffffffULL;
     const int64_t blocks = (n + 7) / 8;
+    const int64_t chunks = (blocks + DROPOUT_CHUNK - 1) / DROPOUT_CHUNK;
+    const uint8_t tb = t > 255 ? 255 : (uint8_t)t;
+    const uint64_t tie = BYTES_01 * tb;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t b = 0; b < blocks; b++) {
-        int m = n - b * 8 < 8 ? (int)(n - b * 8) : 8;
-        uint8_t k[8];
-        keep_block(seed, t, f, b, m, k);
-        float *ob = out ? out + b * 8 : NULL;
-        if (ob && x)
-            for (int j = 0; j < m; j++) ob[j] = (x[b * 8 + j] * scale) * (float)k[j];
-        else if (ob)
-            for (int j = 0; j < m; j++) ob[j] = scale * (float)k[j];
-        if (keep)
-            for (int j = 0; j < m; j++) keep[b * 8 + j] = k[j];
+    for (int64_t c = 0; c < chunks; c++) {
+        uint8_t bytes[DROPOUT_CHUNK * 8], flags[DROPOUT_CHUNK * 8];
+        int64_t tied[DROPOUT_CHUNK];
+        int nt = 0;
+        const int64_t b0 = c * DROPOUT_CHUNK;
+        const int64_t b1 = b0 + DROPOUT_CHUNK < blocks ? b0 + DROPOUT_CHUNK : blocks;
+        const int64_t i0 = b0 * 8, len = (b1 * 8 < n ? b1 * 8 : n) - i0;
+        for (int64_t b = b0; b < b1; b++) {
+            const uint64_t h = splitmix64(seed + (uint64_t)(b + 1) * GNNPAR_GAMMA), v = h ^ tie;
+            for (int j = 0; j < 8; j++) bytes[(b - b0) * 8 + j] = (uint8_t)(h >> (8 * j));
+            if ((v - BYTES_01) & ~v & BYTES_80) tied[nt++] = b; /* some byte equals t */
+        }
+        uint8_t *k = keep ? keep + i0 : flags;
+        if (t > 255) /* p rounds to 1: every element dropped */
+            for (int64_t i = 0; i < len; i++) k[i] = 0;
+        else {
+            for (int64_t i = 0; i < len; i++) k[i] = bytes[i] > tb;
+            for (int q = 0; q < nt; q++)
+                for (int64_t i = tied[q] * 8 - i0; i < tied[q] * 8 - i0 + 8 && i < len; i++)
+                    if (bytes[i] == tb)
+                        k[i] = (splitmix64(~seed + (uint64_t)(i0 + i + 1) * GNNPAR_GAMMA) &
+                                0xffffffffULL) >= f;
+        }
+        if (out && x) {
+            const float *xc = x + i0;
+            float *oc = out + i0;
+            for (int64_t i = 0; i < len; i++) oc[i] = (xc[i] * scale) * (float)k[i];
+        } else if (out) {
+            float *oc = out + i0;
+            for (int64_t i = 0; i < len; i++) oc[i] = scale * (float)k[i];
+        }
     }
 }
 
@@ -215,4 +236,113 @@ void gnnpar_order_by_key(const int64_t *key, int64_t e, int64_t n, int64_t *ptr,
         next[k] = ptr[k];
     }
     for (int64_t i = 0; i < e; i++) order[next[key[i]]++] = i;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * CSR x dense products (gnnpar/models/gat_kernel.py, csr_mm; issue 21): out = A @ h for a CSR
+ * A [n, *] (crow [n + 1], col, val) and a row-major float32 h [*, m]:
+ *
+ *     out[i, q] = (...((0 + val[e0] * h[col[e0], q]) + val[e1] * h[col[e1], q]) + ...)
+ *
+ * over row i's entries e0, e1, ... in CSR order: each product rounded, then added in entry
+ * order from zero, as PyG's message passing computes it (the messages, then a one-thread
+ * scatter-add). No element's sum is split or reassociated, so the vector width changes the
+ * speed and never a bit: the SSE2, AVX2 and AVX-512 builds below return the same floats on
+ * every x86-64 CPU (MKL's sparse product, which torch.sparse.mm calls, rounds otherwise, and
+ * differently by CPU). A row's columns are taken in vectors of W floats, four vectors (four
+ * independent sums) per pass over its entries; the last vector of a row whose width is not a
+ * multiple of W is placed to end at m, overlapping the one before it (the overlapped floats are
+ * computed twice, identically).
+ */
+typedef float gp_vf16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float gp_vf8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float gp_vf4 __attribute__((vector_size(16), aligned(4), may_alias));
+#define GP_LOAD(V, p) (*(const V *)(p))
+#define GP_STORE(V, p, a) (*(V *)(p) = (a))
+
+/* one pass over a row's entries for N (1-4) vectors of type V at column offsets q0..q3 */
+#define GP_PASS(V, N, q0, q1, q2, q3)                                                          \
+    do {                                                                                       \
+        V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                              \
+        for (int64_t e = e0; e < e1; e++) {                                                    \
+            const float v = val[e];                                                            \
+            const float *hj = h + col[e] * m;                                                  \
+            a0 = a0 + v * GP_LOAD(V, hj + (q0));                                               \
+            if ((N) > 1) a1 = a1 + v * GP_LOAD(V, hj + (q1));                                  \
+            if ((N) > 2) a2 = a2 + v * GP_LOAD(V, hj + (q2));                                  \
+            if ((N) > 3) a3 = a3 + v * GP_LOAD(V, hj + (q3));                                  \
+        }                                                                                      \
+        GP_STORE(V, o + (q0), a0);                                                      \
+        if ((N) > 1) GP_STORE(V, o + (q1), a1);                                         \
+        if ((N) > 2) GP_STORE(V, o + (q2), a2);                                         \
+        if ((N) > 3) GP_STORE(V, o + (q3), a3);                                         \
+    } while (0)
+
+/* a row's m >= W columns in vectors of W floats, the last one ending at m */
+#define GP_ROW(V, W)                                                                           \
+    do {                                                                                       \
+        const int64_t nv = (m + (W) - 1) / (W);                                                \
+        for (int64_t k = 0; k < nv; k += 4) {                                                  \
+            int64_t q[4];                                                                      \
+            for (int j = 0; j < 4; j++) q[j] = k + j < nv - 1 ? (k + j) * (W) : m - (W);       \
+            switch (nv - k < 4 ? nv - k : 4) {                                                 \
+            case 4: GP_PASS(V, 4, q[0], q[1], q[2], q[3]); break;                              \
+            case 3: GP_PASS(V, 3, q[0], q[1], q[2], q[2]); break;                              \
+            case 2: GP_PASS(V, 2, q[0], q[1], q[1], q[1]); break;                              \
+            default: GP_PASS(V, 1, q[0], q[0], q[0], q[0]);                                    \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+#define GP_CSR_MM(NAME, V, W, ATTR)                                                            \
+    ATTR static void NAME(const int64_t *crow, const int64_t *col, const float *val,           \
+                          const float *h, int64_t n, int64_t m, float *out, int64_t threads) {   \
+        _Pragma("omp parallel for schedule(guided) num_threads(threads) if (threads > 1)")     \
+        for (int64_t i = 0; i < n; i++) {                                                      \
+            const int64_t e0 = crow[i], e1 = crow[i + 1];                                      \
+            float *o = out + i * m;                                                            \
+            if (m >= (W))                                                                      \
+                GP_ROW(V, W);                                                                  \
+            else if (m >= 4)                                                                   \
+                GP_ROW(gp_vf4, 4);                                                             \
+            else                                                                               \
+                for (int64_t c = 0; c < m; c++) {                                              \
+                    float a = 0.0f;                                                            \
+                    for (int64_t e = e0; e < e1; e++) a = a + val[e] * h[col[e] * m + c];      \
+                    o[c] = a;                                                                  \
+                }                                                                              \
+        }                                                                                      \
+    }
+
+GP_CSR_MM(csr_mm_base, gp_vf4, 4, )
+#if defined(__x86_64__) && defined(__GNUC__)
+GP_CSR_MM(csr_mm_avx2, gp_vf8, 8, __attribute__((target("avx2"))))
+GP_CSR_MM(csr_mm_avx512, gp_vf16, 16, __attribute__((target("avx512f"))))
+#endif
+
+/* the widest build this CPU runs: 2 AVX-512, 1 AVX2, 0 the baseline */
+int64_t gnnpar_csr_mm_level(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+}
+
+/* out [n, m] = A @ h with the build of ``level`` (at most gnnpar_csr_mm_level()) */
+void gnnpar_csr_mm(const int64_t *crow, const int64_t *col, const float *val, const float *h,
+                   int64_t n, int64_t m, float *out, int64_t threads, int64_t level) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (level >= 2) {
+        csr_mm_avx512(crow, col, val, h, n, m, out, threads);
+        return;
+    }
+    if (level == 1) {
+        csr_mm_avx2(crow, col, val, h, n, m, out, threads);
+        return;
+    }
+#endif
+    (void)level;
+    csr_mm_base(crow, col, val, h, n, m, out, threads);
 }

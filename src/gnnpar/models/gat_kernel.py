@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-_VERSION = 4  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
+_VERSION = 6  # must equal GNNPAR_GAT_KERNEL_VERSION in gat_kernel.c
 _DIR = Path(__file__).parent
 _STEM = "_gat_kernel"
 _lib: ctypes.CDLL | None = None
@@ -62,6 +62,9 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_dropout_backward_f32.argtypes = [p, p, p, i64, f32, i64]
                 lib.gnnpar_order_by_key.restype = None
                 lib.gnnpar_order_by_key.argtypes = [p, i64, i64, p, p, p]
+                lib.gnnpar_csr_mm_level.restype = i64
+                lib.gnnpar_csr_mm.restype = None
+                lib.gnnpar_csr_mm.argtypes = [p, p, p, p, i64, i64, p, i64, i64]
             except (OSError, AttributeError):
                 continue
             _lib = lib
@@ -167,3 +170,53 @@ def order_by_key(key: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]
         key.data_ptr(), key.numel(), n, ptr.data_ptr(), scratch.data_ptr(), order.data_ptr()
     )
     return ptr, order
+
+
+def csr_mm_level() -> int:
+    """The widest build of :func:`csr_mm` this CPU runs (2 AVX-512, 1 AVX2, 0 the x86-64
+    baseline or another architecture); -1 without the kernel."""
+    lib = load()
+    return -1 if lib is None else int(lib.gnnpar_csr_mm_level())
+
+
+def csr_mm(a: torch.Tensor, h: torch.Tensor, level: int | None = None) -> torch.Tensor:
+    """``torch.sparse.mm(a, h)`` for a CSR ``a`` [n, k] and a dense ``h`` [k, m].
+
+    float32 on the CPU with the kernel: ``out[i] = sum of a[i, j] * h[j]`` over row i's entries
+    in CSR order, each product rounded and added from zero in that order, which is PyG's
+    message passing (gather, multiply, one-thread scatter-add) to the bit, and the same floats
+    on every x86-64 CPU at every thread count (``level`` picks a build, for tests; by default
+    the widest this CPU runs). MKL's product, which ``torch.sparse.mm`` calls, rounds otherwise
+    and differently by CPU; it is also 1.3-3x slower on one thread at the models' widths
+    (``benchmarks/csr_products.py``). Anything else (other dtypes or devices, an ``h`` that
+    records a gradient) is ``torch.sparse.mm``'s."""
+    lib = load()
+    if (
+        lib is None
+        or a.layout != torch.sparse_csr
+        or a.device.type != "cpu"
+        or h.device.type != "cpu"
+        or a.dtype != torch.float32
+        or h.dtype != torch.float32
+        or h.dim() != 2
+        or a.dim() != 2
+        or (h.requires_grad and torch.is_grad_enabled())
+    ):
+        return torch.sparse.mm(a, h)
+    n, k = a.shape
+    if h.size(0) != k:
+        raise RuntimeError(f"csr_mm: a is {n} x {k} but h has {h.size(0)} rows")
+    m = h.size(1)
+    crow, col = a.crow_indices().long().contiguous(), a.col_indices().long().contiguous()
+    val, h = a.values().contiguous(), h.contiguous()
+    out = h.new_empty(n, m)
+    if n and m:
+        top = int(lib.gnnpar_csr_mm_level())
+        level = top if level is None else level
+        if not 0 <= level <= top:
+            raise ValueError(f"csr_mm: level {level} not in [0, {top}] on this CPU")
+        threads = threads_for(val.numel() * m, 1 << 16)
+        lib.gnnpar_csr_mm(
+            _ptr(crow), _ptr(col), _ptr(val), _ptr(h), n, m, _ptr(out), threads, level
+        )
+    return out

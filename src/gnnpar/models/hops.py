@@ -15,8 +15,8 @@ the input's rows, destination rows = a prefix of them, the output's rows). A blo
 know about hops gets the whole ``edge_index`` (BlockModel decides, see there).
 
 :class:`MeanAdjacency` is a layer's row-normalised adjacency (``1 / in-degree`` per edge) in CSR
-with its transpose, for ``mean_j h_j`` as one ``torch.sparse.mm`` forward and one backward
-instead of a gather of a row per edge plus a scatter (PyG's message passing): on
+with its transpose, for ``mean_j h_j`` as one CSR product (``gat_kernel.csr_mm``) forward and
+one backward instead of a gather of a row per edge plus a scatter (PyG's message passing): on
 synthetic-reddit 0.1 at 256 columns ~5x cheaper on one CPU thread (BENCHMARKS.md, issue 21).
 """
 
@@ -77,14 +77,14 @@ class _MeanAggregate(torch.autograd.Function):
     def forward(ctx, h: torch.Tensor, adj: MeanAdjacency) -> torch.Tensor:
         ctx.adj, ctx.dtype = adj, h.dtype
         with torch.autocast(h.device.type, enabled=False):
-            return torch.sparse.mm(adj.matrix(), h.float()).to(h.dtype)
+            return gat_kernel.csr_mm(adj.matrix(), h.float()).to(h.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None
         with torch.autocast(grad.device.type, enabled=False):
-            out = torch.sparse.mm(ctx.adj.transposed(), grad.float()).to(ctx.dtype)
+            out = gat_kernel.csr_mm(ctx.adj.transposed(), grad.float()).to(ctx.dtype)
         return out, None
 
 
