@@ -36,8 +36,15 @@ def test_engine_rendezvous_releases_everyone_after_the_last_plus_the_cost():
 
 def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
     ring = sim.Link(0.125, 1024.0)
-    # 2 ranks: 2 steps of 256 / 2 bytes
-    assert one_host(2, ring).allreduce_s(256) == 2 * (0.125 + 128 / 1024)
+    # 2 ranks on gloo's ring (DDP, torch's model averager): 2 steps of 256 / 2 bytes
+    assert one_host(2, ring).allreduce_s(256, pairs=False) == 2 * (0.125 + 128 / 1024)
+    # gnnpar's own 2-rank all-reduce is one exchange of the whole 256 bytes, at the
+    # point-to-point link's cost (collectives.all_reduce_sum)
+    pair = one_host(2, ring, p2p=sim.Link(0.0625, 512.0))
+    assert pair.allreduce_s(256) == 0.0625 + 256 / 512
+    net = sim.Link(0.25, 64.0)
+    apart = sim.Cluster(2, 1, ring, sim.Link(0.0625, 512.0), net)  # across: latency twice
+    assert apart.allreduce_s(256) == 0.0625 + 2 * 0.25 + 256 / 64
     # 2 hosts x 2 ranks: 6 steps of 64 bytes, each as slow as the host-to-host edge, whose
     # latency gloo pays 3 times per message (GLOO_LATENCIES_PER_MESSAGE, measured)
     net = sim.Link(0.25, 64.0)
@@ -57,7 +64,8 @@ def test_two_lockstep_ranks_meet_every_k_steps():
     """K = 2, all-reduce 0.5 s. Rank 0: 1,1,1,1 s; rank 1: 2,1,2,1 s. Steps 1-2 end at 2 and 3,
     the all-reduce at 3 + 0.5; steps 3-4 end at 5.5 and 6.5, the all-reduce at 7; the epoch's
     closing barrier (2 x 0.125 s) at 7.25."""
-    c = one_host(2, ring=sim.Link(0.125, 1024.0))  # 0.5 s for 256 bytes
+    # an exchange of 256 bytes: 0.5 s; the barrier's ring: 2 x 0.125 s
+    c = one_host(2, ring=sim.Link(0.125, 1024.0), p2p=sim.Link(0.25, 1024.0))
     r = sim.lockstep(c, [[[1.0] * 4], [[2.0, 1.0, 2.0, 1.0]]], every=2, sync_bytes=256)
     assert r.epoch_s == [7.25] and r.train_time_s == 7.25
     assert r.exchanges == 2 and r.batches == [4, 4]
@@ -179,8 +187,14 @@ def test_hybrid_copies_allreduce_each_stage_after_their_schedules():
     c = sim.Cluster(1, 4, sim.Link(0.125, INF), sim.Link(0.0, INF))
     fwd, bwd = [[1.0]] * 2, [[1.0]] * 2
     r = sim.pipeline(c, fwd, bwd, [0.0], steps=1, replicas=2, grad_bytes=[8.0, 8.0])
-    # one copy: F 0-1, 1-2, B 2-3, 3-4; then a 2-rank all-reduce of 2 x 0.125 s per stage
-    assert r.train_time_s == 4.25 and r.exchanges == 2
+    # one copy: F 0-1, 1-2, B 2-3, 3-4; then each stage's 2-copy all-reduce, an exchange
+    # over the free point-to-point link: the ring's latency is not paid
+    assert r.train_time_s == 4.0 and r.exchanges == 2
+    c = sim.Cluster(1, 4, sim.Link(0.0, INF), sim.Link(0.25, INF))
+    r = sim.pipeline(c, fwd, bwd, [0.0], steps=1, replicas=2, grad_bytes=[8.0, 8.0])
+    # the activations and gradients cross 2 x 0.25 s (F 0-1, 1.25-2.25, B 2.25-3.25, 3.5-4.5),
+    # then one exchange of 0.25 s
+    assert r.train_time_s == 4.75 and r.exchanges == 2
 
 
 def test_pool_drained_by_one_fast_and_one_slow_rank():

@@ -365,7 +365,10 @@ def simulate(
                 times: list[float | None] = [part_s[p] + extra[p] * (e == 0) for p in order]
                 epochs_r.append(times + [None] * (steps - len(times)))
             compute.append(epochs_r)
-        return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag)
+        grads = s.get("average", "grads" if s["sync_every"] == 1 else "params") == "grads"
+        return sim.lockstep(
+            cluster, compute, s["sync_every"], prof.param_bytes, strag, pairs=grads
+        )
     if c.strategy in ("gossip", "gossip-bipartite"):
         f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]

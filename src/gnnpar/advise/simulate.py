@@ -142,11 +142,19 @@ class Cluster:
     def ring(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world)) if ranks is None else sorted(ranks)
 
-    def allreduce_s(self, nbytes: float, ranks: Sequence[int] | None = None) -> float:
+    def allreduce_s(
+        self, nbytes: float, ranks: Sequence[int] | None = None, pairs: bool = True
+    ) -> float:
+        """One all-reduce of ``nbytes`` per rank: gloo's ring, 2 (p - 1) steps of ``nbytes / p``,
+        each as slow as the ring's slowest edge; but two ranks with ``pairs`` (gnnpar's own
+        all-reduce, ``collectives.all_reduce_sum``, not DDP's or torch's model averager) swap
+        their tensors in one point-to-point exchange (``p2p_s``)."""
         ring = self.ring(ranks)
         p = len(ring)
         if p < 2:
             return 0.0
+        if p == 2 and pairs:
+            return self.p2p_s(ring[0], ring[1], nbytes)
         step = max(
             self._link(
                 ring[i], ring[(i + 1) % p], self.ring_step, GLOO_LATENCIES_PER_MESSAGE
@@ -244,15 +252,18 @@ def lockstep(
     every: int,
     sync_bytes: float,
     stragglers: Stragglers = NONE,
+    pairs: bool = True,
 ) -> SimResult:
     """``compute[rank][epoch][step]``: seconds of that step's forward, backward and optimizer
-    step (None: no batch). Every rank has the same number of steps per epoch."""
+    step (None: no batch). Every rank has the same number of steps per epoch. ``pairs``: the
+    all-reduce is gnnpar's (gradients; two ranks exchange, see ``Cluster.allreduce_s``), not
+    torch's model averager (parameters)."""
     world = cluster.world
     if len(compute) != world:
         raise ValueError(f"compute has {len(compute)} ranks, the cluster {world}")
     epochs = len(compute[0])
     sim = Sim()
-    cost = cluster.allreduce_s(sync_bytes)
+    cost = cluster.allreduce_s(sync_bytes, pairs=pairs)
     # an epoch ends at a barrier (gnnpar's LockStep.end_epoch); its start is not timed
     costs = {"sync": cost, "end": cluster.barrier_s(), "start": 0.0}
     meet = _Keyed(lambda key: Rendezvous(sim, world, costs[key[0]]))
@@ -673,7 +684,7 @@ def sampled(
 
     comp, samp = per_step(compute_s), per_step(sample_s)
     sim = Sim()
-    cost = cluster.allreduce_s(grad_bytes) if world > 1 else 0.0
+    cost = cluster.allreduce_s(grad_bytes, pairs=False) if world > 1 else 0.0  # DDP's, gloo's
     meet = _Keyed(lambda key: Rendezvous(sim, world, cost))
     ends = [[0.0] * epochs for _ in range(world)]
     busy, wait, compute = [0.0] * world, [0.0] * world, [0.0] * world
