@@ -366,9 +366,7 @@ def simulate(
                 epochs_r.append(times + [None] * (steps - len(times)))
             compute.append(epochs_r)
         grads = s.get("average", "grads" if s["sync_every"] == 1 else "params") == "grads"
-        return sim.lockstep(
-            cluster, compute, s["sync_every"], prof.param_bytes, strag, pairs=grads
-        )
+        return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag, pairs=grads)
     if c.strategy in ("gossip", "gossip-bipartite"):
         f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
