@@ -272,10 +272,10 @@ typedef float gp_vf4 __attribute__((vector_size(16), aligned(4), may_alias));
             if ((N) > 2) a2 = a2 + v * GP_LOAD(V, hj + (q2));                                  \
             if ((N) > 3) a3 = a3 + v * GP_LOAD(V, hj + (q3));                                  \
         }                                                                                      \
-        GP_STORE(V, o + (q0), a0);                                                      \
-        if ((N) > 1) GP_STORE(V, o + (q1), a1);                                         \
-        if ((N) > 2) GP_STORE(V, o + (q2), a2);                                         \
-        if ((N) > 3) GP_STORE(V, o + (q3), a3);                                         \
+        GP_STORE(V, o + (q0), a0);                                                             \
+        if ((N) > 1) GP_STORE(V, o + (q1), a1);                                                \
+        if ((N) > 2) GP_STORE(V, o + (q2), a2);                                                \
+        if ((N) > 3) GP_STORE(V, o + (q3), a3);                                                \
     } while (0)
 
 /* a row's m >= W columns in vectors of W floats, the last one ending at m */

@@ -13,6 +13,7 @@ the same values with torch operations, slower with several threads, and
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.machinery
 from pathlib import Path
 
@@ -172,9 +173,14 @@ def order_by_key(key: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]
     return ptr, order
 
 
+# below this many entries x columns, csr_mm runs on one thread
+CSR_MM_PARALLEL_MIN = 1 << 16
+
+
+@functools.cache
 def csr_mm_level() -> int:
     """The widest build of :func:`csr_mm` this CPU runs (2 AVX-512, 1 AVX2, 0 the x86-64
-    baseline or another architecture); -1 without the kernel."""
+    baseline or another architecture); -1 without the kernel. Asked once per process."""
     lib = load()
     return -1 if lib is None else int(lib.gnnpar_csr_mm_level())
 
@@ -211,11 +217,11 @@ def csr_mm(a: torch.Tensor, h: torch.Tensor, level: int | None = None) -> torch.
     val, h = a.values().contiguous(), h.contiguous()
     out = h.new_empty(n, m)
     if n and m:
-        top = int(lib.gnnpar_csr_mm_level())
+        top = csr_mm_level()
         level = top if level is None else level
         if not 0 <= level <= top:
             raise ValueError(f"csr_mm: level {level} not in [0, {top}] on this CPU")
-        threads = threads_for(val.numel() * m, 1 << 16)
+        threads = threads_for(val.numel() * m, CSR_MM_PARALLEL_MIN)
         lib.gnnpar_csr_mm(
             _ptr(crow), _ptr(col), _ptr(val), _ptr(h), n, m, _ptr(out), threads, level
         )

@@ -39,8 +39,8 @@ class GCNAdjacencyCache:
     then confirmed: the same tensor object whose version counter (bumped by every in-place
     write) has not moved since it was last confirmed, or else contents equal to a copy kept of
     it, so a tensor changed in place or a new one at a freed address is never mistaken for the
-    one cached. (Comparing the contents on every call cost ~0.2 ms a layer of a study-003 step.) A graph larger
-    than the whole budget is built on every call and not kept.
+    one cached. (Comparing the contents on every call cost ~0.2 ms a layer of a study-003
+    step.) A graph larger than the whole budget is built on every call and not kept.
     """
 
     def __init__(self, max_edges: int = 4_000_000) -> None:
@@ -72,8 +72,8 @@ class GCNAdjacencyCache:
         if size <= self.max_edges:
             if hit is not None:
                 self.edges -= int(hit[0].size(1))
-            copy = edge_index.clone()
-            self.entries[key] = (copy, a, at, weakref.ref(edge_index), edge_index._version)
+            keep = (edge_index.clone(), a, at, weakref.ref(edge_index), edge_index._version)
+            self.entries[key] = keep
             self.edges += size
             while self.edges > self.max_edges:
                 old = self.entries.popitem(last=False)[1]

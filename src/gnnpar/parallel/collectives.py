@@ -34,9 +34,9 @@ def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     Two ranks on gloo with a CPU tensor swap their tensors (one ``isend``/``irecv`` pair, in
     one ``batch_isend_irecv``) and each adds the other's: one round trip, where gloo's ring
     all-reduce takes several. On one 2-vCPU host, 99K floats (a study-003 GCN's gradient):
-    0.73 ms a call against gloo's 1.18 ms (``benchmarks/pair_allreduce.py``, BENCHMARKS.md). Each element is one addition of the two
-    ranks' values, as in gloo's ring for two ranks; both ranks hold the same floats, since
-    ``a + b == b + a``. Other sizes, backends and devices: ``dist.all_reduce``. Timeouts are the
+    0.73 ms a call against gloo's 1.18 ms (``benchmarks/pair_allreduce.py``, BENCHMARKS.md).
+    Each element is one addition of the two ranks' values, as in gloo's ring for two ranks;
+    both ranks hold the same floats, since ``a + b == b + a``. Other sizes, backends and devices: ``dist.all_reduce``. Timeouts are the
     process group's either way.
     """
     flat = tensor if tensor.is_contiguous() else tensor.contiguous()
