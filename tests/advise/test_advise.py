@@ -338,6 +338,11 @@ def test_validate_on_a_two_configuration_grid(validations):
     assert len(advice["predictions"]) == 2
     comm = advice["profile"]["comm"]
     assert comm["allreduce"] and comm["p2p"] and comm["store_rtt_s"] > 0
+    # what an all-reduce costs inside training, one figure per co-run round, the median kept
+    rounds = comm["sync_extra_rounds_s"]
+    assert len(rounds) == len(advice["profile"]["probe_rounds"]["corun_factor"])
+    assert comm["sync_extra_s"] == statistics.median(rounds)
+    assert all(-0.1 < x < 1.0 for x in rounds)  # seconds per step: finite, not absurd
     cases = advice["validation"]["cases"]
     assert {c["strategy"] for c in cases} == {"allreduce", "gossip"}
     assert advice["validation"]["repeats"] == 2
@@ -756,6 +761,39 @@ def test_gloo_cost_fit_keeps_the_latency_of_small_messages():
     points[-1][1] *= 1.5
     a, b = _line(points)
     assert a + b * 1024 == pytest.approx(2e-4 + 1024 / 1e9, rel=0.05)
+
+
+def test_the_cost_of_an_allreduce_inside_training_is_the_run_less_its_steps_and_model():
+    """A K = 1 run of 40 steps in 10 epochs took 1.0 s; its slower rank's steps sum to 0.6 s;
+    the fitted links make the 4-byte-longer exchange 0.001 + 1028 / 1e6 s and a barrier
+    2 x 0.002 s: per step (1.0 - 0.6 - 10 x 0.004) / 40 = 0.009 s, less the exchange."""
+    from gnnpar.advise.profile import sync_extra_s
+
+    comm = {"ring_step": [0.002, 1e9], "p2p_link": [0.001, 1e6]}
+    run = {"wall_s": 1.0, "busy_s": 0.6, "steps": 40, "epochs": 10}
+    expected = (1.0 - 0.6 - 10 * 0.004) / 40 - (0.001 + 1028 / 1e6)
+    assert sync_extra_s(run, comm, 1024) == pytest.approx(expected)
+    # a run quicker than the fitted exchange: negative, which Cluster clamps per collective
+    assert sync_extra_s({**run, "wall_s": 0.65}, comm, 1024) < 0
+
+
+def test_gloo_calls_are_timed_in_turns_and_their_median_kept(monkeypatch):
+    import gnnpar.advise.profile as profile
+
+    seen, durations = [], {"a": iter([9.0, 1.0, 2.0, 30.0]), "b": iter([9.0, 5.0, 6.0, 7.0])}
+    clock = [0.0]
+
+    def call(key):
+        def fn():
+            seen.append(key)
+            clock[0] += next(durations[key])
+
+        return fn
+
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: clock[0])
+    times = profile.interleaved_calls({"a": call("a"), "b": call("b")}, 3)
+    assert seen == ["a", "b"] * 4  # in turns; the first turn warms up and is not counted
+    assert times == {"a": 2.0, "b": 6.0}
 
 
 def test_a_requested_strategy_left_out_says_why():

@@ -60,6 +60,27 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
     assert c.p2p_s(0, 1, 64) == 0.125 + 64 / 1024 and c.p2p_s(1, 2, 64) == 0.625 + 1.0
 
 
+def test_what_a_collective_costs_inside_training_beyond_its_links():
+    """``sync_extra_s`` (measured in a real two-rank run) is paid once by every all-reduce, pair
+    or ring; not by a barrier, a gossip exchange nor a pipeline's message. A negative one (a
+    back-to-back fit that came out slow) never makes a cost negative."""
+    ring, p2p = sim.Link(0.125, 1024.0), sim.Link(0.0625, 512.0)
+    c = sim.Cluster(1, 2, ring, p2p, sync_extra_s=0.5)
+    assert c.allreduce_s(256) == 0.0625 + 256 / 512 + 0.5
+    assert c.allreduce_s(256, pairs=False) == 2 * (0.125 + 128 / 1024) + 0.5
+    assert c.p2p_s(0, 1, 256) == 0.0625 + 256 / 512 and c.barrier_s() == 2 * 0.125
+    assert c.p2p_delivery(0, 1, 256, 1.0, 0.0, 0.0) == (1.0 + 0.0625 + 0.5, 0.0)
+    fast = sim.Cluster(1, 2, ring, p2p, sync_extra_s=-8.0)
+    assert fast.allreduce_s(256) == 0.0 and fast.allreduce_s(256, pairs=False) == 0.0
+    # lock-step: 1 s steps, K = 1: each step's all-reduce costs 0.5625 + 0.5 s
+    r = sim.lockstep(c, [[[1.0, 1.0]], [[1.0, 1.0]]], every=1, sync_bytes=256)
+    assert r.epoch_s == [2 * (1.0 + 0.5625 + 0.5) + 2 * 0.125]
+    # gossip: exactly test_gossip_claim_ready_exchange_with_k1's schedule, extra or not
+    c = sim.Cluster(1, 2, FREE, sim.Link(0.25, INF), sync_extra_s=0.5)
+    r = sim.gossip(c, [1.0] * 4, epochs=1, every=1, sync_bytes=16, seed=0, poll_s=0.25)
+    assert [(t, a, b) for t, a, b in r.log] == [(2.25, 0, 1), (3.5, 0, 1)]
+
+
 def test_two_lockstep_ranks_meet_every_k_steps():
     """K = 2, all-reduce 0.5 s. Rank 0: 1,1,1,1 s; rank 1: 2,1,2,1 s. Steps 1-2 end at 2 and 3,
     the all-reduce at 3 + 0.5; steps 3-4 end at 5.5 and 6.5, the all-reduce at 7; the epoch's

@@ -110,3 +110,49 @@ def test_launched_ranks_sleep_at_once(monkeypatch):
             assert out[rank]["server"] == ["PASSIVE", None]
     assert os.environ.get("GOMP_SPINCOUNT") == "10000"  # restored here
     assert "OMP_WAIT_POLICY" not in os.environ
+
+
+RANK_MODULE = """
+import os, sys
+
+def policy(log_dir):
+    preload = sys.modules.get("gnnpar.runtime.preload")
+    server = getattr(preload, "SERVER_ENV", {})
+    return [server.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")] if server else None
+
+def idle():
+    pass
+"""
+
+PARENT = """
+import multiprocessing, os, gnnpar
+from gnnpar.runtime.launch import launch, start_fork_server_for_ranks
+import probe_ranks
+before = dict(os.environ)
+assert start_fork_server_for_ranks(2, 1, ("probe_ranks",))
+assert dict(os.environ) == before, "the environment changed"
+worker = multiprocessing.get_context("forkserver").Process(target=probe_ranks.idle)
+worker.start(); worker.join()  # as the profile's loader workers, from the same server
+out = launch(probe_ranks.policy, (), 2, 60)
+print(out[0], out[1])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_a_fork_server_started_for_ranks_first_serves_them_their_policy(tmp_path):
+    """``gnnpar advise`` starts loader workers (its sampled profile) before its two ranks, from
+    the same fork server (one per process): started by :func:`start_fork_server_for_ranks`
+    first, the server has the ranks' policy, and the parent's environment is left as it was."""
+    (tmp_path / "probe_ranks.py").write_text(RANK_MODULE)
+    clean = {k: v for k, v in os.environ.items() if k not in POLICY and k != "OMP_NUM_THREADS"}
+    path = os.pathsep.join(p for p in (str(tmp_path), clean.get("PYTHONPATH")) if p)
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT],
+        env={**clean, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["['PASSIVE',", "None]"] * 2

@@ -14,8 +14,12 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
 * bytes per exchange: the gradients or parameters (all-reduce, gossip), each stage's
   activations (pipeline);
 * gloo on this machine between two ranks started by gnnpar's launcher: all-reduce and a
-  point-to-point exchange against size, and a store round trip (the gossip pool and pairing);
-  fitted to ``latency + bytes / bandwidth``;
+  point-to-point exchange against size (the median of calls made in turns,
+  :func:`interleaved_calls`), and a store round trip (the gossip pool and pairing); fitted to
+  ``latency + bytes / bandwidth``;
+* what an all-reduce costs inside training beyond that fit (:func:`sync_extra_s`): a rank
+  that waited for the other wakes up late (~1-2 ms a step on a 2-vCPU VM, against ~0.2 ms for
+  the fitted exchange), measured by allreduce trained with K = 1 by the real loop on two ranks;
 * memory: the bare rank's resident memory here, and this process's peak.
 
 ViG on images (study 000) is profiled per block instead (:func:`profile_images`): each block's
@@ -165,6 +169,25 @@ def mean_time(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.fmean(times)
+
+
+def interleaved_calls(fns: dict[Any, Callable[[], Any]], rounds: int) -> dict[Any, float]:
+    """The median seconds of a call of each of ``fns``, each call timed alone, in ``rounds``
+    rounds that call every function once in turn (after one round that warms up; every rank
+    calls the same sequence, so collectives stay matched). For gloo's costs between two ranks
+    on a shared VM: calls there come in spells of ~0.1-0.4 ms and of ~3-4 ms (a rank woken late)
+    that last longer than a function's calls in a row, so a mean of 9 calls in a row, or even
+    their median, gave one size 3 ms and the next 0.1 ms (an exchange of 1 KB: 0.14-2.7 ms from
+    one profile to the next on a 2-vCPU AMD EPYC); in turns, every size sees every spell. What
+    training pays beyond that is measured in training (:func:`sync_extra_s`)."""
+    times: dict[Any, list[float]] = {key: [] for key in fns}
+    for i in range(rounds + 1):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def interleaved_times(
@@ -759,6 +782,7 @@ def comm_rank(
     out: dict[str, list] = {"allreduce": [], "p2p": []}
     try:
         other = 1 - ctx.rank
+        calls: dict[tuple[str, int], Callable[[], None]] = {}
         for n in sizes:
             t = torch.ones(max(1, n // 4))
             got = torch.empty_like(t)
@@ -771,9 +795,10 @@ def comm_rank(
                 recv.wait(timeout=timeout)
                 sent.wait(timeout=timeout)
 
-            for name, fn in (("allreduce", allreduce), ("p2p", exchange)):
-                dist.barrier()
-                out[name].append([n, mean_time(fn, repeats)])
+            calls[("allreduce", n)], calls[("p2p", n)] = allreduce, exchange
+        times = interleaved_calls(calls, 3 * repeats)
+        for (name, n), seconds in times.items():
+            out[name].append([n, seconds])
         dist.barrier()
         key = "advise/rtt"
         # the median of many calls: a round trip is ~50 us here, and one descheduled call of
@@ -791,7 +816,7 @@ def comm_rank(
         out["pipeline_step_s"] = {key: t for key, (t, _) in steps.items()}
         out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
         if corun is not None:
-            out["corun_factor"] = _corun_factor(corun, ctx, rounds)
+            out["corun_factor"], out["sync_runs"] = _corun_factor(corun, ctx, rounds)
         if sampled is not None:
             out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx, rounds)
         return out if ctx.rank == 0 else None
@@ -836,7 +861,9 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
     return step_s, max(0.0, warm - step_s)
 
 
-def _corun_factor(flags: dict, ctx, rounds: int, min_steps: int = 40) -> list[float]:
+def _corun_factor(
+    flags: dict, ctx, rounds: int, min_steps: int = 40
+) -> tuple[list[float], list[dict[str, float]]]:
     """How much slower a step is in a real two-rank run than alone, per round
     (:func:`probe_rounds`): the steps of allreduce's own plan (rank 0's dealt subgraphs) timed
     by rank 0 alone, the other rank idle at a barrier; then that plan on both ranks (averaging
@@ -844,7 +871,10 @@ def _corun_factor(flags: dict, ctx, rounds: int, min_steps: int = 40) -> list[fl
     for at least ``min_steps`` steps per rank after a first epoch that warms up: the mean of
     both ranks' step times (without waiting for each other) over the steps alone. What it
     covers: the two ranks sharing cores (SMT siblings) and memory bandwidth, gloo's and the
-    heartbeat's threads, and the loop's own slow steps (:func:`real_loop_factor`)."""
+    heartbeat's threads, and the loop's own slow steps (:func:`real_loop_factor`).
+
+    After each round, the same plan averaging gradients every step (:func:`_sync_run`): what
+    an all-reduce costs inside training, per round."""
     import torch.distributed as dist
 
     from gnnpar.parallel import collectives
@@ -862,7 +892,56 @@ def _corun_factor(flags: dict, ctx, rounds: int, min_steps: int = 40) -> list[fl
         times = interleaved_times(steps, 1 << 20, PROBE_SIDE_S) if ctx.rank == 0 else []
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
-    return _two_rank_rounds(flags, ds, ctx, plan.source.steps, alone, rounds, min_steps)
+    runs: list[dict[str, float]] = []
+    ratios = _two_rank_rounds(
+        flags,
+        ds,
+        ctx,
+        plan.source.steps,
+        alone,
+        rounds,
+        min_steps,
+        after_round=lambda epochs: runs.append(_sync_run(flags, ds, ctx, epochs)),
+    )
+    return ratios, runs
+
+
+def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, float]:
+    """allreduce of ``flags`` with the gradients averaged every step (K = 1), trained by the real
+    loop on both ranks for ``epochs``: its wall time (the slower rank's summed epochs), the sum
+    over steps of the slower rank's step without its waits (what the simulation's lock-step
+    charges as compute), and the counts of steps and epochs. The rest of the wall time is what
+    the steps' all-reduces and the epochs' barriers cost inside training (:func:`sync_extra_s`)."""
+    from gnnpar.strategies import registry
+    from gnnpar.training.loop import train
+
+    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-sync-") as tmp:
+        k1 = {**flags, "sync-every": 1, "average": "grads", "epochs": epochs, "out": tmp}
+        cfg = build_config(None, k1)
+        spec = registry.get("allreduce")
+        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+        run = train(cfg, _no_final(plan))
+    return {
+        "wall_s": run.train_time_s,
+        "busy_s": sum(run.step_times),  # lock-step: each step's slower rank
+        "steps": len(run.step_times),
+        "epochs": epochs,
+    }
+
+
+def sync_extra_s(run: dict[str, float], comm: dict[str, Any], param_bytes: int) -> float:
+    """What one all-reduce of the gradients costs inside training beyond the links' model
+    (``simulate.Cluster.sync_extra_s``), from a :func:`_sync_run`: its wall time less the
+    slower rank's steps and the epochs' barriers, per step, less the modelled exchange. On a
+    2-vCPU VM: ~1.3 ms (a rank that waited for the other sleeps, and waking it takes that long;
+    the back-to-back fit keeps both ranks awake and says ~0.2 ms)."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.runtime.footprint import FLOAT_BYTES
+
+    two = sim.Cluster(1, 2, sim.Link(*comm["ring_step"]), sim.Link(*comm["p2p_link"]))
+    steps = max(1, int(run["steps"]))
+    per_step = (run["wall_s"] - run["busy_s"] - run["epochs"] * two.barrier_s()) / steps
+    return per_step - two.allreduce_s(param_bytes + FLOAT_BYTES)  # the gradients and a count
 
 
 def _sampled_corun_factor(
@@ -939,12 +1018,14 @@ def _two_rank_rounds(
     asked: int,
     min_steps: int,
     step_s: float | None = None,
+    after_round: Callable[[int], None] | None = None,
 ) -> list[float]:
     """Rounds (:func:`probe_rounds`, ``asked`` at most) of: ``alone()`` (a step's seconds
     alone, the same on both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
     at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
     round's ratio is the mean of both ranks' step times over the steps alone, at least 1.
-    ``step_s`` sizes the rounds (default: the first round's steps alone)."""
+    ``step_s`` sizes the rounds (default: the first round's steps alone); ``after_round(epochs)``
+    runs after each round's training (another probe of the same length)."""
     from gnnpar.strategies import registry
     from gnnpar.training.loop import train
 
@@ -960,6 +1041,8 @@ def _two_rank_rounds(
             spec = registry.get(cfg.strategy.name)
             plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
             ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
+        if after_round is not None:
+            after_round(epochs)
         busy = [t for r in ranks for t in r.step_times[per_epoch:]]
         if solo > 0 and busy:
             ratios.append(max(1.0, statistics.fmean(busy) / solo))
@@ -1026,6 +1109,9 @@ def profile_comm(
     }
     if "corun_factor" in out:
         prof.probe_rounds["corun_factor"] = out["corun_factor"]
+        extra = [sync_extra_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
+        prof.comm["sync_extra_s"] = statistics.median(extra)  # simulate.Cluster.sync_extra_s
+        prof.comm["sync_extra_rounds_s"] = extra
     if sampled:
         prof.probe_rounds["sampled_corun_factor"] = out["sampled_corun_factor"]
 
@@ -1101,9 +1187,12 @@ def take_profile(
     timing and ratio probe (``--profile-rounds``), the median of each kept."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
+    from gnnpar.runtime.launch import start_fork_server_for_ranks
 
     t_start = time.perf_counter()
     needs = list(needs)
+    if comm:  # before the loader workers below start it for themselves (see there)
+        start_fork_server_for_ranks(2, threads, (__name__,))
     cfg = build_config(None, flags_for(base, "sequential"))
     d = cfg.data
     ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)

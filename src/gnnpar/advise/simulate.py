@@ -96,6 +96,15 @@ class Cluster:
     ring_step: Link  # one ring all-reduce step inside a host (measured)
     p2p: Link  # one point-to-point message inside a host (measured)
     network: Link | None = None  # between hosts (--network)
+    # what an all-reduce inside a training step costs beyond the links' model above, fitted
+    # back to back: a rank blocked in gloo's wait sleeps, and is woken late. Measured in a real
+    # two-rank run here (the profile's ``sync_extra_s``: 0.9-2 ms on a 2-vCPU VM, where the fit
+    # says ~0.2 ms); negative where the fit came out slow. Charged once per all-reduce (gnnpar's,
+    # DDP's, torch's averager's), not per barrier (an epoch's end), nor per gossip exchange
+    # (its waiting rank polls the store, awake: gossip K = 1 on Cora was predicted 70% too slow
+    # with it, 8% too quick without), nor per pipeline message (a pipeline's costs are
+    # calibrated on a real two-rank step of its own)
+    sync_extra_s: float = 0.0
 
     @property
     def world(self) -> int:
@@ -148,20 +157,21 @@ class Cluster:
         """One all-reduce of ``nbytes`` per rank: gloo's ring, 2 (p - 1) steps of ``nbytes / p``,
         each as slow as the ring's slowest edge; but two ranks with ``pairs`` (gnnpar's own
         all-reduce, ``collectives.all_reduce_sum``, not DDP's or torch's model averager) swap
-        their tensors in one point-to-point exchange (``p2p_s``)."""
+        their tensors in one point-to-point exchange (``p2p_s``). Either way with
+        ``sync_extra_s`` once (never below 0)."""
         ring = self.ring(ranks)
         p = len(ring)
         if p < 2:
             return 0.0
         if p == 2 and pairs:
-            return self.p2p_s(ring[0], ring[1], nbytes)
+            return max(0.0, self.p2p_s(ring[0], ring[1], nbytes) + self.sync_extra_s)
         step = max(
             self._link(
                 ring[i], ring[(i + 1) % p], self.ring_step, GLOO_LATENCIES_PER_MESSAGE
             ).send_s(nbytes / p)
             for i in range(p)
         )
-        return 2 * (p - 1) * step
+        return max(0.0, 2 * (p - 1) * step + self.sync_extra_s)
 
     def barrier_s(self, ranks: Sequence[int] | None = None) -> float:
         """One gloo barrier: a ring of empty messages, each paying the latency once."""

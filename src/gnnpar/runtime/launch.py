@@ -203,6 +203,31 @@ def start_fork_server_early(workers: int, threads: int | None, warm: tuple[str, 
     return True
 
 
+def start_fork_server_for_ranks(nprocs: int, threads: int | None, warm: tuple[str, ...]) -> bool:
+    """Start the fork server now as :func:`launch` of ``nprocs`` ranks would (the ranks'
+    OpenMP wait policy and thread count in its environment, SIGINT ignored, ``warm`` imported),
+    for a process that starts other processes from it first (``gnnpar advise``'s profile
+    starts sampled's loader workers before its two ranks). The server is started once per
+    process: one started for loader workers would fork the ranks too, with a 1-process
+    environment (on a 2-vCPU AMD EPYC its ranks' co-run came out 1.0x instead of the 1.15-1.2x
+    a ``gnnpar train`` of two ranks has). Changes nothing in this process's environment.
+    Nothing is started with ``spawn``; returns whether it started one."""
+    if start_method() != "forkserver":
+        return False
+    old = os.environ.get("OMP_NUM_THREADS")
+    if old is None:  # what launch() sets
+        os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with gnnpar.ranks_sleep_at_once():
+            _start_fork_server(",".join(warm))
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+        if old is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+    return True
+
+
 def _start_fork_server(warm: str) -> None:
     """Start multiprocessing's fork server (once per process) with the ranks' imports: torch and
     PyG (:mod:`gnnpar.runtime.preload`), then the modules ``warm`` (comma-separated: the rank
