@@ -60,25 +60,42 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
     assert c.p2p_s(0, 1, 64) == 0.125 + 64 / 1024 and c.p2p_s(1, 2, 64) == 0.625 + 1.0
 
 
-def test_what_a_collective_costs_inside_training_beyond_its_links():
-    """``sync_extra_s`` (measured in a real two-rank run) is paid once by every all-reduce, pair
-    or ring; not by a barrier, a gossip exchange nor a pipeline's message. A negative one (a
-    back-to-back fit that came out slow) never makes a cost negative."""
-    ring, p2p = sim.Link(0.125, 1024.0), sim.Link(0.0625, 512.0)
-    c = sim.Cluster(1, 2, ring, p2p, sync_extra_s=0.5)
-    assert c.allreduce_s(256) == 0.0625 + 256 / 512 + 0.5
-    assert c.allreduce_s(256, pairs=False) == 2 * (0.125 + 128 / 1024) + 0.5
-    assert c.p2p_s(0, 1, 256) == 0.0625 + 256 / 512 and c.barrier_s() == 2 * 0.125
-    assert c.p2p_delivery(0, 1, 256, 1.0, 0.0, 0.0) == (1.0 + 0.0625 + 0.5, 0.0)
-    fast = sim.Cluster(1, 2, ring, p2p, sync_extra_s=-8.0)
-    assert fast.allreduce_s(256) == 0.0 and fast.allreduce_s(256, pairs=False) == 0.0
-    # lock-step: 1 s steps, K = 1: each step's all-reduce costs 0.5625 + 0.5 s
+def test_a_rank_that_waited_at_an_allreduce_resumes_late():
+    """``wake_s`` (measured in a real two-rank run): at an all-reduce, a rank that arrived
+    before the last resumes that much after it; the last does not. Ranks that take turns being
+    last pay it every step; a persistent straggler hides it. Barriers and gossip exchanges do
+    not pay it."""
+    c = sim.Cluster(1, 2, sim.Link(0.125, INF), sim.Link(0.25, INF), wake_s=0.5)
+    assert c.allreduce_s(256) == 0.25  # the exchange itself is unchanged
+    # turns: rank 0 steps 1, 2; rank 1 steps 2, 1. Step 1 ends at 2 + 0.25 (rank 1), 2.75
+    # (rank 0 waited); step 2: rank 0 arrives at 4.75, rank 1 at 3.25 and waits: 5.0 for rank
+    # 0, 5.5 for rank 1; the barrier (2 x 0.125, nobody late) at 5.75
+    r = sim.lockstep(c, [[[1.0, 2.0]], [[2.0, 1.0]]], every=1, sync_bytes=256)
+    assert r.epoch_s == [5.75]
+    # rank 0: 1 s and 0.5 late at step 1, 0.5 s at the barrier; rank 1: 1.5 s and 0.5 late
+    assert r.wait_s == [1.0 + 0.5 + 0.5, 1.5 + 0.5]
+    # a straggler: rank 1 is always last, rank 0's late wake-up is hidden behind rank 1's next
+    # step, except the last step's, which the epoch's barrier waits for: 2 x 2.25 + 0.5 + 0.25
+    r = sim.lockstep(c, [[[1.0, 1.0]], [[2.0, 2.0]]], every=1, sync_bytes=256)
+    assert r.epoch_s == [2 * 2.25 + 0.5 + 0.25]
+    # arriving at the same instant is not waiting
     r = sim.lockstep(c, [[[1.0, 1.0]], [[1.0, 1.0]]], every=1, sync_bytes=256)
-    assert r.epoch_s == [2 * (1.0 + 0.5625 + 0.5) + 2 * 0.125]
-    # gossip: exactly test_gossip_claim_ready_exchange_with_k1's schedule, extra or not
-    c = sim.Cluster(1, 2, FREE, sim.Link(0.25, INF), sync_extra_s=0.5)
+    assert r.epoch_s == [2 * 1.25 + 0.25]
+    # gossip: exactly test_gossip_claim_ready_exchange_with_k1's schedule
+    c = sim.Cluster(1, 2, FREE, sim.Link(0.25, INF), wake_s=0.5)
     r = sim.gossip(c, [1.0] * 4, epochs=1, every=1, sync_bytes=16, seed=0, poll_s=0.25)
     assert [(t, a, b) for t, a, b in r.log] == [(2.25, 0, 1), (3.5, 0, 1)]
+
+
+def test_sampled_ranks_pay_the_late_wake_up_at_ddps_allreduce():
+    """Two ranks, 2 steps of 1 s, rank 1 at half speed: rank 0 waits at each all-reduce and
+    resumes 0.5 s late, hidden by rank 1's slow second step, but not at the epoch's end (4.5);
+    equal ranks arrive together and never pay it."""
+    for wake, epoch, waits in ((0.0, 4.0, [2.0, 0.0]), (0.5, 4.5, [2.5, 0.0])):
+        c = sim.Cluster(1, 2, FREE, FREE, wake_s=wake)
+        r = sim.sampled(c, 2, 1, 1.0, 0.0, 0, 0, speed=[1.0, 2.0])
+        assert r.epoch_s == [epoch] and r.wait_s == waits
+        assert sim.sampled(c, 2, 1, 1.0, 0.0, 0, 0).epoch_s == [2.0]
 
 
 def test_two_lockstep_ranks_meet_every_k_steps():

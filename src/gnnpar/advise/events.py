@@ -56,18 +56,30 @@ class Event:
 
 
 class Rendezvous:
-    """``n`` processes meet; once the last arrives, all resume ``cost(arrivals)`` seconds later
-    (a barrier, or a collective whose cost starts when everybody is in)."""
+    """``n`` processes meet; once the last arrives, all resume ``cost`` seconds later (a barrier,
+    or a collective whose cost starts when everybody is in), except that those who arrived
+    strictly before the last resume ``late`` seconds after that (woken late from their wait)."""
 
-    def __init__(self, sim: Sim, n: int, cost: float = 0.0) -> None:
-        self.sim, self.n, self.cost = sim, n, cost
+    def __init__(self, sim: Sim, n: int, cost: float = 0.0, late: float = 0.0) -> None:
+        self.sim, self.n, self.cost, self.late = sim, n, cost, late
         self.arrivals: list[float] = []
         self.done = Event(sim)
+        self._early: list[Event] = []  # with ``late``: one per arrival but the last
 
     def arrive(self) -> Event:
         self.arrivals.append(self.sim.now)
-        if len(self.arrivals) == self.n:
-            self.done.succeed(max(self.arrivals), delay=self.cost)
+        if len(self.arrivals) < self.n:
+            if self.late <= 0:
+                return self.done
+            self._early.append(Event(self.sim))
+            return self._early[-1]
+        last = max(self.arrivals)
+        self.done.succeed(last, delay=self.cost)
+        for at, event in zip(self.arrivals, self._early):
+            if at < last:
+                event.succeed(last, delay=self.cost + self.late)
+            else:  # arrived at the same instant as the last: did not wait
+                event.succeed(last, delay=self.cost)
         return self.done
 
 

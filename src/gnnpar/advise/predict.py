@@ -188,8 +188,8 @@ def make_cluster(spec: ClusterSpec, prof: Profile, world: int) -> sim.Cluster:
     p2p = sim.Link(*comm["p2p_link"]) if comm else sim.Link(0.0, math.inf)
     if world == 1:
         return sim.Cluster(1, 1, ring, p2p)
-    extra = comm.get("sync_extra_s", 0.0)  # profiles from before: the links alone
-    return sim.Cluster(spec.hosts, spec.ranks_per_host, ring, p2p, spec.network, extra)
+    wake = comm.get("wake_s", 0.0)  # profiles from before: the links alone
+    return sim.Cluster(spec.hosts, spec.ranks_per_host, ring, p2p, spec.network, wake)
 
 
 def predict(

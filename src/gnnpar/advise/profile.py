@@ -17,9 +17,9 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
   point-to-point exchange against size (the median of calls made in turns,
   :func:`interleaved_calls`), and a store round trip (the gossip pool and pairing); fitted to
   ``latency + bytes / bandwidth``;
-* what an all-reduce costs inside training beyond that fit (:func:`sync_extra_s`): a rank
-  that waited for the other wakes up late (~1-2 ms a step on a 2-vCPU VM, against ~0.2 ms for
-  the fitted exchange), measured by allreduce trained with K = 1 by the real loop on two ranks;
+* how late a rank that waited at an all-reduce resumes (:func:`wake_s`): blocked in gloo's
+  wait it slept, and is woken late (0.6-1.9 ms on a 2-vCPU VM, against ~0.2 ms for the fitted
+  exchange), from allreduce trained with K = 1 by the real loop on two ranks;
 * memory: the bare rank's resident memory here, and this process's peak.
 
 ViG on images (study 000) is profiled per block instead (:func:`profile_images`): each block's
@@ -179,7 +179,7 @@ def interleaved_calls(fns: dict[Any, Callable[[], Any]], rounds: int) -> dict[An
     that last longer than a function's calls in a row, so a mean of 9 calls in a row, or even
     their median, gave one size 3 ms and the next 0.1 ms (an exchange of 1 KB: 0.14-2.7 ms from
     one profile to the next on a 2-vCPU AMD EPYC); in turns, every size sees every spell. What
-    training pays beyond that is measured in training (:func:`sync_extra_s`)."""
+    training pays beyond that is measured in training (:func:`wake_s`)."""
     times: dict[Any, list[float]] = {key: [] for key in fns}
     for i in range(rounds + 1):
         for key, fn in fns.items():
@@ -873,8 +873,8 @@ def _corun_factor(
     covers: the two ranks sharing cores (SMT siblings) and memory bandwidth, gloo's and the
     heartbeat's threads, and the loop's own slow steps (:func:`real_loop_factor`).
 
-    After each round, the same plan averaging gradients every step (:func:`_sync_run`): what
-    an all-reduce costs inside training, per round."""
+    After each round, the same plan averaging gradients every step (:func:`_sync_run`): how
+    late a rank that waited at an all-reduce resumes (:func:`wake_s`), per round."""
     import torch.distributed as dist
 
     from gnnpar.parallel import collectives
@@ -906,12 +906,11 @@ def _corun_factor(
     return ratios, runs
 
 
-def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, float]:
+def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, Any]:
     """allreduce of ``flags`` with the gradients averaged every step (K = 1), trained by the real
-    loop on both ranks for ``epochs``: its wall time (the slower rank's summed epochs), the sum
-    over steps of the slower rank's step without its waits (what the simulation's lock-step
-    charges as compute), and the counts of steps and epochs. The rest of the wall time is what
-    the steps' all-reduces and the epochs' barriers cost inside training (:func:`sync_extra_s`)."""
+    loop on both ranks for ``epochs``: its wall time (the slower rank's summed epochs), each
+    rank's steps without their waits, and the epochs. What the wall time holds beyond the steps
+    is what the all-reduces and barriers cost inside training (:func:`wake_s`)."""
     from gnnpar.strategies import registry
     from gnnpar.training.loop import train
 
@@ -923,25 +922,43 @@ def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, float]:
         run = train(cfg, _no_final(plan))
     return {
         "wall_s": run.train_time_s,
-        "busy_s": sum(run.step_times),  # lock-step: each step's slower rank
-        "steps": len(run.step_times),
+        "step_s": [r.step_times for r in run.ranks],
         "epochs": epochs,
     }
 
 
-def sync_extra_s(run: dict[str, float], comm: dict[str, Any], param_bytes: int) -> float:
-    """What one all-reduce of the gradients costs inside training beyond the links' model
-    (``simulate.Cluster.sync_extra_s``), from a :func:`_sync_run`: its wall time less the
-    slower rank's steps and the epochs' barriers, per step, less the modelled exchange. On a
-    2-vCPU VM: ~1.3 ms (a rank that waited for the other sleeps, and waking it takes that long;
-    the back-to-back fit keeps both ranks awake and says ~0.2 ms)."""
+def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float:
+    """How late a rank that waited at an all-reduce resumes (``simulate.Cluster.wake_s``), from
+    a :func:`_sync_run`: the value that makes the simulation of that very run (its ranks' own
+    step times, lock-step with K = 1, the fitted links for the gradients and a count, a barrier
+    per epoch) last its measured wall time; found by bisection, as the simulated time grows
+    with it. 0 where the run was no slower than simulated without it. On a 2-vCPU AMD EPYC VM:
+    0.6-1.9 ms (the back-to-back exchange: ~0.2 ms)."""
     from gnnpar.advise import simulate as sim
     from gnnpar.runtime.footprint import FLOAT_BYTES
 
-    two = sim.Cluster(1, 2, sim.Link(*comm["ring_step"]), sim.Link(*comm["p2p_link"]))
-    steps = max(1, int(run["steps"]))
-    per_step = (run["wall_s"] - run["busy_s"] - run["epochs"] * two.barrier_s()) / steps
-    return per_step - two.allreduce_s(param_bytes + FLOAT_BYTES)  # the gradients and a count
+    ring, p2p = sim.Link(*comm["ring_step"]), sim.Link(*comm["p2p_link"])
+    epochs, steps = int(run["epochs"]), run["step_s"]
+    per_epoch = len(steps[0]) // max(1, epochs)
+    if per_epoch < 1 or any(len(s) != per_epoch * epochs for s in steps):
+        return 0.0
+    compute = [[s[e * per_epoch : (e + 1) * per_epoch] for e in range(epochs)] for s in steps]
+
+    def simulated(wake: float) -> float:
+        two = sim.Cluster(1, len(steps), ring, p2p, wake_s=wake)
+        return sim.lockstep(two, compute, 1, param_bytes + FLOAT_BYTES).train_time_s
+
+    wall = run["wall_s"]
+    excess = max(0.0, wall - simulated(0.0)) / (per_epoch * epochs)  # per step
+    lo, hi = 0.0, 4 * excess
+    if excess <= 0:
+        return 0.0
+    if simulated(hi) < wall:  # the same rank always waited, which hides it: the excess per step
+        return excess
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if simulated(mid) < wall else (lo, mid)
+    return (lo + hi) / 2
 
 
 def _sampled_corun_factor(
@@ -1109,9 +1126,9 @@ def profile_comm(
     }
     if "corun_factor" in out:
         prof.probe_rounds["corun_factor"] = out["corun_factor"]
-        extra = [sync_extra_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
-        prof.comm["sync_extra_s"] = statistics.median(extra)  # simulate.Cluster.sync_extra_s
-        prof.comm["sync_extra_rounds_s"] = extra
+        wakes = [wake_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
+        prof.comm["wake_s"] = statistics.median(wakes)  # simulate.Cluster.wake_s
+        prof.comm["wake_rounds_s"] = wakes
     if sampled:
         prof.probe_rounds["sampled_corun_factor"] = out["sampled_corun_factor"]
 

@@ -96,15 +96,15 @@ class Cluster:
     ring_step: Link  # one ring all-reduce step inside a host (measured)
     p2p: Link  # one point-to-point message inside a host (measured)
     network: Link | None = None  # between hosts (--network)
-    # what an all-reduce inside a training step costs beyond the links' model above, fitted
-    # back to back: a rank blocked in gloo's wait sleeps, and is woken late. Measured in a real
-    # two-rank run here (the profile's ``sync_extra_s``: 0.9-2 ms on a 2-vCPU VM, where the fit
-    # says ~0.2 ms); negative where the fit came out slow. Charged once per all-reduce (gnnpar's,
-    # DDP's, torch's averager's), not per barrier (an epoch's end), nor per gossip exchange
-    # (its waiting rank polls the store, awake: gossip K = 1 on Cora was predicted 70% too slow
-    # with it, 8% too quick without), nor per pipeline message (a pipeline's costs are
-    # calibrated on a real two-rank step of its own)
-    sync_extra_s: float = 0.0
+    # a rank that waited at an all-reduce for a later one resumes this much after the others:
+    # blocked in gloo's wait it slept, and is woken late (0.6-1.9 ms on a 2-vCPU AMD EPYC VM,
+    # against ~0.2 ms for the whole exchange back to back). The last to arrive does not pay it,
+    # so a persistent straggler hides it and ranks that take turns being last pay it every
+    # step. Measured in a real two-rank run here (the profile's ``wake_s``). Charged at every
+    # all-reduce (gnnpar's, DDP's, torch's averager's, a hybrid's copies'), not at a barrier (an
+    # epoch's end), a gossip exchange (its waiting rank polls the store, awake) nor a
+    # pipeline's message (calibrated on a real two-rank step of its own)
+    wake_s: float = 0.0
 
     @property
     def world(self) -> int:
@@ -157,21 +157,21 @@ class Cluster:
         """One all-reduce of ``nbytes`` per rank: gloo's ring, 2 (p - 1) steps of ``nbytes / p``,
         each as slow as the ring's slowest edge; but two ranks with ``pairs`` (gnnpar's own
         all-reduce, ``collectives.all_reduce_sum``, not DDP's or torch's model averager) swap
-        their tensors in one point-to-point exchange (``p2p_s``). Either way with
-        ``sync_extra_s`` once (never below 0)."""
+        their tensors in one point-to-point exchange (``p2p_s``). A rank that waited for the
+        others pays ``wake_s`` on top (the simulations' rendezvous)."""
         ring = self.ring(ranks)
         p = len(ring)
         if p < 2:
             return 0.0
         if p == 2 and pairs:
-            return max(0.0, self.p2p_s(ring[0], ring[1], nbytes) + self.sync_extra_s)
+            return self.p2p_s(ring[0], ring[1], nbytes)
         step = max(
             self._link(
                 ring[i], ring[(i + 1) % p], self.ring_step, GLOO_LATENCIES_PER_MESSAGE
             ).send_s(nbytes / p)
             for i in range(p)
         )
-        return max(0.0, 2 * (p - 1) * step + self.sync_extra_s)
+        return 2 * (p - 1) * step
 
     def barrier_s(self, ranks: Sequence[int] | None = None) -> float:
         """One gloo barrier: a ring of empty messages, each paying the latency once."""
@@ -276,7 +276,8 @@ def lockstep(
     cost = cluster.allreduce_s(sync_bytes, pairs=pairs)
     # an epoch ends at a barrier (gnnpar's LockStep.end_epoch); its start is not timed
     costs = {"sync": cost, "end": cluster.barrier_s(), "start": 0.0}
-    meet = _Keyed(lambda key: Rendezvous(sim, world, costs[key[0]]))
+    late = {"sync": cluster.wake_s, "end": 0.0, "start": 0.0}
+    meet = _Keyed(lambda key: Rendezvous(sim, world, costs[key[0]], late[key[0]]))
     ends = [[0.0] * epochs for _ in range(world)]
     busy, wait, batches = [0.0] * world, [0.0] * world, [0] * world
     count = [0]
@@ -586,6 +587,7 @@ def pipeline(
             sim,
             replicas,
             cluster.allreduce_s(grad_bytes[key[1]], [q * S + key[1] for q in range(replicas)]),
+            cluster.wake_s,
         )
     )
     ends = [[0.0] * steps for _ in range(world)]
@@ -695,7 +697,7 @@ def sampled(
     comp, samp = per_step(compute_s), per_step(sample_s)
     sim = Sim()
     cost = cluster.allreduce_s(grad_bytes, pairs=False) if world > 1 else 0.0  # DDP's, gloo's
-    meet = _Keyed(lambda key: Rendezvous(sim, world, cost))
+    meet = _Keyed(lambda key: Rendezvous(sim, world, cost, cluster.wake_s))
     ends = [[0.0] * epochs for _ in range(world)]
     busy, wait, compute = [0.0] * world, [0.0] * world, [0.0] * world
 
