@@ -78,9 +78,10 @@ def test_a_rank_that_waited_at_an_allreduce_resumes_late():
     # step, except the last step's, which the epoch's barrier waits for: 2 x 2.25 + 0.5 + 0.25
     r = sim.lockstep(c, [[[1.0, 1.0]], [[2.0, 2.0]]], every=1, sync_bytes=256)
     assert r.epoch_s == [2 * 2.25 + 0.5 + 0.25]
-    # arriving at the same instant is not waiting
+    # equal steps: one of the two waited (the first to arrive), and then the other: each step
+    # pays it, as real ranks with equal work do (one of them always waits)
     r = sim.lockstep(c, [[[1.0, 1.0]], [[1.0, 1.0]]], every=1, sync_bytes=256)
-    assert r.epoch_s == [2 * 1.25 + 0.25]
+    assert r.epoch_s == [2 * (1.0 + 0.25 + 0.5) + 0.25] and r.wait_s == [1.0, 1.0]
     # gossip: exactly test_gossip_claim_ready_exchange_with_k1's schedule
     c = sim.Cluster(1, 2, FREE, sim.Link(0.25, INF), wake_s=0.5)
     r = sim.gossip(c, [1.0] * 4, epochs=1, every=1, sync_bytes=16, seed=0, poll_s=0.25)
@@ -89,13 +90,14 @@ def test_a_rank_that_waited_at_an_allreduce_resumes_late():
 
 def test_sampled_ranks_pay_the_late_wake_up_at_ddps_allreduce():
     """Two ranks, 2 steps of 1 s, rank 1 at half speed: rank 0 waits at each all-reduce and
-    resumes 0.5 s late, hidden by rank 1's slow second step, but not at the epoch's end (4.5);
-    equal ranks arrive together and never pay it."""
+    resumes 0.5 s late, hidden by rank 1's slow second step, but not at the epoch's end (4.5).
+    Equal ranks take turns waiting: each step pays it (rank 0 at the first, rank 1 at the
+    second: 1 + 0.5 + 1 + 0.5)."""
     for wake, epoch, waits in ((0.0, 4.0, [2.0, 0.0]), (0.5, 4.5, [2.5, 0.0])):
         c = sim.Cluster(1, 2, FREE, FREE, wake_s=wake)
         r = sim.sampled(c, 2, 1, 1.0, 0.0, 0, 0, speed=[1.0, 2.0])
         assert r.epoch_s == [epoch] and r.wait_s == waits
-        assert sim.sampled(c, 2, 1, 1.0, 0.0, 0, 0).epoch_s == [2.0]
+    assert sim.sampled(c, 2, 1, 1.0, 0.0, 0, 0).epoch_s == [3.0]
 
 
 def test_two_lockstep_ranks_meet_every_k_steps():

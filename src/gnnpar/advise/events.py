@@ -58,28 +58,24 @@ class Event:
 class Rendezvous:
     """``n`` processes meet; once the last arrives, all resume ``cost`` seconds later (a barrier,
     or a collective whose cost starts when everybody is in), except that those who arrived
-    strictly before the last resume ``late`` seconds after that (woken late from their wait)."""
+    before the last resume ``late`` seconds after that (woken late from their wait). Of
+    processes that arrive at the same instant, all but the last to call :meth:`arrive` count
+    as having waited: equal simulated steps stand for real ones, of which one always waits."""
 
     def __init__(self, sim: Sim, n: int, cost: float = 0.0, late: float = 0.0) -> None:
         self.sim, self.n, self.cost, self.late = sim, n, cost, late
         self.arrivals: list[float] = []
         self.done = Event(sim)
-        self._early: list[Event] = []  # with ``late``: one per arrival but the last
+        self._early = Event(sim) if late > 0 else self.done  # for those who waited
 
     def arrive(self) -> Event:
         self.arrivals.append(self.sim.now)
         if len(self.arrivals) < self.n:
-            if self.late <= 0:
-                return self.done
-            self._early.append(Event(self.sim))
-            return self._early[-1]
+            return self._early
         last = max(self.arrivals)
         self.done.succeed(last, delay=self.cost)
-        for at, event in zip(self.arrivals, self._early):
-            if at < last:
-                event.succeed(last, delay=self.cost + self.late)
-            else:  # arrived at the same instant as the last: did not wait
-                event.succeed(last, delay=self.cost)
+        if self._early is not self.done:
+            self._early.succeed(last, delay=self.cost + self.late)
         return self.done
 
 
