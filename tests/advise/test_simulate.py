@@ -63,8 +63,7 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
 def test_a_rank_that_waited_at_an_allreduce_resumes_late():
     """``wake_s`` (measured in a real two-rank run): at an all-reduce, a rank that arrived
     before the last resumes that much after it; the last does not. Ranks that take turns being
-    last pay it every step; a persistent straggler hides it. Barriers and gossip exchanges do
-    not pay it."""
+    last pay it every step; a persistent straggler hides it. Barriers do not pay it."""
     c = sim.Cluster(1, 2, sim.Link(0.125, INF), sim.Link(0.25, INF), wake_s=0.5)
     assert c.allreduce_s(256) == 0.25  # the exchange itself is unchanged
     # turns: rank 0 steps 1, 2; rank 1 steps 2, 1. Step 1 ends at 2 + 0.25 (rank 1), 2.75
@@ -82,10 +81,14 @@ def test_a_rank_that_waited_at_an_allreduce_resumes_late():
     # pays it, as real ranks with equal work do (one of them always waits)
     r = sim.lockstep(c, [[[1.0, 1.0]], [[1.0, 1.0]]], every=1, sync_bytes=256)
     assert r.epoch_s == [2 * (1.0 + 0.25 + 0.5) + 0.25] and r.wait_s == [1.0, 1.0]
-    # gossip: exactly test_gossip_claim_ready_exchange_with_k1's schedule
+    # gossip, as test_gossip_claim_ready_exchange_with_k1: rank 1, claimed, turns ready at 1
+    # and waits for rank 0's boundary (2); rank 0 is out of the exchange at 2.25, rank 1 only at
+    # 2.75. So rank 0 takes the last subgraph, and cannot claim rank 1 again (still inside the
+    # exchange): one exchange, 3 batches against 1, done at 3.25
     c = sim.Cluster(1, 2, FREE, sim.Link(0.25, INF), wake_s=0.5)
     r = sim.gossip(c, [1.0] * 4, epochs=1, every=1, sync_bytes=16, seed=0, poll_s=0.25)
-    assert [(t, a, b) for t, a, b in r.log] == [(2.25, 0, 1), (3.5, 0, 1)]
+    assert [(t, a, b) for t, a, b in r.log] == [(2.25, 0, 1)]
+    assert r.batches == [3, 1] and r.train_time_s == 3.25
 
 
 def test_sampled_ranks_pay_the_late_wake_up_at_ddps_allreduce():

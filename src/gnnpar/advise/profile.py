@@ -18,7 +18,7 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
   :func:`interleaved_calls`), and a store round trip (the gossip pool and pairing); fitted to
   ``latency + bytes / bandwidth``;
 * how late a rank that waited at an all-reduce resumes (:func:`wake_s`): blocked in gloo's
-  wait it slept, and is woken late (0.6-1.9 ms on a 2-vCPU VM, against ~0.2 ms for the fitted
+  wait it slept, and is woken late (1.3-2.1 ms on a 2-vCPU VM, against ~0.2 ms for the fitted
   exchange), from allreduce trained with K = 1 by the real loop on two ranks;
 * memory: the bare rank's resident memory here, and this process's peak.
 
@@ -933,7 +933,7 @@ def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float
     step times, lock-step with K = 1, the fitted links for the gradients and a count, a barrier
     per epoch) last its measured wall time; found by bisection, as the simulated time grows
     with it. 0 where the run was no slower than simulated without it. On a 2-vCPU AMD EPYC VM:
-    0.6-1.9 ms (the back-to-back exchange: ~0.2 ms)."""
+    1.3-2.1 ms (the back-to-back exchange: ~0.2 ms)."""
     from gnnpar.advise import simulate as sim
     from gnnpar.runtime.footprint import FLOAT_BYTES
 

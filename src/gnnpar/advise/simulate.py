@@ -97,13 +97,13 @@ class Cluster:
     p2p: Link  # one point-to-point message inside a host (measured)
     network: Link | None = None  # between hosts (--network)
     # a rank that waited at an all-reduce for a later one resumes this much after the others:
-    # blocked in gloo's wait it slept, and is woken late (0.6-1.9 ms on a 2-vCPU AMD EPYC VM,
+    # blocked in gloo's wait it slept, and is woken late (1.3-2.1 ms on a 2-vCPU AMD EPYC VM,
     # against ~0.2 ms for the whole exchange back to back). The last to arrive does not pay it,
     # so a persistent straggler hides it and ranks that take turns being last pay it every
     # step. Measured in a real two-rank run here (the profile's ``wake_s``). Charged at every
-    # all-reduce (gnnpar's, DDP's, torch's averager's, a hybrid's copies'), not at a barrier (an
-    # epoch's end), a gossip exchange (its waiting rank polls the store, awake) nor a
-    # pipeline's message (calibrated on a real two-rank step of its own)
+    # all-reduce (gnnpar's, DDP's, torch's averager's, a hybrid's copies') and gossip exchange
+    # (the rank that turned ready waits in gloo's wait for its claimer), not at a barrier (an
+    # epoch's end) nor a pipeline's message (calibrated on a real two-rank step of its own)
     wake_s: float = 0.0
 
     @property
@@ -372,7 +372,7 @@ def gossip(
     cost = {}  # xid -> seconds of the exchange once both are in
 
     def exchange_cost(key):
-        return Rendezvous(sim, 2, cost[key])
+        return Rendezvous(sim, 2, cost[key], cluster.wake_s)
 
     meet = _Keyed(exchange_cost)
     final = Rendezvous(sim, world)
