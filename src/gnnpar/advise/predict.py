@@ -347,8 +347,10 @@ def simulate(
             steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
             first = [t + x * f for t, x in zip(steps, _first_extra(prof, s["partitions"]))]
             return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
-        else:
+        else:  # the first step on the graph: also what the model derives from it and keeps
             steps = [prof.full_step_s * f + loop]
+            first = [steps[0] + prof.full_first_s * f]
+            return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
         return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)

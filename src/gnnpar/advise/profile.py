@@ -108,6 +108,9 @@ class Profile:
     base_rss_bytes: int  # a bare rank here (python, torch, gnnpar, the dataset)
     peak_rss_bytes: int = 0  # this process at the end of the profile
     full_step_s: float | None = None
+    # what the first step on the full graph costs beyond the others (what the model derives
+    # from the graph and keeps, as parts_first_s); 0 in profiles from before it was measured
+    full_first_s: float = 0.0
     loop_step_s: float = 0.0  # what the training loop adds to every step
     loop_factor: float = 1.0  # a step in the real loop / profiled alone (real_loop_factor)
     # the share of a graph model's training step (the step times above) that is its forward
@@ -272,6 +275,7 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
         split: list[tuple[float, float]] = []
         (prof.full_step_s,) = interleaved_times([_train_step(plan, split)(batch)])
         prof.slowed_share = _share(split)
+        (prof.full_first_s,) = _first_step_extra(_train_step(plan), [batch], [prof.full_step_s])
         prof.memory["full"] = _estimate(cfg, ds)
     for p in sorted(set(partitions)):
         cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
@@ -1150,7 +1154,15 @@ def _line(points: list[list[float]]) -> tuple[float, float]:
 
 # what one measuring round fills in (:func:`_measure_in_rounds`); its memory estimates, the same
 # in every round, go straight into the profile's (``replace`` keeps that dict)
-MEASURED = ("full_step_s", "parts_step_s", "parts_first_s", "slowed_share", "sampled", "pipeline")
+MEASURED = (
+    "full_step_s",
+    "full_first_s",
+    "parts_step_s",
+    "parts_first_s",
+    "slowed_share",
+    "sampled",
+    "pipeline",
+)
 MEASURED += ("loader_start_s",)
 MEASURE_ROUND_BUDGET_S = 10.0  # more rounds only where one takes at most this long
 
