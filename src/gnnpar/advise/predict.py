@@ -343,15 +343,15 @@ def simulate(
         f = _slowdown(prof, 1)
         if prof.kind == "image":
             steps = [image_step_s(prof, n) * f + loop for n in image_steps(prof, 1, False)]
-        elif "partitions" in s:
+            return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
+        if "partitions" in s:
             steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
-            first = [t + x * f for t, x in zip(steps, _first_extra(prof, s["partitions"]))]
-            return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
-        else:  # the first step on the graph: also what the model derives from it and keeps
-            steps = [prof.full_step_s * f + loop]
-            first = [steps[0] + prof.full_first_s * f]
-            return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
-        return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
+            extra = _first_extra(prof, s["partitions"])
+        else:
+            steps, extra = [prof.full_step_s * f + loop], [prof.full_first_s]
+        # a first step on a graph: also what the model derives from it and keeps
+        first = [t + x * f for t, x in zip(steps, extra)]
+        return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]

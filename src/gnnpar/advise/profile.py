@@ -915,15 +915,8 @@ def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, Any]:
     loop on both ranks for ``epochs``: its wall time (the slower rank's summed epochs), each
     rank's steps without their waits, and the epochs. What the wall time holds beyond the steps
     is what the all-reduces and barriers cost inside training (:func:`wake_s`)."""
-    from gnnpar.strategies import registry
-    from gnnpar.training.loop import train
-
-    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-sync-") as tmp:
-        k1 = {**flags, "sync-every": 1, "average": "grads", "epochs": epochs, "out": tmp}
-        cfg = build_config(None, k1)
-        spec = registry.get("allreduce")
-        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-        run = train(cfg, _no_final(plan))
+    k1 = {**flags, "strategy": "allreduce", "sync-every": 1, "average": "grads"}
+    run = _train_on_ranks(k1, ds, ctx, epochs)
     return {
         "wall_s": run.train_time_s,
         "step_s": [r.step_times for r in run.ranks],
@@ -1042,14 +1035,11 @@ def _two_rank_rounds(
     after_round: Callable[[int], None] | None = None,
 ) -> list[float]:
     """Rounds (:func:`probe_rounds`, ``asked`` at most) of: ``alone()`` (a step's seconds
-    alone, the same on both ranks), then the strategy of ``flags`` trained by the real loop on both ranks for
-    at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
+    alone, the same on both ranks), then the strategy of ``flags`` trained by the real loop on
+    both ranks (:func:`_train_on_ranks`) for at least ``min_steps`` steps after a first epoch of ``per_epoch`` that warms up; each
     round's ratio is the mean of both ranks' step times over the steps alone, at least 1.
     ``step_s`` sizes the rounds (default: the first round's steps alone); ``after_round(epochs)``
     runs after each round's training (another probe of the same length)."""
-    from gnnpar.strategies import registry
-    from gnnpar.training.loop import train
-
     solo = alone()
     rounds = probe_rounds(per_epoch * (step_s or solo), asked)
     epochs = _probe_epochs(min_steps, per_epoch, step_s or solo)
@@ -1057,17 +1047,27 @@ def _two_rank_rounds(
     for i in range(rounds):
         if i:
             solo = alone()
-        with tempfile.TemporaryDirectory(prefix="gnnpar-advise-corun-") as tmp:
-            cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
-            spec = registry.get(cfg.strategy.name)
-            plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
-            ranks = train(cfg, _no_final(plan)).ranks  # every rank's, gathered
+        ranks = _train_on_ranks(flags, ds, ctx, epochs).ranks  # every rank's, gathered
         if after_round is not None:
             after_round(epochs)
         busy = [t for r in ranks for t in r.step_times[per_epoch:]]
         if solo > 0 and busy:
             ratios.append(max(1.0, statistics.fmean(busy) / solo))
     return ratios or [1.0]
+
+
+def _train_on_ranks(flags: dict, ds, ctx, epochs: int):
+    """The strategy of ``flags`` built on this process group and trained by the real loop
+    (:func:`gnnpar.training.loop.train`) for ``epochs``, without its final evaluation, writing
+    into a temporary folder: its :class:`~gnnpar.training.loop.Outcome` (the same on every rank)."""
+    from gnnpar.strategies import registry
+    from gnnpar.training.loop import train
+
+    with tempfile.TemporaryDirectory(prefix="gnnpar-advise-ranks-") as tmp:
+        cfg = build_config(None, {**flags, "epochs": epochs, "out": tmp})
+        spec = registry.get(cfg.strategy.name)
+        plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
+        return train(cfg, _no_final(plan))
 
 
 def _sampled_steps(cfg, ds, world: int) -> int:

@@ -16,9 +16,9 @@ Three CPU costs of plain PyG are avoided without changing the model:
   CSR copy of a mostly-zero input, drops out only its non-zeros (a dropped zero stays zero, so
   every element has exactly the distribution of dense dropout: kept with probability 1-p and
   scaled by 1/(1-p)) and multiplies with a CSR product (``gat_kernel.csr_mm``). Strategies
-  still pass ordinary dense ``x``: the CSR copy is cached on the tensor object and its version counter, so a new
-  tensor or an in-place change is noticed. In eval mode the output equals the dense path up to
-  float rounding (a different summation order).
+  still pass ordinary dense ``x``: the CSR copy is cached on the tensor object and its version
+  counter, so a new tensor or an in-place change is noticed. In eval mode the output equals
+  the dense path up to float rounding (a different summation order).
 * Dropout masks. ``bernoulli_`` on CPU costs ~10 ns per element; the input, hidden and
   attention dropouts draw their masks from a counter-based hash instead
   (:mod:`gnnpar.models.dropout`: the same distribution; forward and backward ~2x cheaper than

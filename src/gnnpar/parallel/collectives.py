@@ -36,8 +36,8 @@ def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     all-reduce takes several. On one 2-vCPU host, 99K floats (a study-003 GCN's gradient):
     0.73 ms a call against gloo's 1.18 ms (``benchmarks/pair_allreduce.py``, BENCHMARKS.md).
     Each element is one addition of the two ranks' values, as in gloo's ring for two ranks;
-    both ranks hold the same floats, since ``a + b == b + a``. Other sizes, backends and devices: ``dist.all_reduce``. Timeouts are the
-    process group's either way.
+    both ranks hold the same floats, since ``a + b == b + a``. Other sizes, backends and
+    devices: ``dist.all_reduce``. Timeouts are the process group's either way.
     """
     flat = tensor if tensor.is_contiguous() else tensor.contiguous()
     if (

@@ -183,6 +183,12 @@ def started_as_rank() -> bool:
     return ("RANK" in os.environ and "WORLD_SIZE" in os.environ) or "SLURM_PROCID" in os.environ
 
 
+def rank_threads(nprocs: int, threads: int | None) -> int:
+    """OpenMP threads per local rank: ``threads``, or the host's cores shared out between
+    ``nprocs`` ranks (what :func:`launch` puts in ``OMP_NUM_THREADS`` for them)."""
+    return threads or max(1, (os.cpu_count() or 1) // nprocs)
+
+
 def start_fork_server_early(workers: int, threads: int | None, warm: tuple[str, ...]) -> bool:
     """Start the fork server now, for a launch of ``workers`` local ranks that this process
     will make once it has imported torch itself (the CLI, before it imports :mod:`gnnpar.run`):
@@ -194,7 +200,7 @@ def start_fork_server_early(workers: int, threads: int | None, warm: tuple[str, 
     if workers <= 1 or started_as_rank() or start_method() != "forkserver":
         return False
     if "OMP_NUM_THREADS" not in os.environ:  # what launch() sets: the ranks inherit it
-        os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // workers))
+        os.environ["OMP_NUM_THREADS"] = str(rank_threads(workers, threads))
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _start_fork_server(",".join(warm))
@@ -216,7 +222,7 @@ def start_fork_server_for_ranks(nprocs: int, threads: int | None, warm: tuple[st
         return False
     old = os.environ.get("OMP_NUM_THREADS")
     if old is None:  # what launch() sets
-        os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
+        os.environ["OMP_NUM_THREADS"] = str(rank_threads(nprocs, threads))
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with gnnpar.ranks_sleep_at_once():
@@ -352,7 +358,7 @@ def launch(
     # it): the cores shared out between local ranks. run_rank sets torch's count again per rank.
     old_omp = os.environ.get("OMP_NUM_THREADS")
     if old_omp is None:
-        os.environ["OMP_NUM_THREADS"] = str(threads or max(1, (os.cpu_count() or 1) // nprocs))
+        os.environ["OMP_NUM_THREADS"] = str(rank_threads(nprocs, threads))
     # the ranks' own failure reports (heartbeat.py) come back through this launcher, not stderr
     old_own = os.environ.get(OWN_LAUNCHER_ENV)
     os.environ[OWN_LAUNCHER_ENV] = "1"
