@@ -8,6 +8,10 @@ calibrates what ``gnnpar advise`` charges for a message between hosts
 (``GLOO_LATENCIES_PER_MESSAGE`` in gnnpar/advise/simulate.py).
 
     python benchmarks/gloo_link.py --rate 1gbit --delay 1ms [--veth]
+    python benchmarks/gloo_link.py --rate 100mbit --delay 5ms --mtu 1500 --sizes 197673
+
+``--mtu``: the emulated devices' MTU instead of the one gnnpar picks for the rate
+(``netns.emulated_mtu``: Ethernet's 1,500 up to ~120 Mbit/s); ``--sizes``: tensor sizes in floats.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 SIZES = (1, 1024, 23063, 262144, 1 << 20)  # floats: 4 B, 4 KB, Cora gcn's 92 KB, 1 MB, 4 MB
 
 
-def rank_main(rank: int, addr: str, port: int) -> None:
+def rank_main(rank: int, addr: str, port: int, sizes=SIZES) -> None:
     import torch
     import torch.distributed as dist
 
@@ -39,7 +43,7 @@ def rank_main(rank: int, addr: str, port: int) -> None:
         return statistics.median(times) * 1e3
 
     out = {"barrier": median_ms(dist.barrier)}
-    for n in SIZES:
+    for n in sizes:
         x, y = torch.ones(n), torch.empty(n)
         out[f"all_reduce {n * 4} B"] = median_ms(lambda x=x: dist.all_reduce(x))
 
@@ -81,12 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default="1gbit")
     ap.add_argument("--delay", default="1ms")
     ap.add_argument("--veth", action="store_true", help="a veth pair (tc tbf: no delay)")
+    ap.add_argument("--mtu", type=int, default=None, help="the emulated devices' MTU (bytes)")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="floats, comma-separated")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29990, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank is not None:
-        rank_main(args.rank, args.addr, args.port)
+        rank_main(args.rank, args.addr, args.port, [int(n) for n in args.sizes.split(",")])
         return 0
     from gnnpar.runtime import netns
 
@@ -94,8 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     link = "veth" if args.veth else "emulated"
     with netns.make_hosts("k", "l", "10.213.0.29", "10.213.0.30", link=link) as h:
         why = h.shape(rate, delay)
+        if args.mtu:
+            for ns, dev in ((h.a, h.if_a), (h.b, h.if_b)):
+                subprocess.run(
+                    ["ip", "-n", ns, "link", "set", dev, "mtu", str(args.mtu)], check=True
+                )
+        mtu = f", MTU {args.mtu or netns.emulated_mtu(rate)}" if link == "emulated" else ""
         print(
-            f"link: {link}, {rate / 1e6:g} Mbit/s, {delay * 1e3:g} ms{f' ({why})' if why else ''}"
+            f"link: {link}, {rate / 1e6:g} Mbit/s, {delay * 1e3:g} ms{mtu}"
+            f"{f' ({why})' if why else ''}"
         )
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         procs = [
@@ -113,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                     h.addr_a,
                     "--port",
                     str(args.port),
+                    "--sizes",
+                    args.sizes,
                 ],
                 env={**env, "GLOO_SOCKET_IFNAME": dev},
             )  # fmt: skip

@@ -70,6 +70,17 @@ def test_datagrams_arrive_in_order_no_earlier_than_due():
         s.close()
 
 
+def test_emulated_links_carry_ethernet_frames_where_the_link_process_keeps_up():
+    """1,500 bytes (Ethernet's) up to ~120 Mbit/s, so that a two-way transfer's
+    acknowledgements are not held behind huge packets; larger on faster links, so that the
+    link process carries at most ~10,000 packets a second each way; never over 65,000."""
+    from gnnpar.runtime.netns import MTU_EMULATED, WIRE_PACKETS_S, emulated_mtu
+
+    assert emulated_mtu(1e6) == emulated_mtu(100e6) == 1500
+    assert emulated_mtu(1e9) == 12_500 == 1e9 / 8 / WIRE_PACKETS_S
+    assert emulated_mtu(100e9) == MTU_EMULATED == 65_000
+
+
 @pytest.mark.slow
 def test_two_namespaces_over_the_emulated_link_see_its_delay_and_rate():
     """make_hosts(link="emulated") shaped to 100 Mbit/s and 5 ms: a round trip of one byte takes
@@ -107,6 +118,9 @@ while True:
             assert h.kind == "emulated"
             h.shape(100e6, 0.005)
             wire = h.wire
+            for ns, dev in ((h.a, h.if_a), (h.b, h.if_b)):  # Ethernet's frames at 100 Mbit/s
+                shown = netns.ip("-n", ns, "link", "show", dev).stdout
+                assert " mtu 1500 " in shown, shown
             ns_exec = ["ip", "netns", "exec"]
             srv = subprocess.Popen([*ns_exec, h.b, sys.executable, "-c", server])
             try:
