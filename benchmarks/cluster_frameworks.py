@@ -15,7 +15,12 @@ excluded; the first epoch's warm-up included on every side), partitioning time (
 partitions afresh every run: gnnpar's cache file for this setting is removed before its run),
 test accuracy (full-graph forward). Medians over repetitions and the median of per-repetition ratios gnnpar / peer.
 
+``--sides`` may also name ``gnnpar-local``: gnnpar's ranks with no exchange at all (``--sync-every``
+beyond the run's steps), the time two ranks' compute alone takes on this machine: a floor under
+any all-reduce, not a training anyone would run.
+
     python benchmarks/cluster_frameworks.py --reps 3 --epochs 30 --lock /tmp/gnnpar-bench.lock
+    python benchmarks/cluster_frameworks.py --sides gnnpar,gnnpar-local,dgl
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ LOCK: list[str] = []
 MODEL = "--model gcn --hidden 128 --layers 3 --dropout 0.2 --optimizer adam --lr 0.01"
 
 
-def run_gnnpar(ranks: int, epochs: int, parts: int, scale: float, root: Path) -> dict:
+def run_gnnpar(
+    ranks: int, epochs: int, parts: int, scale: float, root: Path, sync_every: int = 1
+) -> dict:
     """One CLI run; this setting's partition cache file is removed first, so gnnpar partitions
     afresh every run, as the peers do."""
     from gnnpar.data.partition import cache_path, integrity_path
@@ -47,7 +54,7 @@ def run_gnnpar(ranks: int, epochs: int, parts: int, scale: float, root: Path) ->
     with tempfile.TemporaryDirectory(prefix="gnnpar-cluster-") as out:
         cmd = [sys.executable, "-m", "gnnpar", "train", "--dataset", "synthetic-reddit"]
         cmd += f"--scale {scale} --strategy allreduce {MODEL} --weight-decay 0".split()
-        cmd += f"--partitions {parts} --partitioner metis --sync-every 1".split()
+        cmd += f"--partitions {parts} --partitioner metis --sync-every {sync_every}".split()
         cmd += f"--workers {ranks} --threads 1 --epochs {epochs} --jitter 0 --quiet".split()
         cmd += ["--out", out, "--data-root", str(root)]
         env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
@@ -100,7 +107,7 @@ def main() -> None:
     print(f"graph: {meta['nodes']:,} nodes, {meta['edges']:,} edges, {meta['train']:,} train")
     sides = []
     for s in a.sides.split(","):
-        if s != "gnnpar" and not Path(PEERS[s]).exists():
+        if not s.startswith("gnnpar") and not Path(PEERS[s]).exists():
             print(f"skipped {s}: no interpreter {PEERS[s]}")
             continue
         sides.append(s)
@@ -110,6 +117,9 @@ def main() -> None:
             load = os.getloadavg()[0]
             if side == "gnnpar":
                 r = run_gnnpar(a.ranks, a.epochs, a.parts, a.scale, root)
+            elif side == "gnnpar-local":  # no exchange: more steps between syncs than the run has
+                never = a.epochs * a.parts + 1
+                r = run_gnnpar(a.ranks, a.epochs, a.parts, a.scale, root, never)
             else:
                 r = run_peer(side, folder, a.ranks, a.epochs, a.parts)
             r.update(side=side, rep=rep, load_before_after=[load, os.getloadavg()[0]])

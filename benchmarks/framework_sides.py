@@ -2,8 +2,8 @@
 plain DGL, written the way each library's own examples do it, on the graph frameworks.py saved.
 
 Runs in the peer's own interpreter (``/work/peers/pyg/bin/python``, ``/work/peers/dgl/bin/python``)
-and imports nothing of gnnpar. ``python framework_sides.py SIDE FOLDER MODEL RANKS WORKERS EPOCHS``
-starts RANKS processes (``torch.multiprocessing.spawn``, gloo, one thread each), trains EPOCHS
+and imports nothing of gnnpar. ``python framework_sides.py SIDE FOLDER MODEL RANKS WORKERS EPOCHS
+[PRECISION]`` starts RANKS processes (``torch.multiprocessing.spawn``, gloo, one thread each), trains EPOCHS
 epochs and prints one JSON line: per-epoch wall time of the slowest rank, sampled edges and
 computed messages per batch (means over rank 0's batches) and the test accuracy.
 
@@ -15,6 +15,10 @@ computed messages per batch (means over rank 0's batches) and the test accuracy.
 * DGL (``examples/pytorch/graphsage/node_classification.py``, ``multigpu/``): ``NeighborSampler
   ([10, 10, 25])`` (DGL lists fan-outs from the input layer), ``DataLoader(use_ddp=True)``,
   blocks, DDP.
+
+``PRECISION`` ``bf16``: the forward and the loss under ``torch.autocast("cpu",
+dtype=torch.bfloat16)``, as PyTorch's AMP recipe writes it (fp32 weights, Adam in fp32, no
+gradient scaler for bfloat16); the default ``fp32`` runs without autocast.
 
 Deviations, the same on both sides: test accuracy is computed on the test nodes with the same
 sampled neighbourhoods (fan-outs 25, 10, 10) rather than with the examples' layer-wise full
@@ -87,7 +91,12 @@ def pyg_model(name: str, in_dim: int, classes: int) -> nn.Module:
     return Net()
 
 
-def pyg_run(rank: int, world: int, g: dict, name: str, workers: int, epochs: int) -> dict:
+def autocast(precision: str):
+    """The forward and loss in ``precision`` (``fp32``: a context that does nothing)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def pyg_run(rank, world, g: dict, name: str, workers: int, epochs: int, precision: str) -> dict:
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
@@ -104,8 +113,10 @@ def pyg_run(rank: int, world: int, g: dict, name: str, workers: int, epochs: int
         t0 = time.perf_counter()
         for batch in loader:
             opt.zero_grad()
-            out = net(batch.x, batch.edge_index)[: batch.batch_size]
-            F.cross_entropy(out, batch.y[: batch.batch_size]).backward()
+            with autocast(precision):
+                out = net(batch.x, batch.edge_index)[: batch.batch_size]
+                loss = F.cross_entropy(out, batch.y[: batch.batch_size])
+            loss.backward()
             opt.step()
             edges.append(batch.edge_index.size(1))
         times.append(time.perf_counter() - t0)
@@ -158,7 +169,7 @@ def dgl_model(name: str, in_dim: int, classes: int) -> nn.Module:
     return Net()
 
 
-def dgl_run(rank: int, world: int, g: dict, name: str, workers: int, epochs: int) -> dict:
+def dgl_run(rank, world, g: dict, name: str, workers: int, epochs: int, precision: str) -> dict:
     import dgl
 
     n = g["rowptr"].numel() - 1
@@ -190,8 +201,10 @@ def dgl_run(rank: int, world: int, g: dict, name: str, workers: int, epochs: int
         t0 = time.perf_counter()
         for _, _, blocks in loader:
             opt.zero_grad()
-            out = net(blocks, blocks[0].srcdata["feat"])
-            F.cross_entropy(out, blocks[-1].dstdata["label"]).backward()
+            with autocast(precision):
+                out = net(blocks, blocks[0].srcdata["feat"])
+                loss = F.cross_entropy(out, blocks[-1].dstdata["label"])
+            loss.backward()
             opt.step()
             e = [b.num_edges() for b in blocks]
             edges.append(sum(e))
@@ -211,14 +224,15 @@ def dgl_run(rank: int, world: int, g: dict, name: str, workers: int, epochs: int
 
 
 # --------------------------------------------------------------------------------------- ranks
-def rank_main(rank, world, side, folder, name, workers, epochs, port, owner):
+def rank_main(rank, world, side, folder, name, workers, epochs, precision, port, owner):
     torch.set_num_threads(1)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     g = load(folder)
-    out = (pyg_run if side == "pyg" else dgl_run)(rank, world, g, name, workers, epochs)
+    run = pyg_run if side == "pyg" else dgl_run
+    out = run(rank, world, g, name, workers, epochs, precision)
     if world > 1:  # the slowest rank's epoch
         t = torch.tensor(out["times"], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -232,8 +246,9 @@ def rank_main(rank, world, side, folder, name, workers, epochs, port, owner):
 def main() -> None:
     side, folder, name = sys.argv[1], sys.argv[2], sys.argv[3]
     world, workers, epochs = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+    precision = sys.argv[7] if len(sys.argv) > 7 else "fp32"
     port = 29500 + os.getpid() % 1000
-    args = (world, side, folder, name, workers, epochs, port, os.getpid())
+    args = (world, side, folder, name, workers, epochs, precision, port, os.getpid())
     if world == 1:
         rank_main(0, *args)
     else:

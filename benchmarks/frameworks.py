@@ -15,7 +15,13 @@ the first epoch includes warm-up on every side), sampled edges and computed mess
 subgraph, DGL's blocks and gnnpar's trimmed layers only on what the seeds need), test accuracy.
 Medians over repetitions, and the median of per-repetition ratios gnnpar / peer.
 
+``--precision bf16`` runs every side in mixed precision the way each documents it: gnnpar with
+``--precision bf16``, PyG and DGL with the forward and loss under ``torch.autocast("cpu",
+dtype=torch.bfloat16)`` (PyTorch's AMP recipe; bfloat16 needs no gradient scaler), fp32 weights
+and optimizer on every side. Compare sides in the same precision: that is the same work.
+
     python benchmarks/frameworks.py --models sage --ranks 1 --workers 0 --epochs 2 --reps 3
+    python benchmarks/frameworks.py --models sage --ranks 1 --workers 0 --precision bf16
 """
 
 from __future__ import annotations
@@ -89,13 +95,16 @@ def export(folder: Path, root: Path, scale: float) -> dict:
 LOCK: list[str] = []  # ["flock", PATH] with --lock: one timed run at a time on a shared machine
 
 
-def run_gnnpar(model: str, ranks: int, workers: int, epochs: int, scale: float, root: Path):
+def run_gnnpar(
+    model: str, ranks: int, workers: int, epochs: int, scale: float, root: Path, precision: str
+):
     with tempfile.TemporaryDirectory(prefix="gnnpar-frameworks-") as out:
         cmd = [sys.executable, "-m", "gnnpar", "train", "--dataset", "synthetic-reddit"]
         cmd += f"--scale {scale} --strategy sampled {MODEL_FLAGS[model]}".split()
         cmd += "--optimizer adam --lr 0.005 --weight-decay 0.0005 --batch-size 1024".split()
         cmd += f"--fanouts 25,10,10 --workers {ranks} --loader-workers {workers}".split()
         cmd += f"--threads 1 --epochs {epochs} --jitter 0 --quiet --out {out}".split()
+        cmd += ["--precision", precision]
         cmd += ["--data-root", str(root)]
         env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
         subprocess.run(LOCK + cmd, check=True, env=env, capture_output=True, timeout=3600)
@@ -103,9 +112,11 @@ def run_gnnpar(model: str, ranks: int, workers: int, epochs: int, scale: float, 
     return {"epoch_s": r["max_rank_train_time_s"] / epochs, "acc": r["test_score"]}
 
 
-def run_peer(side: str, folder: Path, model: str, ranks: int, workers: int, epochs: int):
+def run_peer(
+    side: str, folder: Path, model: str, ranks: int, workers: int, epochs: int, precision: str
+):
     cmd = [PEERS[side], str(HERE / "framework_sides.py"), side, str(folder), model]
-    cmd += [str(ranks), str(workers), str(epochs)]
+    cmd += [str(ranks), str(workers), str(epochs), precision]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     p = subprocess.run(LOCK + cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -132,6 +143,7 @@ def main() -> None:
     p.add_argument("--workdir", default=None, help="default: $GNNPAR_DATA/frameworks")
     p.add_argument("--out", default=None, help="write every run as JSON here")
     p.add_argument("--lock", default=None, help="hold this flock(1) lock file during each run")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="every side")
     a = p.parse_args()
     if a.lock:
         LOCK[:] = ["flock", a.lock]
@@ -159,12 +171,13 @@ def main() -> None:
             for side in order:
                 load = os.getloadavg()[0]
                 if side == "gnnpar":
-                    r = run_gnnpar(model, ranks, workers, a.epochs, a.scale, root)
+                    r = run_gnnpar(model, ranks, workers, a.epochs, a.scale, root, a.precision)
                     r["edges_per_batch"] = meta["gnnpar_edges_per_batch"]
                     r["messages_per_batch"] = meta["gnnpar_messages_per_batch"]
                 else:
-                    r = run_peer(side, folder, model, ranks, workers, a.epochs)
+                    r = run_peer(side, folder, model, ranks, workers, a.epochs, a.precision)
                 r.update(side=side, model=model, ranks=ranks, workers=workers, rep=rep)
+                r["precision"] = a.precision
                 r["load_before_after"] = [load, os.getloadavg()[0]]
                 runs.append(r)
                 print(json.dumps(r), flush=True)

@@ -30,6 +30,8 @@ def rank_main(rank: int, addr: str, port: int, sizes=SIZES) -> None:
     import torch
     import torch.distributed as dist
 
+    from gnnpar.parallel.collectives import all_reduce_sum
+
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2)
 
     def median_ms(fn, n: int = 30) -> float:
@@ -60,8 +62,12 @@ def rank_main(rank: int, addr: str, port: int, sizes=SIZES) -> None:
             a.wait()
             b.wait()
 
+        def pair_sum(x=x):  # gnnpar's two-rank all-reduce: batch_isend_irecv, then add
+            all_reduce_sum(x)
+
         out[f"send+recv round trip {n * 4} B"] = median_ms(round_trip, 25)
         out[f"isend+irecv exchange {n * 4} B"] = median_ms(exchange, 25)
+        out[f"gnnpar all_reduce_sum {n * 4} B"] = median_ms(pair_sum, 25)
     if rank == 0:
         for k, v in out.items():
             print(f"{k}: {v:.2f} ms", flush=True)
