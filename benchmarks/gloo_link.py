@@ -11,7 +11,9 @@ calibrates what ``gnnpar advise`` charges for a message between hosts
     python benchmarks/gloo_link.py --rate 100mbit --delay 5ms --mtu 1500 --sizes 197673
 
 ``--mtu``: the emulated devices' MTU instead of the one gnnpar picks for the rate
-(``netns.emulated_mtu``: Ethernet's 1,500 up to ~120 Mbit/s); ``--sizes``: tensor sizes in floats.
+(``netns.emulated_mtu``: Ethernet's 1,500 up to ~120 Mbit/s); ``--sizes``: tensor sizes in floats;
+``--compute-ms``: that much work (128 x 128 products, one thread) before each timed call, as a
+training step computes between its all-reduces.
 """
 
 from __future__ import annotations
@@ -26,19 +28,25 @@ import time
 SIZES = (1, 1024, 23063, 262144, 1 << 20)  # floats: 4 B, 4 KB, Cora gcn's 92 KB, 1 MB, 4 MB
 
 
-def rank_main(rank: int, addr: str, port: int, sizes=SIZES) -> None:
+def rank_main(rank: int, addr: str, port: int, sizes=SIZES, compute_s: float = 0.0) -> None:
     import torch
     import torch.distributed as dist
 
     from gnnpar.parallel.collectives import all_reduce_sum
 
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    a = torch.randn(128, 128)
 
     def median_ms(fn, n: int = 30) -> float:
         fn()
         times = []
         for _ in range(n):
             dist.barrier()
+            if compute_s:  # a training step's compute between the calls: the link idles
+                until = time.perf_counter() + compute_s
+                while time.perf_counter() < until:
+                    torch.mm(a, a)
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
@@ -93,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--veth", action="store_true", help="a veth pair (tc tbf: no delay)")
     ap.add_argument("--mtu", type=int, default=None, help="the emulated devices' MTU (bytes)")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="floats, comma-separated")
+    ap.add_argument("--compute-ms", type=float, default=0.0, help="work before each call")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29990, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank is not None:
-        rank_main(args.rank, args.addr, args.port, [int(n) for n in args.sizes.split(",")])
+        sizes = [int(n) for n in args.sizes.split(",")]
+        rank_main(args.rank, args.addr, args.port, sizes, args.compute_ms / 1e3)
         return 0
     from gnnpar.runtime import netns
 
@@ -134,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                     str(args.port),
                     "--sizes",
                     args.sizes,
+                    "--compute-ms",
+                    str(args.compute_ms),
                 ],
                 env={**env, "GLOO_SOCKET_IFNAME": dev},
             )  # fmt: skip

@@ -7,6 +7,7 @@ import pytest
 
 from gnnpar.advise import simulate as sim
 from gnnpar.advise.events import Rendezvous, Sim
+from gnnpar.parallel.collectives import PAIR_ACROSS_HOSTS_MAX_BYTES
 from gnnpar.training import straggler as straggler_module
 from gnnpar.training.straggler import Straggler
 
@@ -45,6 +46,14 @@ def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
     net = sim.Link(0.25, 64.0)
     apart = sim.Cluster(2, 1, ring, sim.Link(0.0625, 512.0), net)  # across: latency twice
     assert apart.allreduce_s(256) == 0.0625 + 2 * 0.25 + 256 / 64
+    # across hosts a tensor over PAIR_ACROSS_HOSTS_MAX_BYTES takes gloo's ring (its two
+    # directions would run one after the other in an exchange): 2 steps of half of it, each
+    # paying the host-to-host latency 3 times (GLOO_LATENCIES_PER_MESSAGE)
+    big = PAIR_ACROSS_HOSTS_MAX_BYTES + 2
+    assert apart.allreduce_s(big) == apart.allreduce_s(big, pairs=False)
+    assert apart.allreduce_s(big) == 2 * (0.125 + 3 * 0.25 + big / 2 / 64)
+    inside = sim.Cluster(1, 2, ring, sim.Link(0.0625, 512.0))  # one host: always swapped
+    assert inside.allreduce_s(big) == 0.0625 + big / 512
     # 2 hosts x 2 ranks: 6 steps of 64 bytes, each as slow as the host-to-host edge, whose
     # latency gloo pays 3 times per message (GLOO_LATENCIES_PER_MESSAGE, measured)
     net = sim.Link(0.25, 64.0)

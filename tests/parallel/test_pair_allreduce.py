@@ -1,6 +1,7 @@
 """``collectives.all_reduce_sum`` with real gloo ranks (processes, no mocks): two ranks swap
 their tensors and add, which gives the floats of ``dist.all_reduce`` on both ranks; a group of
-two inside a larger world exchanges with the right global rank; other sizes are gloo's."""
+two inside a larger world exchanges with the right global rank; other sizes are gloo's, and so
+are large tensors of two ranks on different hosts."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def _tensors(seed: int) -> list[torch.Tensor]:
     ]
 
 
-def _rank(rank: int, world: int, port: int, out_dir: str) -> None:
+def _rank(rank: int, world: int, port: int, out_dir: str, local_world: str | None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if local_world is not None:  # as torchrun sets it: ranks on hosts of their own
+        os.environ["LOCAL_WORLD_SIZE"] = local_world
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
@@ -64,10 +67,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_two_ranks_swap_on_one_host_and_only_small_tensors_across_hosts(monkeypatch):
+    """Unset, gnnpar's own launcher started every rank here; torchrun and SLURM say how many
+    share the host. A value that is not a number (refused earlier by ``dist.setup``): apart."""
+    small, large = c.PAIR_ACROSS_HOSTS_MAX_BYTES, c.PAIR_ACROSS_HOSTS_MAX_BYTES + 4
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert c.ranks_share_host(2) and c.pair_exchange_pays(large, 2)
+    for value, shared in (("2", True), ("4", True), ("1", False), ("x", False)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
+        assert c.ranks_share_host(2) is shared, value
+        assert c.pair_exchange_pays(small, 2) and c.pair_exchange_pays(large, 2) is shared
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_pair_exchange_equals_gloos_all_reduce_on_every_rank(tmp_path, world):
-    mp.spawn(_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+@pytest.mark.parametrize("world, local_world", [(2, None), (3, None), (2, "1")])
+def test_pair_exchange_equals_gloos_all_reduce_on_every_rank(tmp_path, world, local_world):
+    args = (world, _free_port(), str(tmp_path), local_world)
+    mp.spawn(_rank, args=args, nprocs=world, join=True)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for name in got[0]:
         ranks = [r for r in range(world) if name in got[r]]

@@ -56,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gnnpar.advise.events import Event, Rendezvous, Sim
+from gnnpar.parallel.collectives import PAIR_ACROSS_HOSTS_MAX_BYTES
 from gnnpar.training.straggler import Straggler
 
 
@@ -157,13 +158,15 @@ class Cluster:
         """One all-reduce of ``nbytes`` per rank: gloo's ring, 2 (p - 1) steps of ``nbytes / p``,
         each as slow as the ring's slowest edge; but two ranks with ``pairs`` (gnnpar's own
         all-reduce, ``collectives.all_reduce_sum``, not DDP's or torch's model averager) swap
-        their tensors in one point-to-point exchange (``p2p_s``). A rank that waited for the
-        others pays ``wake_s`` on top (the simulations' rendezvous)."""
+        their tensors in one point-to-point exchange (``p2p_s``): on one host always, across
+        hosts up to ``PAIR_ACROSS_HOSTS_MAX_BYTES``, as that function chooses. A rank that
+        waited for the others pays ``wake_s`` on top (the simulations' rendezvous)."""
         ring = self.ring(ranks)
         p = len(ring)
         if p < 2:
             return 0.0
-        if p == 2 and pairs:
+        swap = not self.crosses(ring[0], ring[-1]) or nbytes <= PAIR_ACROSS_HOSTS_MAX_BYTES
+        if p == 2 and pairs and swap:
             return self.p2p_s(ring[0], ring[1], nbytes)
         step = max(
             self._link(
