@@ -519,9 +519,9 @@ def test_first_step_on_the_full_graph_is_charged_once(tmp_path):
 
 def test_two_hosts_from_a_saved_profile(tmp_path):
     """allreduce, 2 hosts x 1 rank over 1 Gbit/s and 1 ms: 2 steps of 10 ms per epoch, each
-    followed by a 2-rank all-reduce of 1 MB, which is one exchange (collectives.all_reduce_sum):
-    0.1 ms + 2 x 1 ms (gloo's point-to-point protocol pays the latency twice) + 1 MB / 125 MB/s;
-    the epoch ends at a barrier of 2 x (0.1 + 1 ms)."""
+    followed by a 2-rank all-reduce of 1 MB, which between hosts is gloo's ring (over
+    collectives.PAIR_ACROSS_HOSTS_MAX_BYTES): 2 steps of 0.1 ms + 3 x 1 ms (the latencies gloo
+    pays per ring message) + 0.5 MB / 125 MB/s; the epoch ends at a barrier of 2 x (0.1 + 1 ms)."""
     saved = saved_profile(tmp_path / "earlier.json")
     out = tmp_path / "o"
     args = ["advise", "--dataset", "cora", "--model", "gcn", "--epochs", "2", "--threads", "1"]
@@ -531,7 +531,7 @@ def test_two_hosts_from_a_saved_profile(tmp_path):
     assert main(args) == 0
     advice = json.loads((out / "advice.json").read_text())
     (p,) = advice["predictions"]
-    allreduce = 1e-4 + 2e-3 + 1e6 / 125e6
+    allreduce = 2 * (1e-4 + 3e-3 + 0.5e6 / 125e6)
     barrier = 2 * (1e-4 + 1e-3)
     assert p["epoch_s"] == pytest.approx(2 * (0.01 + allreduce) + barrier)
     assert p["speedup"] == pytest.approx(0.04 / p["epoch_s"])
