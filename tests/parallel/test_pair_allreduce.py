@@ -72,11 +72,12 @@ def test_two_ranks_swap_on_one_host_and_only_small_tensors_across_hosts(monkeypa
     share the host. A value that is not a number (refused earlier by ``dist.setup``): apart."""
     small, large = c.PAIR_ACROSS_HOSTS_MAX_BYTES, c.PAIR_ACROSS_HOSTS_MAX_BYTES + 4
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert c.ranks_share_host(2) and c.pair_exchange_pays(large, 2)
+    assert c.ranks_share_host(2)
     for value, shared in (("2", True), ("4", True), ("1", False), ("x", False)):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
         assert c.ranks_share_host(2) is shared, value
-        assert c.pair_exchange_pays(small, 2) and c.pair_exchange_pays(large, 2) is shared
+    assert c.pair_exchange_pays(small, False) and not c.pair_exchange_pays(large, False)
+    assert c.pair_exchange_pays(small, True) and c.pair_exchange_pays(large, True)
 
 
 @pytest.mark.slow

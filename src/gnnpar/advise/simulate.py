@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gnnpar.advise.events import Event, Rendezvous, Sim
-from gnnpar.parallel.collectives import PAIR_ACROSS_HOSTS_MAX_BYTES
+from gnnpar.parallel.collectives import pair_exchange_pays
 from gnnpar.training.straggler import Straggler
 
 
@@ -159,14 +159,13 @@ class Cluster:
         each as slow as the ring's slowest edge; but two ranks with ``pairs`` (gnnpar's own
         all-reduce, ``collectives.all_reduce_sum``, not DDP's or torch's model averager) swap
         their tensors in one point-to-point exchange (``p2p_s``): on one host always, across
-        hosts up to ``PAIR_ACROSS_HOSTS_MAX_BYTES``, as that function chooses. A rank that
+        hosts up to ``PAIR_ACROSS_HOSTS_MAX_BYTES`` (``collectives.pair_exchange_pays``). A rank that
         waited for the others pays ``wake_s`` on top (the simulations' rendezvous)."""
         ring = self.ring(ranks)
         p = len(ring)
         if p < 2:
             return 0.0
-        swap = not self.crosses(ring[0], ring[-1]) or nbytes <= PAIR_ACROSS_HOSTS_MAX_BYTES
-        if p == 2 and pairs and swap:
+        if p == 2 and pairs and pair_exchange_pays(nbytes, not self.crosses(ring[0], ring[1])):
             return self.p2p_s(ring[0], ring[1], nbytes)
         step = max(
             self._link(

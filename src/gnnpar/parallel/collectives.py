@@ -48,10 +48,11 @@ def ranks_share_host(world_size: int) -> bool:
         return False
 
 
-def pair_exchange_pays(nbytes: int, world_size: int) -> bool:
+def pair_exchange_pays(nbytes: int, one_host: bool) -> bool:
     """Whether two ranks swap a tensor of ``nbytes`` (:func:`all_reduce_sum`) rather than take
-    gloo's ring: always on one host, up to :data:`PAIR_ACROSS_HOSTS_MAX_BYTES` across hosts."""
-    return nbytes <= PAIR_ACROSS_HOSTS_MAX_BYTES or ranks_share_host(world_size)
+    gloo's ring: always on ``one_host``, up to :data:`PAIR_ACROSS_HOSTS_MAX_BYTES` across hosts.
+    The rule of the code and of ``gnnpar advise``'s simulation (``Cluster.allreduce_s``)."""
+    return one_host or nbytes <= PAIR_ACROSS_HOSTS_MAX_BYTES
 
 
 def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
@@ -78,7 +79,9 @@ def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
         dist.get_world_size(group) != 2
         or tensor.device.type != "cpu"
         or dist.get_backend(group) != "gloo"
-        or not pair_exchange_pays(flat.numel() * flat.element_size(), dist.get_world_size())
+        or not pair_exchange_pays(
+            flat.numel() * flat.element_size(), ranks_share_host(dist.get_world_size())
+        )
     ):
         dist.all_reduce(flat, group=group)
     else:
