@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 
 import pytest
 import torch
@@ -968,3 +969,96 @@ def test_profile_timings_are_the_median_of_their_rounds():
     }
     assert _median_of([None, None, None]) is None and _median_of([0.5]) == 0.5
     assert _median_of([(1e-4, 1e9), (3e-4, 2e9), (2e-4, 3e9)]) == (2e-4, 2e9)
+
+
+def test_after_pause_probe_times_a_step_after_the_emulations_sleep():
+    """A step that takes 3 ms when its thread has just slept (> 2 ms since the last one
+    ended) and 1 ms right after another step: the probe finds about 3x; a step that is the
+    same either way, about 1x."""
+    from gnnpar.advise.profile import after_pause_factor
+
+    last = [time.perf_counter()]
+
+    def step(cold_s: float) -> None:
+        gap = time.perf_counter() - last[0]
+        time.sleep(cold_s if gap > 0.002 else 0.001)
+        last[0] = time.perf_counter()
+
+    cold = after_pause_factor([lambda: step(0.003)], 3.0, rounds=2, side_s=0.03)
+    assert len(cold) == 2 and all(2.0 < r < 4.0 for r in cold)
+    same = after_pause_factor([lambda: step(0.001)], 3.0, rounds=1, side_s=0.03)
+    assert 0.6 < same[0] < 1.5
+
+
+def test_loader_workers_make_batches_while_a_straggler_pauses():
+    """Rank 1 3x slow pauses 2 x its step's training share, and rank 0 waits for it at DDP's
+    all-reduce: the workers' batches (4 ms, under that pause) fit in the idle cores and do not
+    time-share the steps; the prediction is the one with batches made for nothing but the
+    first batch's making. Without a
+    straggler they time-share the steps (2 ranks x (1 + 4/6) threads on 2 cores)."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, predict
+
+    c = Candidate("sampled", {"batch_size": 70, "loader_workers": 2}, 2)
+    spec, strag = ClusterSpec(1, 2), sim.Stragglers({1: 3.0})
+    free = _sampled_profile(**{"70": {**SHARE, "worker_s": 1e-6}})
+    paid = _sampled_profile(**{"70": SHARE})
+    # the same but for the first batch, which nothing precedes (made at most 1.2x slower)
+    gap = (
+        predict(c, paid, spec, strag, 5).train_time_s
+        - predict(c, free, spec, strag, 5).train_time_s
+    )
+    assert 0 <= gap <= 0.004 * 1.2 + 1e-9
+    # 5 steps up to 1.67x as long (less where a rank computes alone); the 50 ms start in both
+    slower = predict(c, paid, spec, sim.NONE, 5).train_time_s - 0.05
+    assert slower > 1.4 * (predict(c, free, spec, sim.NONE, 5).train_time_s - 0.05)
+
+
+def test_a_profiled_after_pause_factor_slows_only_straggled_strategies_steps():
+    """The profile's after_pause of the subgraphs (2x) makes a 3x straggler's allreduce epoch
+    longer; without a straggler, nothing changes."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, predict
+
+    def prof(after: dict) -> Profile:
+        return Profile(
+            machine="test", cores=2, threads=1, dataset="cora", model="gcn", epochs=1, seed=0,
+            num_nodes=2708, num_train=140, param_bytes=1_000, base_rss_bytes=100 << 20,
+            parts_step_s={"4": [0.01] * 4}, after_pause=after,
+            comm={"ring_step": [0.0, 1e12], "p2p_link": [0.0, 1e12], "corun_factor": 1.0},
+        )  # fmt: skip
+
+    c = Candidate("allreduce", {"partitions": 4, "sync_every": 1}, 2)
+    spec, strag = ClusterSpec(1, 2, None), sim.Stragglers({1: 3.0})
+    plain = predict(c, prof({}), spec, strag, 1).epoch_s
+    # rank 1's 2 steps: 0.01 + 0.02 pause, then 0.02 + 0.04 (cold)
+    assert plain == pytest.approx(0.06, rel=1e-3)
+    assert predict(c, prof({"parts4": 2.0}), spec, strag, 1).epoch_s == pytest.approx(
+        0.09, rel=1e-3
+    )
+    assert predict(c, prof({"parts4": 2.0}), spec, sim.NONE, 1).epoch_s == pytest.approx(
+        predict(c, prof({}), spec, sim.NONE, 1).epoch_s
+    )
+
+
+def test_a_pause_the_loader_workers_fill_leaves_the_core_warm():
+    """sampled with a 3x straggler and a profiled after-pause factor of 2: made in the rank
+    (W = 0) its steps after a pause are slower; with 2 loader workers whose batches take at
+    least the whole pause, the cores never halt in it and the factor does not apply; with
+    batches that fill part of it, part of the factor."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, predict
+
+    spec, strag = ClusterSpec(1, 2), sim.Stragglers({1: 3.0})
+
+    def time_s(w: int, after: dict, worker_s: float) -> float:
+        prof = _sampled_profile(**{"70": {**SHARE, "worker_s": worker_s}})
+        prof.after_pause = after
+        c = Candidate("sampled", {"batch_size": 70, "loader_workers": w}, 2)
+        return predict(c, prof, spec, strag, 20).train_time_s
+
+    cold = {"sampled70": 2.0}
+    assert time_s(0, cold, 0.004) > 1.5 * time_s(0, {}, 0.004)
+    # the pause: 2 x 6 ms x 5/6 = 10 ms; batches of 12 ms fill it
+    assert time_s(2, cold, 0.012) == pytest.approx(time_s(2, {}, 0.012))
+    assert time_s(2, {}, 0.004) < time_s(2, cold, 0.004) < time_s(2, {"sampled70": 2.5}, 0.004)

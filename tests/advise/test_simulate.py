@@ -330,6 +330,21 @@ def test_a_stragglers_pause_leaves_out_what_the_emulation_does_not_slow():
     assert sorted(r.batches) == [1, 3] and r.busy_s[1] == 2.5  # 1 step of 1 + 1.5 s
 
 
+def test_a_step_right_after_a_pause_runs_cold_and_its_pause_is_drawn_on_it():
+    """Rank 0 2x slow, a step after a pause 1.5x as long (the profile's after_pause). Steps of
+    1 s: the first 1 + 1 pause; each later one 1.5 + 1.5 pause: 2 + 3 + 3 = 8 s. Sampled
+    (making 1 s, training 1 s, in the rank): 3, then 4.5 twice (the making is cold too). A
+    rank that never pauses keeps its steps."""
+    cold = sim.Stragglers({0: 2.0}, after_pause=1.5)
+    assert sim.lockstep(one_host(1), [[[1.0, 1.0, 1.0]]], 1, 0, cold).train_time_s == 8.0
+    assert sim.gossip(one_host(1), [1.0] * 3, 1, 100, 0, 0, stragglers=cold).busy_s == [8.0]
+    assert sim.sampled(one_host(1), 3, 1, 1.0, 1.0, 0, 0, cold).train_time_s == 12.0
+    # with a loader worker (making 0.5 s, ready in time) only the training step is the rank's
+    assert sim.sampled(one_host(1), 3, 1, 1.0, 0.5, 1, 0, cold).busy_s == [8.0]
+    fast = sim.Stragglers({1: 2.0}, after_pause=1.5)
+    assert sim.lockstep(one_host(1), [[[1.0, 1.0, 1.0]]], 1, 0, fast).train_time_s == 3.0
+
+
 def test_gossip_never_deadlocks_and_trains_every_position_once():
     for world in (2, 3, 4):
         for k in (1, 3):

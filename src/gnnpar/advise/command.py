@@ -320,7 +320,9 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         prof = reuse_profile(req, needs, comm)
     else:
         try:
-            prof = take_profile(req.base, needs, req.threads, comm, timeout, workers, req.rounds)
+            prof = take_profile(
+                req.base, needs, req.threads, comm, timeout, workers, req.rounds, _pause(req)
+            )
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
                 raise
@@ -400,6 +402,18 @@ def _out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` is an allocation that failed (torch raises RuntimeError on CPU)."""
     text = str(e).lower()
     return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
+def _pause(req: Request) -> float:
+    """A straggler's pause as a multiple of its step, for the profile's after-pause probe: the
+    slowest rank's ``F - 1``; with ``--jitter`` X alone, a transient pause's mean, X / 2; 0
+    where no configuration of the grid reads them."""
+    from gnnpar.advise.predict import STRAGGLING
+
+    if not any(c.strategy in STRAGGLING for c in req.grid):
+        return 0.0
+    slowest = max(req.stragglers.slowdown.values(), default=1.0)
+    return slowest - 1.0 if slowest > 1.0 else req.stragglers.jitter / 2
 
 
 def reuse_profile(req: Request, needs: list, comm: bool):

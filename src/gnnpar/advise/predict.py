@@ -37,7 +37,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.profile import Need, Profile, flags_for, image_step_s, sampled_batch_costs
+from gnnpar.advise.profile import (
+    Need,
+    Profile,
+    flags_for,
+    image_step_s,
+    sampled_batch_costs,
+    sampled_key,
+)
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
@@ -317,6 +324,14 @@ def _corun_by_overlap(
     return result
 
 
+def _pause_per_step(stragglers: sim.Stragglers, slowed_s: float) -> float:
+    """The slowest rank's mean pause per step whose slowed share is ``slowed_s`` seconds
+    (:class:`~gnnpar.training.straggler.Straggler`: ``F - 1`` times it, and with ``--jitter``
+    X a pause of up to X times it in one step of ten)."""
+    slowest = max(stragglers.slowdown.values(), default=1.0)
+    return ((slowest - 1.0) + 0.1 * stragglers.jitter / 2) * slowed_s
+
+
 def _first_extra(prof: Profile, partitions: int) -> list[float]:
     """Per subgraph, what a rank's first step on it costs beyond the others (0 in profiles
     from before it was measured)."""
@@ -352,6 +367,8 @@ def simulate(
         # a first step on a graph: also what the model derives from it and keeps
         first = [t + x * f for t, x in zip(steps, extra)]
         return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
+    if c.strategy in ("allreduce", "gossip", "gossip-bipartite"):
+        strag = replace(strag, after_pause=prof.after_pause.get(f"parts{s['partitions']}", 1.0))
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
@@ -439,12 +456,23 @@ def simulate(
         if w:  # a worker makes and sends the batch; the rank receives it and trains on it
             sample = b.get("worker_s") or b["sample_s"]  # profiles from before: making alone
             compute = b.get("compute_recv_s", compute) + b.get("recv_s", 0.0)
-        busy = min(w, sample / max(compute, 1e-9)) if w else 0.0
-        f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
         share = b.get("slowed_share", prof.slowed_share)
         if w:  # receiving a worker's batch comes before the step's clock: never slowed
             share *= b.get("compute_recv_s", compute) / max(compute, 1e-12)
-        strag = replace(strag, slowed_share=share)
+        # loader workers make batches on the cores the ranks leave idle first: every rank idles
+        # while the slowest one pauses (DDP's all-reduce holds the others), so a worker's
+        # batch time-shares a step only as far as it does not fit in that pause
+        idle = _pause_per_step(strag, compute * share) * prof.threads
+        busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
+        # and a step after a pause runs cold as far as its core halted in the pause: the part
+        # of it the workers fill keeps the core warm (a 3x straggler on Cora with 2 workers:
+        # predicted 23% slow with the whole after-pause factor, BENCHMARKS.md 2026-11-27)
+        after = prof.after_pause.get(f"sampled{sampled_key(prof, s['batch_size'], world)}", 1.0)
+        if w:
+            filled = min(1.0, sample / idle) if idle > 0 else 1.0
+            after = 1.0 + (after - 1.0) * (1.0 - filled)
+        strag = replace(strag, slowed_share=share, after_pause=after)
+        f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
 
         def run_sampled(speed: list[float]) -> sim.SimResult:
             return sim.sampled(

@@ -55,6 +55,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -140,6 +141,10 @@ class Profile:
     # the reference work (advise/speed.py) timed at the profile's start and end: --validate
     # times it around each run to tell the machine's drift from the model's error
     speed_ref_s: list[float] = field(default_factory=list)
+    # need key ("parts8", "sampled70") -> a step right after a straggler's pause over a step
+    # right after another step (:func:`after_pause_factor`); taken only for runs with stragglers
+    # (empty: none asked, or a profile from before: 1)
+    after_pause: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -476,11 +481,21 @@ def sampled_batch_costs(prof: Profile, batch_size: int, world: int) -> tuple[dic
     from gnnpar.data.sampling.loader import shard_plan
 
     per_rank = shard_plan(prof.num_train, world, batch_size)[0]
-    own = prof.sampled.get(str(per_rank)) if per_rank < batch_size else None
-    if own is not None:
-        return own, 1.0
+    key = sampled_key(prof, batch_size, world)
+    if key != str(batch_size):
+        return prof.sampled[key], 1.0
     seeds = min(batch_size, per_rank) / max(min(batch_size, prof.num_train), 1)
-    return prof.sampled[str(batch_size)], min(1.0, seeds)
+    return prof.sampled[key], min(1.0, seeds)
+
+
+def sampled_key(prof: Profile, batch_size: int, world: int) -> str:
+    """The profiled batch size that stands for a rank's batches with ``--batch-size`` on
+    ``world`` ranks (see :func:`sampled_batch_costs`)."""
+    from gnnpar.data.sampling.loader import shard_plan
+
+    per_rank = shard_plan(prof.num_train, world, batch_size)[0]
+    own = str(per_rank) in prof.sampled and per_rank < batch_size
+    return str(per_rank) if own else str(batch_size)
 
 
 def profile_sampled(
@@ -1202,6 +1217,80 @@ def _median_of(values: list[Any]) -> Any:
     return first
 
 
+def after_pause_factor(
+    steps: list[Callable[[], Any]], pause: float, rounds: int, side_s: float = PROBE_SIDE_S / 2
+) -> list[float]:
+    """How much longer a step takes right after a straggler's pause than right after another
+    step, per round: ``steps`` (one batch each, taken in turn) timed back to back, then each
+    after sleeping ``pause`` times its own mean step, as the emulation sleeps
+    (:class:`~gnnpar.training.straggler.Straggler`); each side for about ``side_s`` (at least
+    one pass), in ``rounds`` rounds. A thread that slept resumes on a cold core: on a 2-vCPU
+    AMD EPYC VM a Cora subgraph's 1.2 ms step took 1.6-1.8x as long after sleeping twice its
+    length, a sampled batch's 4.7 ms (making and training it) 1.26x; the straggler's
+    pause is drawn on that slower step, so a 3x straggler there was 28% slower than predicted
+    without it (BENCHMARKS.md, 2026-11-27, issue 22)."""
+
+    def timed(fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    mean = [statistics.fmean(timed(fn) for _ in range(2)) for fn in steps]  # warm, then sized
+    n = max(len(steps), int(side_s / max(statistics.fmean(mean), 1e-9)))
+    ratios = []
+    for _ in range(max(1, rounds)):
+        hot = [timed(steps[i % len(steps)]) for i in range(n)]
+        cold = []
+        for i in range(n):
+            time.sleep(pause * mean[i % len(steps)])
+            cold.append(timed(steps[i % len(steps)]))
+        ratios.append(statistics.fmean(cold) / max(statistics.fmean(hot), 1e-12))
+    return ratios
+
+
+def profile_after_pause(base: dict, ds, parts: list[int], sizes: list[int], pause: float, prof):
+    """:func:`after_pause_factor` of each batch kind a straggler trains: every subgraph of each
+    partition count (allreduce, gossip), sampled's batches of each size made and trained in the
+    rank (their cold start is the rank's; a loader worker's batch is received instead); the
+    median of the rounds in ``prof.after_pause``, the rounds in ``prof.probe_rounds``."""
+    # the emulation pauses ``pause`` times a step's forward and backward (the slowed share),
+    # not its optimizer step nor, for sampled, the making of its batch
+    kinds: dict[str, tuple[Callable[[], Any], float]] = {}
+    for p in sorted(set(parts)):
+        kinds[f"parts{p}"] = (partial(_part_steps, base, ds, p), prof.slowed_share)
+    for bs in sorted(set(sizes)):
+        b = prof.sampled[str(bs)]
+        made = b["compute_s"] / max(b["compute_s"] + b["main_sample_s"], 1e-12)
+        kinds[f"sampled{bs}"] = (
+            partial(_sampled_made_steps, base, ds, bs),
+            b["slowed_share"] * made,
+        )
+    for key, (make, share) in kinds.items():
+        steps, close = make()
+        try:
+            rounds = after_pause_factor(steps, pause * share, prof.rounds)
+        finally:
+            close()
+        prof.after_pause[key] = statistics.median(rounds)
+        prof.probe_rounds[f"after_pause_{key}"] = rounds
+
+
+def _part_steps(base: dict, ds, partitions: int):
+    _, plan = _plan(flags_for(base, "sequential", partitions=partitions), ds)
+    return [_train_step(plan)(b) for b in plan.source.batches], (lambda: None)
+
+
+def _sampled_made_steps(base: dict, ds, batch_size: int):
+    _, plan = _plan(flags_for(base, "sampled", batch_size=batch_size), ds)
+    batches, step = plan.source.batches, _train_step(plan)
+
+    def made_and_trained(i: int) -> None:
+        step(plan.source.mark(batches[i].to_data()))()
+
+    n = min(SAMPLED_BATCHES, batches.steps)
+    return [partial(made_and_trained, i) for i in range(n)], plan.source.close
+
+
 def take_profile(
     base: dict[str, Any],
     needs: Iterable[Need],
@@ -1210,10 +1299,13 @@ def take_profile(
     timeout_s: float,
     loader_workers: bool = False,
     rounds: int = PROBE_ROUNDS,
+    pause: float = 0.0,
 ) -> Profile:
     """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them);
     ``loader_workers``: also a loader worker's start-up (starts one); ``rounds``: of every
-    timing and ratio probe (``--profile-rounds``), the median of each kept."""
+    timing and ratio probe (``--profile-rounds``), the median of each kept; ``pause``: a
+    straggler's pause as a multiple of its step (0: no straggler), for
+    :func:`profile_after_pause`."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
     from gnnpar.runtime.launch import start_fork_server_for_ranks
@@ -1280,6 +1372,10 @@ def take_profile(
                 prof.probe_rounds["loop_factor"] = rounds
                 if drift:  # the same steps timed again later, over the profile's timing (1)
                     prof.probe_rounds["step_drift"] = [1.0, *drift]
+            if pause > 0:  # the batches a rank of several trains (sampled_key)
+                ranks = [n for n in needs if n.kind == "sampled" and n.world > 1]
+                own = {sampled_key(prof, n.batch_size, n.world) for n in ranks}
+                profile_after_pause(base, ds, parts, [int(k) for k in own], pause, prof)
     finally:
         torch.set_num_threads(before)
     if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes

@@ -208,6 +208,10 @@ class Stragglers:
     jitter: float = 0.0
     seed: int = 0
     slowed_share: float = 1.0
+    # a step right after the rank's own pause takes this many times as long (the emulation
+    # sleeps, and the thread resumes on a cold core: the profile's ``after_pause``); the pause
+    # that follows it is drawn on the slower step, as the loop times the step it pauses for
+    after_pause: float = 1.0
 
     def for_rank(self, rank: int) -> Straggler:
         return Straggler.for_rank(self.slowdown, self.jitter, self.seed, rank)
@@ -215,6 +219,10 @@ class Stragglers:
     def pause_s(self, straggler: Straggler, step_s: float) -> float:
         """``straggler``'s pause after a step of ``step_s`` seconds (all of it simulated)."""
         return straggler.pause_s(step_s * self.slowed_share)
+
+    def resumed(self, step_s: float, paused: bool) -> float:
+        """A step of ``step_s`` seconds as the rank runs it, ``paused`` before it or not."""
+        return step_s * self.after_pause if paused else step_s
 
 
 NONE = Stragglers()
@@ -286,14 +294,17 @@ def lockstep(
 
     def rank(r: int):
         straggler = stragglers.for_rank(r)
-        n = 0
+        n, paused = 0, False
         for e in range(epochs):
             t = sim.now
             yield meet["start", e].arrive()
             wait[r] += sim.now - t
             for c in compute[r][e]:
                 if c is not None:
-                    c += stragglers.pause_s(straggler, c)
+                    c = stragglers.resumed(c, paused)
+                    pause = stragglers.pause_s(straggler, c)
+                    paused = pause > 0
+                    c += pause
                     busy[r] += c
                     batches[r] += 1
                     yield sim.delay(c)
@@ -466,7 +477,7 @@ def gossip(
 
     def rank(r: int):
         straggler = stragglers.for_rank(r)
-        since = 0
+        since, paused = 0, False
         while counter[0] < total:
             pos = counter[0]
             counter[0] += 1
@@ -476,9 +487,11 @@ def gossip(
                 if part not in seen[r]:
                     seen[r].add(part)
                     c += first_extra_s[part]
-            c *= speed[r]
+            c = stragglers.resumed(c * speed[r], paused)
             compute[r] += c
-            c += stragglers.pause_s(straggler, c) + overhead[r]
+            pause = stragglers.pause_s(straggler, c)
+            paused = pause > 0
+            c += pause + overhead[r]
             busy[r] += c
             batches[r] += 1
             yield sim.delay(c)
@@ -712,6 +725,7 @@ def sampled(
 
     def rank(r: int):
         straggler = stragglers.for_rank(r)
+        paused = False
         dispatched = _Keyed(lambda key: Event(sim))
         ready = _Keyed(lambda key: Event(sim))
         if W:
@@ -725,11 +739,12 @@ def sampled(
                 yield ready[r, i]
                 if i + prefetch * W < total:
                     dispatched[r, i + prefetch * W].succeed()
-            else:
-                compute[r] += samp[i] * speed[r]
-                yield sim.delay(samp[i] * speed[r] + (start_s if i == 0 else 0.0))
+            else:  # the rank makes its batch: after a pause, cold too
+                made = stragglers.resumed(samp[i] * speed[r], paused)
+                compute[r] += made
+                yield sim.delay(made + (start_s if i == 0 else 0.0))
             wait[r] += sim.now - t
-            c = comp[i] * speed[r]
+            c = stragglers.resumed(comp[i] * speed[r], paused)
             compute[r] += c
             busy[r] += c
             yield sim.delay(c)
@@ -738,6 +753,7 @@ def sampled(
                 yield meet[i].arrive()
                 wait[r] += sim.now - t - cost
             pause = stragglers.pause_s(straggler, c)
+            paused = pause > 0
             busy[r] += pause
             yield sim.delay(pause)
             if (i + 1) % steps_per_epoch == 0:
