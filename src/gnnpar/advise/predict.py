@@ -367,8 +367,6 @@ def simulate(
         # a first step on a graph: also what the model derives from it and keeps
         first = [t + x * f for t, x in zip(steps, extra)]
         return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
-    if c.strategy in ("allreduce", "gossip", "gossip-bipartite"):
-        strag = replace(strag, after_pause=prof.after_pause.get(f"parts{s['partitions']}", 1.0))
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
@@ -464,13 +462,8 @@ def simulate(
         # batch time-shares a step only as far as it does not fit in that pause
         idle = _pause_per_step(strag, compute * share) * prof.threads
         busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
-        # and a step after a pause runs cold as far as its core halted in the pause: the part
-        # of it the workers fill keeps the core warm (a 3x straggler on Cora with 2 workers:
-        # predicted 23% slow with the whole after-pause factor, BENCHMARKS.md 2026-11-27)
+        # and a straggler's step right after its pause runs cold (the profile's after_pause)
         after = prof.after_pause.get(f"sampled{sampled_key(prof, s['batch_size'], world)}", 1.0)
-        if w:
-            filled = min(1.0, sample / idle) if idle > 0 else 1.0
-            after = 1.0 + (after - 1.0) * (1.0 - filled)
         strag = replace(strag, slowed_share=share, after_pause=after)
         f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
 

@@ -20,6 +20,9 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
 * how late a rank that waited at an all-reduce resumes (:func:`wake_s`): blocked in gloo's
   wait it slept, and is woken late (1.3-2.1 ms on a 2-vCPU VM, against ~0.2 ms for the fitted
   exchange), from allreduce trained with K = 1 by the real loop on two ranks;
+* with ``--slowdown`` or ``--jitter``: how much longer a sampled batch's making and step take
+  right after the emulated straggler's sleep than right after another step
+  (:func:`after_pause_factor`), per batch size a straggler trains;
 * memory: the bare rank's resident memory here, and this process's peak.
 
 ViG on images (study 000) is profiled per block instead (:func:`profile_images`): each block's
@@ -1218,17 +1221,17 @@ def _median_of(values: list[Any]) -> Any:
 
 
 def after_pause_factor(
-    steps: list[Callable[[], Any]], pause: float, rounds: int, side_s: float = PROBE_SIDE_S / 2
+    steps: list[Callable[[], Any]], pause: float, rounds: int, side_s: float = PROBE_SIDE_S
 ) -> list[float]:
     """How much longer a step takes right after a straggler's pause than right after another
     step, per round: ``steps`` (one batch each, taken in turn) timed back to back, then each
     after sleeping ``pause`` times its own mean step, as the emulation sleeps
     (:class:`~gnnpar.training.straggler.Straggler`); each side for about ``side_s`` (at least
     one pass), in ``rounds`` rounds. A thread that slept resumes on a cold core: on a 2-vCPU
-    AMD EPYC VM a Cora subgraph's 1.2 ms step took 1.6-1.8x as long after sleeping twice its
-    length, a sampled batch's 4.7 ms (making and training it) 1.26x; the straggler's
-    pause is drawn on that slower step, so a 3x straggler there was 28% slower than predicted
-    without it (BENCHMARKS.md, 2026-11-27, issue 22)."""
+    AMD EPYC VM a sampled batch's 4.7 ms (making and training it on Cora) took 1.14-1.39x as
+    long after sleeping twice its length; the straggler's pause is drawn on that slower step,
+    so a 3x straggler there was 28% slower than predicted without it (BENCHMARKS.md,
+    2026-11-27, issue 22)."""
 
     def timed(fn: Callable[[], Any]) -> float:
         t0 = time.perf_counter()
@@ -1248,16 +1251,19 @@ def after_pause_factor(
     return ratios
 
 
-def profile_after_pause(base: dict, ds, parts: list[int], sizes: list[int], pause: float, prof):
-    """:func:`after_pause_factor` of each batch kind a straggler trains: every subgraph of each
-    partition count (allreduce, gossip), sampled's batches of each size made and trained in the
-    rank (their cold start is the rank's; a loader worker's batch is received instead); the
-    median of the rounds in ``prof.after_pause``, the rounds in ``prof.probe_rounds``."""
+def profile_after_pause(base: dict, ds, sizes: list[int], pause: float, prof):
+    """:func:`after_pause_factor` of sampled's batches of each size, made and trained in the
+    rank; the median of the rounds in ``prof.after_pause``, the rounds in
+    ``prof.probe_rounds``. Only sampled's: on the subgraph strategies' steps the same probe
+    (1.4-1.8x on Cora's 1.2 ms subgraph steps) did not carry over to their runs, where a 3x
+    straggler's allreduce epoch was predicted 50-86% too slow with it and within -11%..+6% of
+    the runs' mean without it; sampled's runs showed the straggler's making and training
+    1.3-1.45x the profile's in every grid (BENCHMARKS.md, 2026-11-27). Why the subgraph steps
+    resume warm in a real run (the other rank keeps its core busy for part of the pause, the
+    steps' small working set) is not established."""
     # the emulation pauses ``pause`` times a step's forward and backward (the slowed share),
-    # not its optimizer step nor, for sampled, the making of its batch
+    # not its optimizer step nor the making of its batch
     kinds: dict[str, tuple[Callable[[], Any], float]] = {}
-    for p in sorted(set(parts)):
-        kinds[f"parts{p}"] = (partial(_part_steps, base, ds, p), prof.slowed_share)
     for bs in sorted(set(sizes)):
         b = prof.sampled[str(bs)]
         made = b["compute_s"] / max(b["compute_s"] + b["main_sample_s"], 1e-12)
@@ -1273,11 +1279,6 @@ def profile_after_pause(base: dict, ds, parts: list[int], sizes: list[int], paus
             close()
         prof.after_pause[key] = statistics.median(rounds)
         prof.probe_rounds[f"after_pause_{key}"] = rounds
-
-
-def _part_steps(base: dict, ds, partitions: int):
-    _, plan = _plan(flags_for(base, "sequential", partitions=partitions), ds)
-    return [_train_step(plan)(b) for b in plan.source.batches], (lambda: None)
 
 
 def _sampled_made_steps(base: dict, ds, batch_size: int):
@@ -1375,7 +1376,8 @@ def take_profile(
             if pause > 0:  # the batches a rank of several trains (sampled_key)
                 ranks = [n for n in needs if n.kind == "sampled" and n.world > 1]
                 own = {sampled_key(prof, n.batch_size, n.world) for n in ranks}
-                profile_after_pause(base, ds, parts, [int(k) for k in own], pause, prof)
+                if own:
+                    profile_after_pause(base, ds, sorted(int(k) for k in own), pause, prof)
     finally:
         torch.set_num_threads(before)
     if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes

@@ -38,8 +38,10 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
 Stragglers: every strategy that reads ``--slowdown``/``--jitter`` draws each step's pause from
 :meth:`gnnpar.training.straggler.Straggler.pause_s` of the rank's own ``Straggler`` (same seed),
 so the simulated pauses are the emulation's, to the bit; drawn, as the loop draws them, on the
-share of a step that is its forward and backward (``Stragglers.slowed_share``). Ties (two things at the same instant)
-run in the order they were scheduled.
+share of a step that is its forward and backward (``Stragglers.slowed_share``). The emulation
+sleeps, and the step after a pause runs on a cold core: ``Stragglers.after_pause`` times as long
+(measured by the profile), its own pause drawn on the slower step. Ties (two things at the same
+instant) run in the order they were scheduled.
 
 Networks: :class:`Cluster` holds the measured cost of one message inside a host (gloo on this
 machine: ``p2p`` for a point-to-point message, ``ring_step`` for one step of a ring all-reduce)
