@@ -321,7 +321,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     else:
         try:
             prof = take_profile(
-                req.base, needs, req.threads, comm, timeout, workers, req.rounds, _pause(req)
+                req.base, needs, req.threads, comm, timeout, workers, req.rounds, _straggle(req)
             )
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
@@ -404,16 +404,17 @@ def _out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
-def _pause(req: Request) -> float:
-    """A straggler's pause as a multiple of its step, for the profile's after-pause probe: the
-    slowest rank's ``F - 1``; with ``--jitter`` X alone, a transient pause's mean, X / 2; 0
-    where no configuration of the grid reads them."""
-    from gnnpar.advise.predict import STRAGGLING
-
-    if not any(c.strategy in STRAGGLING for c in req.grid):
-        return 0.0
-    slowest = max(req.stragglers.slowdown.values(), default=1.0)
-    return slowest - 1.0 if slowest > 1.0 else req.stragglers.jitter / 2
+def _straggle(req: Request) -> dict[str, Any] | None:
+    """The grid's stragglers on the profile's two ranks, for sampled's after-pause probe: the
+    slowest ``--slowdown`` factor on rank 1, and ``--jitter``; None where there are none or no
+    sampled configuration of several ranks reads them."""
+    s = req.stragglers
+    slowest = max(s.slowdown.values(), default=1.0)
+    if slowest <= 1.0 and s.jitter <= 0:
+        return None
+    if not any(c.strategy == "sampled" and c.world > 1 for c in req.grid):
+        return None
+    return {"slowdown": {1: slowest} if slowest > 1.0 else {}, "jitter": s.jitter}
 
 
 def reuse_profile(req: Request, needs: list, comm: bool):

@@ -462,10 +462,13 @@ def simulate(
         # batch time-shares a step only as far as it does not fit in that pause
         idle = _pause_per_step(strag, compute * share) * prof.threads
         busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
-        # and a straggler's step right after its pause runs cold (the profile's after_pause)
-        after = prof.after_pause.get(f"sampled{sampled_key(prof, s['batch_size'], world)}", 1.0)
-        strag = replace(strag, slowed_share=share, after_pause=after)
         f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
+        # and a straggler's step right after its pause runs cold: the profile measured it in a
+        # real straggled run against alone (co-running included), so it stands for the
+        # rank's co-run factor on that step (the simulation takes it instead of the rank's speed)
+        after = prof.after_pause.get(f"sampled{sampled_key(prof, s['batch_size'], world)}")
+        after = None if after is None else after * seeds / f
+        strag = replace(strag, slowed_share=share, after_pause=after)
 
         def run_sampled(speed: list[float]) -> sim.SimResult:
             return sim.sampled(

@@ -21,8 +21,8 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
   wait it slept, and is woken late (1.3-2.1 ms on a 2-vCPU VM, against ~0.2 ms for the fitted
   exchange), from allreduce trained with K = 1 by the real loop on two ranks;
 * with ``--slowdown`` or ``--jitter``: how much longer a sampled batch's making and step take
-  right after the emulated straggler's sleep than right after another step
-  (:func:`after_pause_factor`), per batch size a straggler trains;
+  right after the emulated straggler's sleep, in a real two-rank run with the stragglers, than
+  alone (:func:`_sampled_corun_factor`);
 * memory: the bare rank's resident memory here, and this process's peak.
 
 ViG on images (study 000) is profiled per block instead (:func:`profile_images`): each block's
@@ -58,7 +58,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from typing import Any
 
 import torch
@@ -144,9 +143,9 @@ class Profile:
     # the reference work (advise/speed.py) timed at the profile's start and end: --validate
     # times it around each run to tell the machine's drift from the model's error
     speed_ref_s: list[float] = field(default_factory=list)
-    # need key ("parts8", "sampled70") -> a step right after a straggler's pause over a step
-    # right after another step (:func:`after_pause_factor`); taken only for runs with stragglers
-    # (empty: none asked, or a profile from before: 1)
+    # "sampled70" (the batches a rank trains) -> a straggler's step right after its pause, in a
+    # real run, over the step alone (:func:`_sampled_corun_factor`); taken only for grids with
+    # stragglers and sampled on several ranks (empty: none asked, or a profile from before: 1)
     after_pause: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -840,7 +839,10 @@ def comm_rank(
         if corun is not None:
             out["corun_factor"], out["sync_runs"] = _corun_factor(corun, ctx, rounds)
         if sampled is not None:
-            out["sampled_corun_factor"] = _sampled_corun_factor(*sampled, ctx, rounds)
+            flags, alone_s, straggle = sampled
+            out["sampled_corun_factor"], out["after_pause"] = _sampled_corun_factor(
+                flags, alone_s, ctx, rounds, straggle=straggle
+            )
         return out if ctx.rank == 0 else None
     finally:
         gdist.teardown()
@@ -977,8 +979,14 @@ def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float
 
 
 def _sampled_corun_factor(
-    flags: dict, alone_s: float, ctx, rounds: int, min_steps: int = 30
-) -> list[float]:
+    flags: dict,
+    alone_s: float,
+    ctx,
+    rounds: int,
+    min_steps: int = 30,
+    straggle: dict | None = None,
+    straggled_steps: int = 10,
+) -> tuple[list[float], list[float]]:
     """The co-run factor of sampled training, per round, which differs from the subgraph
     strategies': each step's gradients are averaged by DDP, whose hooks and gloo's thread run
     during the backward, beside the other rank's step. Rank 0 alone first makes and trains a
@@ -987,7 +995,20 @@ def _sampled_corun_factor(
     ``min_steps`` steps after a first epoch that warms up: the mean of both ranks' steps
     (making the batch and training it, not the wait at the all-reduce, which the simulation
     charges itself) over the steps alone. ``alone_s``: the profile's own cost of such a batch
-    (making and step), which sizes the rounds."""
+    (making and step), which sizes the rounds.
+
+    With ``straggle`` (the grid's ``--slowdown``/``--jitter`` on these two ranks, the slowest
+    on rank 1), each round also trains that plan with the stragglers for at least
+    ``straggled_steps`` steps after the first epoch, and returns, per round, rank 1's mean step
+    (making its batch and training it, its pauses taken out) over the steps alone: what a step
+    right after a straggler's pause costs in a real run (``simulate.Stragglers.after_pause``).
+    The emulation sleeps, and the thread resumes on a cold core: on a 2-vCPU AMD EPYC VM a Cora
+    batch's making and step took 1.3-1.45x as long in such runs as alone, and a 3x straggler's
+    epoch was predicted 28% short without it. Measured in a real run rather than by sleeping in
+    this process: a probe that slept alone here, with the other core idle too, gave 0.98-1.39
+    from one round to the next, and 1.4-1.8x for Cora's subgraph steps, whose runs showed
+    nothing of it (BENCHMARKS.md, 2026-11-27, issue 22). Returns (co-run ratios, after-pause
+    ratios; empty without ``straggle``)."""
     import torch.distributed as dist
 
     from gnnpar.data.sampling.loader import shard_plan
@@ -1011,8 +1032,31 @@ def _sampled_corun_factor(
         times = [_made_and_trained_s(mine, PROBE_SIDE_S)] if ctx.rank == 0 else []
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
+    after: list[float] = []
+    slowed = {k: v for k, v in (straggle or {}).items() if k != "key"}
+    epochs = _probe_epochs(straggled_steps, per_epoch, 3 * alone_s)
+
+    def straggled(_epochs: int) -> None:
+        solo = alone()
+        slow = _train_on_ranks({**flags, **slowed}, ds, ctx, epochs).ranks[1]
+        steps = slow.step_times[per_epoch:]
+        if steps and solo > 0:  # its pauses, shared out over its steps by their length
+            own = sum(steps) - slow.delay_s * sum(steps) / max(sum(slow.step_times), 1e-12)
+            after.append(max(1.0, own / len(steps) / solo))
+
     try:
-        return _two_rank_rounds(flags, ds, ctx, per_epoch, alone, rounds, min_steps, alone_s)
+        ratios = _two_rank_rounds(
+            flags,
+            ds,
+            ctx,
+            per_epoch,
+            alone,
+            rounds,
+            min_steps,
+            alone_s,
+            after_round=straggled if straggle else None,
+        )
+        return ratios, after
     finally:
         mine.source.close()
 
@@ -1097,15 +1141,20 @@ def _sampled_steps(cfg, ds, world: int) -> int:
     return min(steps, cfg.run.max_steps or steps)
 
 
-def _sampled_probe(base: dict, needs: list[Need], prof: Profile) -> tuple[dict, float] | None:
+def _sampled_probe(
+    base: dict, needs: list[Need], prof: Profile, straggle: dict[str, Any] | None = None
+) -> tuple[dict, float, dict | None] | None:
     """sampled's flags for the co-run probe on two ranks (the smallest batch size asked, made in
-    the rank), and what such a rank's batch costs alone (making and step, as profiled)."""
+    the rank), what such a rank's batch costs alone (making and step, as profiled), and the
+    stragglers' flags for its after-pause probe (None: no straggler)."""
     sizes = sorted(n.batch_size for n in needs if n.kind == "sampled")
     if not sizes:
         return None
     b, _ = sampled_batch_costs(prof, sizes[0], 2)
     flags = {**flags_for(base, "sampled", batch_size=sizes[0], loader_workers=0), "workers": 2}
-    return flags, b["compute_s"] + b["main_sample_s"]
+    if straggle is not None:  # the factor is kept under the batches the probe's ranks train
+        straggle = {**straggle, "key": f"sampled{sampled_key(prof, sizes[0], 2)}"}
+    return flags, b["compute_s"] + b["main_sample_s"], straggle
 
 
 def profile_comm(
@@ -1146,6 +1195,10 @@ def profile_comm(
             else {}
         ),
     }
+    if out.get("after_pause"):  # sampled with stragglers (_sampled_corun_factor)
+        key = sampled[2]["key"]
+        prof.after_pause[key] = statistics.median(out["after_pause"])
+        prof.probe_rounds[f"after_pause_{key}"] = out["after_pause"]
     if "corun_factor" in out:
         prof.probe_rounds["corun_factor"] = out["corun_factor"]
         wakes = [wake_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
@@ -1220,78 +1273,6 @@ def _median_of(values: list[Any]) -> Any:
     return first
 
 
-def after_pause_factor(
-    steps: list[Callable[[], Any]], pause: float, rounds: int, side_s: float = PROBE_SIDE_S
-) -> list[float]:
-    """How much longer a step takes right after a straggler's pause than right after another
-    step, per round: ``steps`` (one batch each, taken in turn) timed back to back, then each
-    after sleeping ``pause`` times its own mean step, as the emulation sleeps
-    (:class:`~gnnpar.training.straggler.Straggler`); each side for about ``side_s`` (at least
-    one pass), in ``rounds`` rounds. A thread that slept resumes on a cold core: on a 2-vCPU
-    AMD EPYC VM a sampled batch's 4.7 ms (making and training it on Cora) took 1.14-1.39x as
-    long after sleeping twice its length; the straggler's pause is drawn on that slower step,
-    so a 3x straggler there was 28% slower than predicted without it (BENCHMARKS.md,
-    2026-11-27, issue 22)."""
-
-    def timed(fn: Callable[[], Any]) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-    mean = [statistics.fmean(timed(fn) for _ in range(2)) for fn in steps]  # warm, then sized
-    n = max(len(steps), int(side_s / max(statistics.fmean(mean), 1e-9)))
-    ratios = []
-    for _ in range(max(1, rounds)):
-        hot = [timed(steps[i % len(steps)]) for i in range(n)]
-        cold = []
-        for i in range(n):
-            time.sleep(pause * mean[i % len(steps)])
-            cold.append(timed(steps[i % len(steps)]))
-        ratios.append(statistics.fmean(cold) / max(statistics.fmean(hot), 1e-12))
-    return ratios
-
-
-def profile_after_pause(base: dict, ds, sizes: list[int], pause: float, prof):
-    """:func:`after_pause_factor` of sampled's batches of each size, made and trained in the
-    rank; the median of the rounds in ``prof.after_pause``, the rounds in
-    ``prof.probe_rounds``. Only sampled's: on the subgraph strategies' steps the same probe
-    (1.4-1.8x on Cora's 1.2 ms subgraph steps) did not carry over to their runs, where a 3x
-    straggler's allreduce epoch was predicted 50-86% too slow with it and within -11%..+6% of
-    the runs' mean without it; sampled's runs showed the straggler's making and training
-    1.3-1.45x the profile's in every grid (BENCHMARKS.md, 2026-11-27). Why the subgraph steps
-    resume warm in a real run (the other rank keeps its core busy for part of the pause, the
-    steps' small working set) is not established."""
-    # the emulation pauses ``pause`` times a step's forward and backward (the slowed share),
-    # not its optimizer step nor the making of its batch
-    kinds: dict[str, tuple[Callable[[], Any], float]] = {}
-    for bs in sorted(set(sizes)):
-        b = prof.sampled[str(bs)]
-        made = b["compute_s"] / max(b["compute_s"] + b["main_sample_s"], 1e-12)
-        kinds[f"sampled{bs}"] = (
-            partial(_sampled_made_steps, base, ds, bs),
-            b["slowed_share"] * made,
-        )
-    for key, (make, share) in kinds.items():
-        steps, close = make()
-        try:
-            rounds = after_pause_factor(steps, pause * share, prof.rounds)
-        finally:
-            close()
-        prof.after_pause[key] = statistics.median(rounds)
-        prof.probe_rounds[f"after_pause_{key}"] = rounds
-
-
-def _sampled_made_steps(base: dict, ds, batch_size: int):
-    _, plan = _plan(flags_for(base, "sampled", batch_size=batch_size), ds)
-    batches, step = plan.source.batches, _train_step(plan)
-
-    def made_and_trained(i: int) -> None:
-        step(plan.source.mark(batches[i].to_data()))()
-
-    n = min(SAMPLED_BATCHES, batches.steps)
-    return [partial(made_and_trained, i) for i in range(n)], plan.source.close
-
-
 def take_profile(
     base: dict[str, Any],
     needs: Iterable[Need],
@@ -1300,13 +1281,13 @@ def take_profile(
     timeout_s: float,
     loader_workers: bool = False,
     rounds: int = PROBE_ROUNDS,
-    pause: float = 0.0,
+    straggle: dict[str, Any] | None = None,
 ) -> Profile:
     """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them);
     ``loader_workers``: also a loader worker's start-up (starts one); ``rounds``: of every
-    timing and ratio probe (``--profile-rounds``), the median of each kept; ``pause``: a
-    straggler's pause as a multiple of its step (0: no straggler), for
-    :func:`profile_after_pause`."""
+    timing and ratio probe (``--profile-rounds``), the median of each kept; ``straggle``: the
+    ``--slowdown``/``--jitter`` flags of the grid's stragglers on the probe's two ranks (rank 1
+    the slowest), for sampled's after-pause probe (:func:`_sampled_corun_factor`)."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
     from gnnpar.runtime.launch import start_fork_server_for_ranks
@@ -1373,11 +1354,6 @@ def take_profile(
                 prof.probe_rounds["loop_factor"] = rounds
                 if drift:  # the same steps timed again later, over the profile's timing (1)
                     prof.probe_rounds["step_drift"] = [1.0, *drift]
-            if pause > 0:  # the batches a rank of several trains (sampled_key)
-                ranks = [n for n in needs if n.kind == "sampled" and n.world > 1]
-                own = {sampled_key(prof, n.batch_size, n.world) for n in ranks}
-                if own:
-                    profile_after_pause(base, ds, sorted(int(k) for k in own), pause, prof)
     finally:
         torch.set_num_threads(before)
     if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes
@@ -1396,7 +1372,8 @@ def take_profile(
             if any(n.kind in ("parts", "pipeline") for n in needs)
             else None
         )
-        profile_comm(timeout_s, prof, threads, pipelines, corun, _sampled_probe(base, needs, prof))
+        sampled = _sampled_probe(base, needs, prof, straggle)
+        profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)
     from gnnpar.training.metrics import peak_memory
 
     prof.speed_ref_s.append(reference_s())

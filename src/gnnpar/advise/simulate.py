@@ -210,10 +210,12 @@ class Stragglers:
     jitter: float = 0.0
     seed: int = 0
     slowed_share: float = 1.0
-    # a step right after the rank's own pause takes this many times as long (the emulation
-    # sleeps, and the thread resumes on a cold core: the profile's ``after_pause``); the pause
-    # that follows it is drawn on the slower step, as the loop times the step it pauses for
-    after_pause: float = 1.0
+    # a step right after the rank's own pause takes this many times the step given to the
+    # simulation, whatever the rank's co-run ``speed`` (the emulation sleeps, and the thread
+    # resumes on a cold core: measured in a real straggled run, the profile's ``after_pause``);
+    # the pause that follows it is drawn on the slower step, as the loop times the step it
+    # pauses for (None: as any other step)
+    after_pause: float | None = None
 
     def for_rank(self, rank: int) -> Straggler:
         return Straggler.for_rank(self.slowdown, self.jitter, self.seed, rank)
@@ -222,9 +224,10 @@ class Stragglers:
         """``straggler``'s pause after a step of ``step_s`` seconds (all of it simulated)."""
         return straggler.pause_s(step_s * self.slowed_share)
 
-    def resumed(self, step_s: float, paused: bool) -> float:
-        """A step of ``step_s`` seconds as the rank runs it, ``paused`` before it or not."""
-        return step_s * self.after_pause if paused else step_s
+    def resumed(self, step_s: float, paused: bool, speed: float = 1.0) -> float:
+        """A step of ``step_s`` seconds (``speed`` times that as the rank runs in step with the
+        others) as the rank runs it, ``paused`` before it or not."""
+        return step_s * (self.after_pause if paused and self.after_pause is not None else speed)
 
 
 NONE = Stragglers()
@@ -489,7 +492,7 @@ def gossip(
                 if part not in seen[r]:
                     seen[r].add(part)
                     c += first_extra_s[part]
-            c = stragglers.resumed(c * speed[r], paused)
+            c = stragglers.resumed(c, paused, speed[r])
             compute[r] += c
             pause = stragglers.pause_s(straggler, c)
             paused = pause > 0
@@ -742,11 +745,11 @@ def sampled(
                 if i + prefetch * W < total:
                     dispatched[r, i + prefetch * W].succeed()
             else:  # the rank makes its batch: after a pause, cold too
-                made = stragglers.resumed(samp[i] * speed[r], paused)
+                made = stragglers.resumed(samp[i], paused, speed[r])
                 compute[r] += made
                 yield sim.delay(made + (start_s if i == 0 else 0.0))
             wait[r] += sim.now - t
-            c = stragglers.resumed(comp[i] * speed[r], paused)
+            c = stragglers.resumed(comp[i], paused, speed[r])
             compute[r] += c
             busy[r] += c
             yield sim.delay(c)
