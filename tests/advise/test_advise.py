@@ -994,11 +994,12 @@ def test_loader_workers_make_batches_while_a_straggler_pauses():
     assert slower > 1.4 * (predict(c, free, spec, sim.NONE, 5).train_time_s - 0.05)
 
 
-def test_a_profiled_after_pause_factor_slows_a_straggled_sampled_run_only():
+def test_a_profiled_after_pause_factor_slows_a_straggled_run_only():
     """sampled with a 3x straggler and a profiled after-pause factor of 2: its steps after a
     pause (made in the rank, or received from 2 loader workers) are slower; without a
-    straggler, or with no factor profiled (a profile from before), nothing changes; the
-    subgraph strategies do not read it."""
+    straggler, or with no factor profiled (a profile from before), nothing changes; allreduce
+    reads its subgraphs' factor: rank 1's 4 ms steps (co-run 1.5 in the profile: 6 ms), each
+    after a pause 8 ms (2x alone) with 2 x 8 ms pauses."""
     from gnnpar.advise import simulate as sim
     from gnnpar.advise.predict import Candidate, predict
 
@@ -1016,13 +1017,19 @@ def test_a_profiled_after_pause_factor_slows_a_straggled_sampled_run_only():
         assert time_s(c, cold) > 1.5 * time_s(c, {})
         assert time_s(c, cold, sim.NONE) == time_s(c, {}, sim.NONE)
     c = Candidate("allreduce", {"partitions": 4, "sync_every": 1}, 2)
-    assert time_s(c, {**cold, "parts4": 2.0}) == time_s(c, {})
+    assert time_s(c, cold) == time_s(c, {})  # not sampled's
+    prof = _sampled_profile()
+    prof.parts_step_s, prof.after_pause = {"4": [0.004] * 4}, {"parts4": 2.0}
+    prof.comm = {"ring_step": [0.0, 1e12], "p2p_link": [0.0, 1e12], "corun_factor": 1.5}
+    # rank 1's 2 steps an epoch: 6 + 12 pause, then 8 + 16 (its first pause carries over)
+    got = predict(c, prof, spec, strag, 2).train_time_s
+    assert got == pytest.approx(0.018 + 0.024 + 2 * 0.024, rel=1e-3)
 
 
-def test_the_profiles_straggler_probe_puts_the_slowest_on_rank_1_where_sampled_reads_it():
+def test_the_profiles_straggler_probe_puts_the_slowest_on_rank_1():
     """The grid's stragglers on the probe's two ranks: the slowest factor on rank 1 (whatever
-    rank the cluster names), jitter as asked; none without stragglers or without a sampled
-    configuration of several ranks."""
+    rank the cluster names), jitter as asked; none without stragglers or without a
+    configuration of several ranks that reads them."""
     from gnnpar.advise.command import _straggle, parse_request
 
     def req(*extra: str) -> object:
@@ -1034,22 +1041,24 @@ def test_the_profiles_straggler_probe_puts_the_slowest_on_rank_1_where_sampled_r
     assert _straggle(req("slowdown", "3=3,2=1.5")) == {"slowdown": {1: 3.0}, "jitter": 0.0}
     assert _straggle(req("jitter", "0.5")) == {"slowdown": {}, "jitter": 0.5}
     assert _straggle(req()) is None
-    assert _straggle(req("slowdown", "3=3", "strategies", "allreduce,gossip")) is None
+    assert _straggle(req("slowdown", "3=3", "strategies", "sequential,pipeline")) is None
 
 
 @pytest.mark.slow
 def test_a_profile_for_a_straggler_times_its_steps_in_a_real_straggled_run():
-    """take_profile with the stragglers' flags and sampled on 2 ranks: the two-rank probe
-    also trains with rank 1 3x slow, and keeps rank 1's steps over alone (pauses out) under
-    the batches a rank trains (70 of Cora's 140 seeds), one value per round."""
+    """take_profile with the stragglers' flags, sampled on 2 ranks and Cora's 4 subgraphs: each
+    two-rank probe also trains with rank 1 3x slow, and keeps rank 1's steps over alone
+    (pauses out), under the batches a rank trains (70 of Cora's 140 seeds; the subgraphs),
+    one value per round."""
     from gnnpar.advise.profile import Need, take_profile
 
     base = {"dataset": "cora", "model": "gcn", "epochs": 2, "threads": 1}
-    needs = [Need("sampled", batch_size=512, world=2)]
+    needs = [Need("sampled", batch_size=512, world=2), Need("parts", partitions=4)]
     straggle = {"slowdown": {1: 3.0}, "jitter": 0.0}
     prof = take_profile(base, needs, 1, comm=True, timeout_s=120, rounds=2, straggle=straggle)
-    assert set(prof.after_pause) == {"sampled70"}
-    rounds = prof.probe_rounds["after_pause_sampled70"]
-    # at least 1 (a step is never faster than alone); not 3 (the pauses are taken out)
-    assert len(rounds) == 2 and all(1.0 <= r < 2.5 for r in rounds)
-    assert prof.after_pause["sampled70"] == pytest.approx(statistics.median(rounds))
+    assert set(prof.after_pause) == {"sampled70", "parts4"}
+    for key in prof.after_pause:
+        rounds = prof.probe_rounds[f"after_pause_{key}"]
+        # at least 1 (a step is never faster than alone); not 3 (the pauses are taken out)
+        assert len(rounds) == 2 and all(1.0 <= r < 2.5 for r in rounds)
+        assert prof.after_pause[key] == pytest.approx(statistics.median(rounds))

@@ -405,14 +405,16 @@ def _out_of_memory(e: BaseException) -> bool:
 
 
 def _straggle(req: Request) -> dict[str, Any] | None:
-    """The grid's stragglers on the profile's two ranks, for sampled's after-pause probe: the
+    """The grid's stragglers on the profile's two ranks, for its after-pause probes: the
     slowest ``--slowdown`` factor on rank 1, and ``--jitter``; None where there are none or no
-    sampled configuration of several ranks reads them."""
+    configuration of several ranks reads them."""
+    from gnnpar.advise.predict import STRAGGLING
+
     s = req.stragglers
     slowest = max(s.slowdown.values(), default=1.0)
     if slowest <= 1.0 and s.jitter <= 0:
         return None
-    if not any(c.strategy == "sampled" and c.world > 1 for c in req.grid):
+    if not any(c.strategy in STRAGGLING and c.world > 1 for c in req.grid):
         return None
     return {"slowdown": {1: slowest} if slowest > 1.0 else {}, "jitter": s.jitter}
 

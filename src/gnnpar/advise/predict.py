@@ -367,6 +367,13 @@ def simulate(
         # a first step on a graph: also what the model derives from it and keeps
         first = [t + x * f for t, x in zip(steps, extra)]
         return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
+    if c.strategy in ("allreduce", "gossip", "gossip-bipartite"):
+        # a straggler's step right after its pause, measured in a real straggled run against
+        # alone (co-running included): it stands for the co-run factor on that step
+        after = prof.after_pause.get(f"parts{s['partitions']}")
+        strag = replace(
+            strag, after_pause=None if after is None else after / _slowdown(prof, per_host)
+        )
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]

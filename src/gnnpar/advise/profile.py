@@ -784,8 +784,8 @@ def comm_rank(
     repeats: int,
     timeout_s: float,
     pipelines: list[tuple[str, dict]],
-    corun: dict | None,
-    sampled: tuple[dict, float] | None,
+    corun: tuple[dict, dict | None] | None,
+    sampled: tuple[dict, float, dict | None] | None,
     rounds: int,
     log_dir: str,
 ) -> dict | None:
@@ -837,7 +837,10 @@ def comm_rank(
         out["pipeline_step_s"] = {key: t for key, (t, _) in steps.items()}
         out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
         if corun is not None:
-            out["corun_factor"], out["sync_runs"] = _corun_factor(corun, ctx, rounds)
+            flags, straggle = corun
+            out["corun_factor"], out["sync_runs"], out["after_pause_parts"] = _corun_factor(
+                flags, ctx, rounds, straggle=straggle
+            )
         if sampled is not None:
             flags, alone_s, straggle = sampled
             out["sampled_corun_factor"], out["after_pause"] = _sampled_corun_factor(
@@ -886,8 +889,8 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
 
 
 def _corun_factor(
-    flags: dict, ctx, rounds: int, min_steps: int = 40
-) -> tuple[list[float], list[dict[str, float]]]:
+    flags: dict, ctx, rounds: int, min_steps: int = 40, straggle: dict | None = None
+) -> tuple[list[float], list[dict[str, float]], list[float]]:
     """How much slower a step is in a real two-rank run than alone, per round
     (:func:`probe_rounds`): the steps of allreduce's own plan (rank 0's dealt subgraphs) timed
     by rank 0 alone, the other rank idle at a barrier; then that plan on both ranks (averaging
@@ -898,7 +901,9 @@ def _corun_factor(
     heartbeat's threads, and the loop's own slow steps (:func:`real_loop_factor`).
 
     After each round, the same plan averaging gradients every step (:func:`_sync_run`): how
-    late a rank that waited at an all-reduce resumes (:func:`wake_s`), per round."""
+    late a rank that waited at an all-reduce resumes (:func:`wake_s`), per round; and with
+    ``straggle``, the plan trained with the grid's stragglers: a straggler's step after its
+    pause over alone (:func:`_straggled_step_ratio`), per round (else an empty list)."""
     import torch.distributed as dist
 
     from gnnpar.parallel import collectives
@@ -917,17 +922,20 @@ def _corun_factor(
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
     runs: list[dict[str, float]] = []
+    after: list[float] = []
+    per_epoch = plan.source.steps
+
+    def after_round(epochs: int) -> None:
+        runs.append(_sync_run(flags, ds, ctx, epochs))
+        if straggle:
+            ratio = _straggled_step_ratio(flags, straggle, ds, ctx, epochs, per_epoch, alone())
+            if ratio is not None:
+                after.append(ratio)
+
     ratios = _two_rank_rounds(
-        flags,
-        ds,
-        ctx,
-        plan.source.steps,
-        alone,
-        rounds,
-        min_steps,
-        after_round=lambda epochs: runs.append(_sync_run(flags, ds, ctx, epochs)),
+        flags, ds, ctx, per_epoch, alone, rounds, min_steps, after_round=after_round
     )
-    return ratios, runs
+    return ratios, runs, after
 
 
 def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, Any]:
@@ -976,6 +984,23 @@ def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if simulated(mid) < wall else (lo, mid)
     return (lo + hi) / 2
+
+
+def _straggled_step_ratio(
+    flags: dict, straggle: dict, ds, ctx, epochs: int, per_epoch: int, solo: float
+) -> float | None:
+    """The strategy of ``flags`` trained by the real loop on both ranks with the stragglers of
+    ``straggle`` (the slowest on rank 1) for ``epochs``: rank 1's mean step after the first
+    epoch, its pauses taken out (shared over its steps by their length), over ``solo`` (the
+    same kind of step alone). What a straggler's step right after its pause costs in a real
+    run: the emulation sleeps, and the thread resumes on a cold core."""
+    slowed = {k: v for k, v in straggle.items() if k != "key"}
+    slow = _train_on_ranks({**flags, **slowed}, ds, ctx, epochs).ranks[1]
+    steps = slow.step_times[per_epoch:]
+    if not steps or solo <= 0:
+        return None
+    own = sum(steps) - slow.delay_s * sum(steps) / max(sum(slow.step_times), 1e-12)
+    return max(1.0, own / len(steps) / solo)
 
 
 def _sampled_corun_factor(
@@ -1033,16 +1058,12 @@ def _sampled_corun_factor(
         return statistics.fmean(collectives.gather_to_all(times)[0] or [0.0])
 
     after: list[float] = []
-    slowed = {k: v for k, v in (straggle or {}).items() if k != "key"}
     epochs = _probe_epochs(straggled_steps, per_epoch, 3 * alone_s)
 
     def straggled(_epochs: int) -> None:
-        solo = alone()
-        slow = _train_on_ranks({**flags, **slowed}, ds, ctx, epochs).ranks[1]
-        steps = slow.step_times[per_epoch:]
-        if steps and solo > 0:  # its pauses, shared out over its steps by their length
-            own = sum(steps) - slow.delay_s * sum(steps) / max(sum(slow.step_times), 1e-12)
-            after.append(max(1.0, own / len(steps) / solo))
+        ratio = _straggled_step_ratio(flags, straggle, ds, ctx, epochs, per_epoch, alone())
+        if ratio is not None:
+            after.append(ratio)
 
     try:
         ratios = _two_rank_rounds(
@@ -1162,8 +1183,8 @@ def profile_comm(
     prof: Profile,
     threads: int,
     pipelines: list[tuple[str, dict]] = (),
-    corun: dict | None = None,
-    sampled: tuple[dict, float] | None = None,
+    corun: tuple[dict, dict | None] | None = None,
+    sampled: tuple[dict, float, dict | None] | None = None,
 ) -> None:
     from gnnpar.runtime.launch import launch
 
@@ -1199,6 +1220,10 @@ def profile_comm(
         key = sampled[2]["key"]
         prof.after_pause[key] = statistics.median(out["after_pause"])
         prof.probe_rounds[f"after_pause_{key}"] = out["after_pause"]
+    if out.get("after_pause_parts"):  # the subgraph strategies with stragglers
+        key = corun[1]["key"]
+        prof.after_pause[key] = statistics.median(out["after_pause_parts"])
+        prof.probe_rounds[f"after_pause_{key}"] = out["after_pause_parts"]
     if "corun_factor" in out:
         prof.probe_rounds["corun_factor"] = out["corun_factor"]
         wakes = [wake_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
@@ -1367,11 +1392,11 @@ def take_profile(
         # subgraph steps on two ranks at once: for the subgraph strategies and the pipelines'
         # blocks (predict's _slowdown); a sampled-only grid has its own factor and skips it
         parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
-        corun = (
-            {**flags_for(base, "allreduce", partitions=parts[0], sync_every=20), "workers": 2}
-            if any(n.kind in ("parts", "pipeline") for n in needs)
-            else None
-        )
+        corun = None
+        if any(n.kind in ("parts", "pipeline") for n in needs):
+            flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
+            straggled = {**straggle, "key": f"parts{parts[0]}"} if straggle else None
+            corun = ({**flags, "workers": 2}, straggled)
         sampled = _sampled_probe(base, needs, prof, straggle)
         profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)
     from gnnpar.training.metrics import peak_memory
