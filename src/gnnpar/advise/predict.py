@@ -423,6 +423,14 @@ def simulate(
                 speed=speed,
             )
 
+        beside = prof.beside_straggler.get(f"parts{s['partitions']}")
+        slow = {r for r, x in strag.slowdown.items() if x > 1.0 and r < world}
+        if beside is not None and slow:
+            # the profile measured the pool's main worker beside a sleeping straggler in a real
+            # run: that for the ranks sharing a machine with one, the co-run factor elsewhere
+            # (the stragglers' own steps after a pause: after_pause)
+            mates = {r for r in range(world) if any(r // per_host == q // per_host for q in slow)}
+            return run([beside / f if r in mates - slow else 1.0 for r in range(world)])
         # a rank whose machine-mates idle: a lone rank's step (the co-run factor is clamped at
         # 1 where the real loop ran faster than the profile's steps; so is this)
         alone = _time_share(prof, 1) * max(1.0, prof.loop_factor)

@@ -147,6 +147,9 @@ class Profile:
     # real run, over the step alone (:func:`_sampled_corun_factor`); taken only for grids with
     # stragglers and sampled on several ranks (empty: none asked, or a profile from before: 1)
     after_pause: dict[str, float] = field(default_factory=dict)
+    # "parts8" -> gossip's rank beside a straggler on its machine: its steps in a real run of
+    # gossip with the stragglers over alone (:func:`_beside_straggler_ratio`); as after_pause
+    beside_straggler: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -838,9 +841,9 @@ def comm_rank(
         out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
         if corun is not None:
             flags, straggle = corun
-            out["corun_factor"], out["sync_runs"], out["after_pause_parts"] = _corun_factor(
-                flags, ctx, rounds, straggle=straggle
-            )
+            corun_out = _corun_factor(flags, ctx, rounds, straggle=straggle)
+            out["corun_factor"], out["sync_runs"] = corun_out[:2]
+            out["after_pause_parts"], out["beside_straggler"] = corun_out[2:]
         if sampled is not None:
             flags, alone_s, straggle = sampled
             out["sampled_corun_factor"], out["after_pause"] = _sampled_corun_factor(
@@ -890,7 +893,7 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
 
 def _corun_factor(
     flags: dict, ctx, rounds: int, min_steps: int = 40, straggle: dict | None = None
-) -> tuple[list[float], list[dict[str, float]], list[float]]:
+) -> tuple[list[float], list[dict[str, float]], list[float], list[float]]:
     """How much slower a step is in a real two-rank run than alone, per round
     (:func:`probe_rounds`): the steps of allreduce's own plan (rank 0's dealt subgraphs) timed
     by rank 0 alone, the other rank idle at a barrier; then that plan on both ranks (averaging
@@ -903,7 +906,8 @@ def _corun_factor(
     After each round, the same plan averaging gradients every step (:func:`_sync_run`): how
     late a rank that waited at an all-reduce resumes (:func:`wake_s`), per round; and with
     ``straggle``, the plan trained with the grid's stragglers: a straggler's step after its
-    pause over alone (:func:`_straggled_step_ratio`), per round (else an empty list)."""
+    pause over alone (:func:`_straggled_step_ratio`), and gossip's rank beside the straggler
+    (:func:`_beside_straggler_ratio`), per round (else empty lists)."""
     import torch.distributed as dist
 
     from gnnpar.parallel import collectives
@@ -923,6 +927,7 @@ def _corun_factor(
 
     runs: list[dict[str, float]] = []
     after: list[float] = []
+    beside: list[float] = []
     per_epoch = plan.source.steps
 
     def after_round(epochs: int) -> None:
@@ -931,11 +936,15 @@ def _corun_factor(
             ratio = _straggled_step_ratio(flags, straggle, ds, ctx, epochs, per_epoch, alone())
             if ratio is not None:
                 after.append(ratio)
+        if straggle and straggle.get("gossip"):
+            ratio = _beside_straggler_ratio(straggle["gossip"], straggle, ds, ctx, epochs, alone())
+            if ratio is not None:
+                beside.append(ratio)
 
     ratios = _two_rank_rounds(
         flags, ds, ctx, per_epoch, alone, rounds, min_steps, after_round=after_round
     )
-    return ratios, runs, after
+    return ratios, runs, after, beside
 
 
 def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, Any]:
@@ -986,6 +995,26 @@ def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float
     return (lo + hi) / 2
 
 
+def _straggler_flags(straggle: dict) -> dict:
+    """``--slowdown`` and ``--jitter`` of a probe's ``straggle`` (without its bookkeeping)."""
+    return {k: straggle[k] for k in ("slowdown", "jitter") if k in straggle}
+
+
+def _beside_straggler_ratio(flags: dict, straggle: dict, ds, ctx, epochs: int, solo: float):
+    """gossip of ``flags`` trained by the real loop on both ranks with the stragglers of
+    ``straggle`` (the slowest on rank 1) for ``epochs``: rank 0's mean step after its first
+    ``epochs``-th of them (taking from the pool, training, its pairing's store calls; not its
+    waits for the partner) over ``solo``. The pool's main worker beside a sleeping straggler on
+    a 2-vCPU AMD EPYC VM stepped 1.3-1.4x as long as alone, and slower than beside a rank that
+    computes (Cora, 3x straggler: 1.64 ms mean against ~1.5 in an even run; gossip was
+    predicted 15-25% short there without it, BENCHMARKS.md 2026-11-27)."""
+    fast = _train_on_ranks({**flags, **_straggler_flags(straggle)}, ds, ctx, epochs).ranks[0]
+    steps = fast.step_times[len(fast.step_times) // max(epochs, 1) :]
+    if not steps or solo <= 0:
+        return None
+    return max(1.0, statistics.fmean(steps) / solo)
+
+
 def _straggled_step_ratio(
     flags: dict, straggle: dict, ds, ctx, epochs: int, per_epoch: int, solo: float
 ) -> float | None:
@@ -994,8 +1023,7 @@ def _straggled_step_ratio(
     epoch, its pauses taken out (shared over its steps by their length), over ``solo`` (the
     same kind of step alone). What a straggler's step right after its pause costs in a real
     run: the emulation sleeps, and the thread resumes on a cold core."""
-    slowed = {k: v for k, v in straggle.items() if k != "key"}
-    slow = _train_on_ranks({**flags, **slowed}, ds, ctx, epochs).ranks[1]
+    slow = _train_on_ranks({**flags, **_straggler_flags(straggle)}, ds, ctx, epochs).ranks[1]
     steps = slow.step_times[per_epoch:]
     if not steps or solo <= 0:
         return None
@@ -1224,6 +1252,10 @@ def profile_comm(
         key = corun[1]["key"]
         prof.after_pause[key] = statistics.median(out["after_pause_parts"])
         prof.probe_rounds[f"after_pause_{key}"] = out["after_pause_parts"]
+    if out.get("beside_straggler"):
+        key = corun[1]["key"]
+        prof.beside_straggler[key] = statistics.median(out["beside_straggler"])
+        prof.probe_rounds[f"beside_straggler_{key}"] = out["beside_straggler"]
     if "corun_factor" in out:
         prof.probe_rounds["corun_factor"] = out["corun_factor"]
         wakes = [wake_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
@@ -1395,7 +1427,11 @@ def take_profile(
         corun = None
         if any(n.kind in ("parts", "pipeline") for n in needs):
             flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
-            straggled = {**straggle, "key": f"parts{parts[0]}"} if straggle else None
+            straggled = None
+            if straggle:  # and gossip's fast rank beside the straggler (the pool's main worker)
+                gossip = flags_for(base, "gossip", partitions=parts[0], sync_every=20)
+                key = f"parts{parts[0]}"
+                straggled = {**straggle, "key": key, "gossip": {**gossip, "workers": 2}}
             corun = ({**flags, "workers": 2}, straggled)
         sampled = _sampled_probe(base, needs, prof, straggle)
         profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)
