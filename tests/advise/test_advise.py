@@ -1062,3 +1062,36 @@ def test_a_profile_for_a_straggler_times_its_steps_in_a_real_straggled_run():
         # at least 1 (a step is never faster than alone); not 3 (the pauses are taken out)
         assert len(rounds) == 2 and all(1.0 <= r < 2.5 for r in rounds)
         assert prof.after_pause[key] == pytest.approx(statistics.median(rounds))
+    # gossip's main worker beside the straggler, from a real gossip run with it
+    beside = prof.probe_rounds["after_pause_parts4".replace("after_pause", "beside_straggler")]
+    assert set(prof.beside_straggler) == {"parts4"} and len(beside) == 2
+    assert all(1.0 <= r < 3.0 for r in beside)
+
+
+def test_gossip_ranks_beside_a_straggler_step_as_profiled_beside_one():
+    """gossip, rank 1 3x slow, a profiled step beside a straggler of 2x alone: rank 0 (on its
+    machine) steps 2x the profiled subgraph step whatever the co-run factor; without the
+    measurement (a profile from before), or on another host than the straggler, the co-run
+    factor as before."""
+    from gnnpar.advise import simulate as sim
+    from gnnpar.advise.predict import Candidate, predict
+
+    def prof(beside: dict) -> Profile:
+        p = _sampled_profile()
+        p.parts_step_s, p.beside_straggler = {"4": [0.004] * 4}, beside
+        p.comm = {"ring_step": [0.0, 1e12], "p2p_link": [0.0, 1e12], "corun_factor": 1.5,
+                  "store_rtt_s": 0.0}  # fmt: skip
+        return p
+
+    c = Candidate("gossip", {"partitions": 4, "sync_every": 100}, 2)
+    strag = sim.Stragglers({1: 3.0})
+    one = ClusterSpec(1, 2)
+    measured = predict(c, prof({"parts4": 2.0}), one, strag, 10)
+    # rank 0's steps 8 ms, rank 1's 6 ms and 12 ms pauses: rank 0 takes 2 of every 3 positions
+    assert measured.result.compute_s[0] == pytest.approx(0.008 * measured.result.batches[0])
+    before = predict(c, prof({}), one, strag, 10)
+    assert before.result.compute_s[0] < 0.0065 * before.result.batches[0]
+    apart = ClusterSpec(2, 1, sim.Link(0.0, 1e12))
+    assert predict(c, prof({"parts4": 2.0}), apart, strag, 10).train_time_s == pytest.approx(
+        predict(c, prof({}), apart, strag, 10).train_time_s
+    )

@@ -1000,6 +1000,9 @@ def _straggler_flags(straggle: dict) -> dict:
     return {k: straggle[k] for k in ("slowdown", "jitter") if k in straggle}
 
 
+_GOSSIP_RUNS = [0]  # gossip runs of this process's probes (the same count on both ranks)
+
+
 def _beside_straggler_ratio(flags: dict, straggle: dict, ds, ctx, epochs: int, solo: float):
     """gossip of ``flags`` trained by the real loop on both ranks with the stragglers of
     ``straggle`` (the slowest on rank 1) for ``epochs``: rank 0's mean step after its first
@@ -1008,7 +1011,12 @@ def _beside_straggler_ratio(flags: dict, straggle: dict, ds, ctx, epochs: int, s
     a 2-vCPU AMD EPYC VM stepped 1.3-1.4x as long as alone, and slower than beside a rank that
     computes (Cora, 3x straggler: 1.64 ms mean against ~1.5 in an even run; gossip was
     predicted 15-25% short there without it, BENCHMARKS.md 2026-11-27)."""
-    fast = _train_on_ranks({**flags, **_straggler_flags(straggle)}, ds, ctx, epochs).ranks[0]
+    import torch.distributed as dist
+
+    # gossip's pool and pairing keys are the process group store's: a run of its own per call
+    _GOSSIP_RUNS[0] += 1
+    own = replace(ctx, store=dist.PrefixStore(f"advise/beside{_GOSSIP_RUNS[0]}/", ctx.store))
+    fast = _train_on_ranks({**flags, **_straggler_flags(straggle)}, ds, own, epochs).ranks[0]
     steps = fast.step_times[len(fast.step_times) // max(epochs, 1) :]
     if not steps or solo <= 0:
         return None
