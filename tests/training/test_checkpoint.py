@@ -238,9 +238,12 @@ def test_a_restart_only_one_hosts_agent_counted_resumes_on_both_hosts(tmp_path):
         cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--max-restarts", "1"]
         cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restart"]
         cmd += ["--rdzv-conf", "is_host=true" if i == 0 else "is_host=false"]
-        # rank 0 sleeps 299x its few-ms steps: the kill below must land before its 8 steps end
-        # (with 99x, a loaded CI box once saw it finish first: no restart to check)
-        cmd += [*flags, "--checkpoint-every", "1", "--slowdown", "0=300", "--out", str(out)]
+        # rank 0 sleeps 999x its few-ms steps (2-3 s): the kill below must land before its 8
+        # steps end (with 99x, a loaded CI box once saw it finish first: no restart to check),
+        # and rank 1's agent must restart and rejoin while rank 0 still sleeps (with 299x,
+        # ~0.9 s, a loaded CI box once saw rank 0 reach its next all-reduce first and fail on
+        # the closed connection: its agent then counted a restart of its own)
+        cmd += [*flags, "--checkpoint-every", "1", "--slowdown", "0=1000", "--out", str(out)]
         env = {**os.environ, "LOGLEVEL": "INFO"}  # the agents say why they restart
         procs.append(
             subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
