@@ -324,6 +324,15 @@ def _corun_by_overlap(
     return result
 
 
+def _resumed(strag: sim.Stragglers, prof: Profile, key: str, f: float) -> sim.Stragglers:
+    """``strag`` with the profile's after-pause factor of the batches ``key``: a straggler's
+    step right after its pause, measured in a real straggled run against alone (co-running
+    included), so it stands for the co-run factor ``f`` that the simulated steps carry (the
+    simulation takes it instead of the rank's speed). None where not profiled."""
+    after = prof.after_pause.get(key)
+    return replace(strag, after_pause=None if after is None else after / f)
+
+
 def _pause_per_step(stragglers: sim.Stragglers, slowed_s: float) -> float:
     """The slowest rank's mean pause per step whose slowed share is ``slowed_s`` seconds
     (:class:`~gnnpar.training.straggler.Straggler`: ``F - 1`` times it, and with ``--jitter``
@@ -367,15 +376,9 @@ def simulate(
         # a first step on a graph: also what the model derives from it and keeps
         first = [t + x * f for t, x in zip(steps, extra)]
         return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
-    if c.strategy in ("allreduce", "gossip", "gossip-bipartite"):
-        # a straggler's step right after its pause, measured in a real straggled run against
-        # alone (co-running included): it stands for the co-run factor on that step
-        after = prof.after_pause.get(f"parts{s['partitions']}")
-        strag = replace(
-            strag, after_pause=None if after is None else after / _slowdown(prof, per_host)
-        )
     if c.strategy == "allreduce":
         f = _slowdown(prof, per_host)
+        strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         extra = [x * f for x in _first_extra(prof, s["partitions"])]
         n = len(part_s)
@@ -394,6 +397,7 @@ def simulate(
         return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag, pairs=grads)
     if c.strategy in ("gossip", "gossip-bipartite"):
         f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
+        strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
         part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         pool = WorkPool(None, "", len(part_s), epochs, seed)
         parts = [i for e in range(epochs) for i in pool.order(e)]
@@ -478,12 +482,8 @@ def simulate(
         idle = _pause_per_step(strag, compute * share) * prof.threads
         busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
         f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
-        # and a straggler's step right after its pause runs cold: the profile measured it in a
-        # real straggled run against alone (co-running included), so it stands for the
-        # rank's co-run factor on that step (the simulation takes it instead of the rank's speed)
-        after = prof.after_pause.get(f"sampled{sampled_key(prof, s['batch_size'], world)}")
-        after = None if after is None else after * seeds / f
-        strag = replace(strag, slowed_share=share, after_pause=after)
+        key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
+        strag = _resumed(replace(strag, slowed_share=share), prof, key, f / seeds)
 
         def run_sampled(speed: list[float]) -> sim.SimResult:
             return sim.sampled(

@@ -20,9 +20,10 @@ stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is 
 * how late a rank that waited at an all-reduce resumes (:func:`wake_s`): blocked in gloo's
   wait it slept, and is woken late (1.3-2.1 ms on a 2-vCPU VM, against ~0.2 ms for the fitted
   exchange), from allreduce trained with K = 1 by the real loop on two ranks;
-* with ``--slowdown`` or ``--jitter``: how much longer a sampled batch's making and step take
-  right after the emulated straggler's sleep, in a real two-rank run with the stragglers, than
-  alone (:func:`_sampled_corun_factor`);
+* with ``--slowdown`` or ``--jitter``: how much longer a straggler's step (a subgraph's, a
+  sampled batch's making and training) takes right after its emulated sleep, in a real two-rank
+  run with the stragglers, than alone (:func:`_straggled_step_ratio`), and gossip's rank beside
+  the straggler (:func:`_beside_straggler_ratio`);
 * memory: the bare rank's resident memory here, and this process's peak.
 
 ViG on images (study 000) is profiled per block instead (:func:`profile_images`): each block's
@@ -143,9 +144,10 @@ class Profile:
     # the reference work (advise/speed.py) timed at the profile's start and end: --validate
     # times it around each run to tell the machine's drift from the model's error
     speed_ref_s: list[float] = field(default_factory=list)
-    # "sampled70" (the batches a rank trains) -> a straggler's step right after its pause, in a
-    # real run, over the step alone (:func:`_sampled_corun_factor`); taken only for grids with
-    # stragglers and sampled on several ranks (empty: none asked, or a profile from before: 1)
+    # "sampled70" (the batches a rank trains), "parts8" -> a straggler's step right after its
+    # pause, in a real run, over the step alone (:func:`_straggled_step_ratio`); taken only for
+    # grids with stragglers and a straggled strategy on several ranks (empty: none asked, or a
+    # profile from before: as any other step)
     after_pause: dict[str, float] = field(default_factory=dict)
     # "parts8" -> gossip's rank beside a straggler on its machine: its steps in a real run of
     # gossip with the stragglers over alone (:func:`_beside_straggler_ratio`); as after_pause
@@ -787,7 +789,7 @@ def comm_rank(
     repeats: int,
     timeout_s: float,
     pipelines: list[tuple[str, dict]],
-    corun: tuple[dict, dict | None] | None,
+    corun: tuple[dict, dict | None, dict | None] | None,
     sampled: tuple[dict, float, dict | None] | None,
     rounds: int,
     log_dir: str,
@@ -840,8 +842,8 @@ def comm_rank(
         out["pipeline_step_s"] = {key: t for key, (t, _) in steps.items()}
         out["pipeline_first_s"] = {key: first for key, (_, first) in steps.items()}
         if corun is not None:
-            flags, straggle = corun
-            corun_out = _corun_factor(flags, ctx, rounds, straggle=straggle)
+            flags, straggle, gossip = corun
+            corun_out = _corun_factor(flags, ctx, rounds, straggle=straggle, gossip=gossip)
             out["corun_factor"], out["sync_runs"] = corun_out[:2]
             out["after_pause_parts"], out["beside_straggler"] = corun_out[2:]
         if sampled is not None:
@@ -892,7 +894,12 @@ def _pipeline_step_s(flags: dict, ctx) -> tuple[float, float]:
 
 
 def _corun_factor(
-    flags: dict, ctx, rounds: int, min_steps: int = 40, straggle: dict | None = None
+    flags: dict,
+    ctx,
+    rounds: int,
+    min_steps: int = 40,
+    straggle: dict | None = None,
+    gossip: dict | None = None,
 ) -> tuple[list[float], list[dict[str, float]], list[float], list[float]]:
     """How much slower a step is in a real two-rank run than alone, per round
     (:func:`probe_rounds`): the steps of allreduce's own plan (rank 0's dealt subgraphs) timed
@@ -905,8 +912,9 @@ def _corun_factor(
 
     After each round, the same plan averaging gradients every step (:func:`_sync_run`): how
     late a rank that waited at an all-reduce resumes (:func:`wake_s`), per round; and with
-    ``straggle``, the plan trained with the grid's stragglers: a straggler's step after its
-    pause over alone (:func:`_straggled_step_ratio`), and gossip's rank beside the straggler
+    ``straggle`` (the grid's ``--slowdown``/``--jitter`` flags), the plan trained with the
+    stragglers: a straggler's step after its pause over alone (:func:`_straggled_step_ratio`),
+    and with ``gossip`` (its flags) gossip's rank beside the straggler
     (:func:`_beside_straggler_ratio`), per round (else empty lists)."""
     import torch.distributed as dist
 
@@ -932,12 +940,17 @@ def _corun_factor(
 
     def after_round(epochs: int) -> None:
         runs.append(_sync_run(flags, ds, ctx, epochs))
-        if straggle:
-            ratio = _straggled_step_ratio(flags, straggle, ds, ctx, epochs, per_epoch, alone())
-            if ratio is not None:
-                after.append(ratio)
-        if straggle and straggle.get("gossip"):
-            ratio = _beside_straggler_ratio(straggle["gossip"], straggle, ds, ctx, epochs, alone())
+        if not straggle:
+            return
+        solo = alone()  # the same steps alone, once for this round's straggled runs
+        ratio = _straggled_step_ratio(flags, straggle, ds, ctx, epochs, per_epoch, solo)
+        if ratio is not None:
+            after.append(ratio)
+        if gossip:  # its pool and pairing keys in a store namespace of this round's own
+            store = dist.PrefixStore(f"advise/beside{len(runs)}/", ctx.store)
+            ratio = _beside_straggler_ratio(
+                gossip, straggle, ds, replace(ctx, store=store), epochs, solo
+            )
             if ratio is not None:
                 beside.append(ratio)
 
@@ -995,14 +1008,6 @@ def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float
     return (lo + hi) / 2
 
 
-def _straggler_flags(straggle: dict) -> dict:
-    """``--slowdown`` and ``--jitter`` of a probe's ``straggle`` (without its bookkeeping)."""
-    return {k: straggle[k] for k in ("slowdown", "jitter") if k in straggle}
-
-
-_GOSSIP_RUNS = [0]  # gossip runs of this process's probes (the same count on both ranks)
-
-
 def _beside_straggler_ratio(flags: dict, straggle: dict, ds, ctx, epochs: int, solo: float):
     """gossip of ``flags`` trained by the real loop on both ranks with the stragglers of
     ``straggle`` (the slowest on rank 1) for ``epochs``: rank 0's mean step after its first
@@ -1010,13 +1015,10 @@ def _beside_straggler_ratio(flags: dict, straggle: dict, ds, ctx, epochs: int, s
     waits for the partner) over ``solo``. The pool's main worker beside a sleeping straggler on
     a 2-vCPU AMD EPYC VM stepped 1.3-1.4x as long as alone, and slower than beside a rank that
     computes (Cora, 3x straggler: 1.64 ms mean against ~1.5 in an even run; gossip was
-    predicted 15-25% short there without it, BENCHMARKS.md 2026-11-27)."""
-    import torch.distributed as dist
-
-    # gossip's pool and pairing keys are the process group store's: a run of its own per call
-    _GOSSIP_RUNS[0] += 1
-    own = replace(ctx, store=dist.PrefixStore(f"advise/beside{_GOSSIP_RUNS[0]}/", ctx.store))
-    fast = _train_on_ranks({**flags, **_straggler_flags(straggle)}, ds, own, epochs).ranks[0]
+    predicted 15-25% short there without it, BENCHMARKS.md 2026-11-27). gossip's pool and
+    pairing keep their keys in ``ctx.store``: give each call a namespace of its own (a second
+    run on the same keys finds the pool handed out and trains nothing)."""
+    fast = _train_on_ranks({**flags, **straggle}, ds, ctx, epochs).ranks[0]
     steps = fast.step_times[len(fast.step_times) // max(epochs, 1) :]
     if not steps or solo <= 0:
         return None
@@ -1031,7 +1033,7 @@ def _straggled_step_ratio(
     epoch, its pauses taken out (shared over its steps by their length), over ``solo`` (the
     same kind of step alone). What a straggler's step right after its pause costs in a real
     run: the emulation sleeps, and the thread resumes on a cold core."""
-    slow = _train_on_ranks({**flags, **_straggler_flags(straggle)}, ds, ctx, epochs).ranks[1]
+    slow = _train_on_ranks({**flags, **straggle}, ds, ctx, epochs).ranks[1]
     steps = slow.step_times[per_epoch:]
     if not steps or solo <= 0:
         return None
@@ -1203,14 +1205,12 @@ def _sampled_probe(
 ) -> tuple[dict, float, dict | None] | None:
     """sampled's flags for the co-run probe on two ranks (the smallest batch size asked, made in
     the rank), what such a rank's batch costs alone (making and step, as profiled), and the
-    stragglers' flags for its after-pause probe (None: no straggler)."""
+    stragglers' flags for its after-pause probe (None: no straggler), as given."""
     sizes = sorted(n.batch_size for n in needs if n.kind == "sampled")
     if not sizes:
         return None
     b, _ = sampled_batch_costs(prof, sizes[0], 2)
     flags = {**flags_for(base, "sampled", batch_size=sizes[0], loader_workers=0), "workers": 2}
-    if straggle is not None:  # the factor is kept under the batches the probe's ranks train
-        straggle = {**straggle, "key": f"sampled{sampled_key(prof, sizes[0], 2)}"}
     return flags, b["compute_s"] + b["main_sample_s"], straggle
 
 
@@ -1219,7 +1219,7 @@ def profile_comm(
     prof: Profile,
     threads: int,
     pipelines: list[tuple[str, dict]] = (),
-    corun: tuple[dict, dict | None] | None = None,
+    corun: tuple[dict, dict | None, dict | None] | None = None,
     sampled: tuple[dict, float, dict | None] | None = None,
 ) -> None:
     from gnnpar.runtime.launch import launch
@@ -1252,18 +1252,21 @@ def profile_comm(
             else {}
         ),
     }
-    if out.get("after_pause"):  # sampled with stragglers (_sampled_corun_factor)
-        key = sampled[2]["key"]
-        prof.after_pause[key] = statistics.median(out["after_pause"])
-        prof.probe_rounds[f"after_pause_{key}"] = out["after_pause"]
-    if out.get("after_pause_parts"):  # the subgraph strategies with stragglers
-        key = corun[1]["key"]
-        prof.after_pause[key] = statistics.median(out["after_pause_parts"])
-        prof.probe_rounds[f"after_pause_{key}"] = out["after_pause_parts"]
+
+    def keep(into: dict[str, float], kind: str, key: str, rounds: list[float]) -> None:
+        """A straggler probe's rounds, under the batches its ranks trained; the median kept."""
+        into[key] = statistics.median(rounds)
+        prof.probe_rounds[f"{kind}_{key}"] = rounds
+
+    if out.get("after_pause"):  # sampled's: a rank's own batches (sampled_key)
+        key = f"sampled{sampled_key(prof, sampled[0]['batch-size'], 2)}"
+        keep(prof.after_pause, "after_pause", key, out["after_pause"])
+    if out.get("after_pause_parts"):  # the subgraph strategies': the co-run probe's subgraphs
+        key = f"parts{corun[0]['partitions']}"
+        keep(prof.after_pause, "after_pause", key, out["after_pause_parts"])
     if out.get("beside_straggler"):
-        key = corun[1]["key"]
-        prof.beside_straggler[key] = statistics.median(out["beside_straggler"])
-        prof.probe_rounds[f"beside_straggler_{key}"] = out["beside_straggler"]
+        key = f"parts{corun[0]['partitions']}"
+        keep(prof.beside_straggler, "beside_straggler", key, out["beside_straggler"])
     if "corun_factor" in out:
         prof.probe_rounds["corun_factor"] = out["corun_factor"]
         wakes = [wake_s(run, prof.comm, prof.param_bytes) for run in out["sync_runs"]]
@@ -1352,7 +1355,8 @@ def take_profile(
     ``loader_workers``: also a loader worker's start-up (starts one); ``rounds``: of every
     timing and ratio probe (``--profile-rounds``), the median of each kept; ``straggle``: the
     ``--slowdown``/``--jitter`` flags of the grid's stragglers on the probe's two ranks (rank 1
-    the slowest), for sampled's after-pause probe (:func:`_sampled_corun_factor`)."""
+    the slowest), for the after-pause probes (:func:`_straggled_step_ratio`,
+    :func:`_beside_straggler_ratio`)."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
     from gnnpar.runtime.launch import start_fork_server_for_ranks
@@ -1435,12 +1439,13 @@ def take_profile(
         corun = None
         if any(n.kind in ("parts", "pipeline") for n in needs):
             flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
-            straggled = None
+            gossip = None
             if straggle:  # and gossip's fast rank beside the straggler (the pool's main worker)
-                gossip = flags_for(base, "gossip", partitions=parts[0], sync_every=20)
-                key = f"parts{parts[0]}"
-                straggled = {**straggle, "key": key, "gossip": {**gossip, "workers": 2}}
-            corun = ({**flags, "workers": 2}, straggled)
+                gossip = {
+                    **flags_for(base, "gossip", partitions=parts[0], sync_every=20),
+                    "workers": 2,
+                }
+            corun = ({**flags, "workers": 2}, straggle, gossip)
         sampled = _sampled_probe(base, needs, prof, straggle)
         profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)
     from gnnpar.training.metrics import peak_memory
