@@ -1095,3 +1095,17 @@ def test_gossip_ranks_beside_a_straggler_step_as_profiled_beside_one():
     assert predict(c, prof({"parts4": 2.0}), apart, strag, 10).train_time_s == pytest.approx(
         predict(c, prof({}), apart, strag, 10).train_time_s
     )
+
+
+def test_ranks_sharing_a_machine_are_never_predicted_faster_than_one_alone():
+    """The co-run factor (two ranks at once) and the loop factor (one rank in the real loop)
+    are separate probes; where noise puts the first under the second, two ranks sharing the
+    machine still step no faster than one alone: the loop factor is the floor."""
+    from gnnpar.advise.predict import _slowdown
+
+    prof = _sampled_profile()
+    prof.loop_factor, prof.comm["corun_factor"] = 1.3, 1.1
+    assert _slowdown(prof, 1) == pytest.approx(1.3)
+    assert _slowdown(prof, 2) == pytest.approx(1.3)
+    prof.comm["corun_factor"] = 1.5
+    assert _slowdown(prof, 2) == pytest.approx(1.5)

@@ -284,10 +284,13 @@ def _slowdown(
         return share * prof.loop_factor
     # the co-run factor was measured with two ranks of prof.threads each on this machine: the
     # part of it that time-sharing explains is already in ``share``; the rest (SMT siblings,
-    # memory bandwidth, gloo's threads, the real loop's slow steps) comes on top
+    # memory bandwidth, gloo's threads, the real loop's slow steps) comes on top. It is never
+    # less than the real loop's factor of one rank alone (both measured, in separate probes: a
+    # profile whose co-run factor came out under its loop factor predicted two hosts sharing
+    # this machine faster than two hosts of their own)
     measured = prof.comm.get(kind) or prof.comm.get("corun_factor", 1.0)
     shared_then = max(1.0, 2 * prof.threads / cores)
-    return share * max(1.0, measured / shared_then)
+    return share * max(1.0, prof.loop_factor, measured / shared_then)
 
 
 def _corun_by_overlap(
