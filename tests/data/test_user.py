@@ -264,6 +264,64 @@ def test_missing_masks_are_drawn_from_the_rest_like_karate_club():
     assert int(s["val_mask"][y == 0].sum()) == 9  # stratified: half of each class's rest
 
 
+def _ten_nodes(**given: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Ten nodes, classes 0 (nodes 0-4) and 1 (nodes 5-9); ``given``: mask name -> node ids."""
+    y = torch.tensor([0] * 5 + [1] * 5)
+    masks = {}
+    for name, ids in given.items():
+        masks[f"{name}_mask"] = torch.zeros(10, dtype=torch.bool)
+        masks[f"{name}_mask"][ids] = True
+    return y, masks
+
+
+# (given masks) -> per class of the rest, (train, val, test) counts drawn, worked by hand: the
+# shares 6/2/2 renormalised over the missing masks, round(share * n) each but the last, which
+# takes what is left
+PARTIAL = {
+    "none": ({}, (3, 1, 1)),  # 5 per class: round(0.6*5)=3 train, round(0.2*5)=1 val, 1 test
+    "train": ({"train": [0, 5]}, (0, 2, 2)),  # 4 left per class: val 2/4 -> 2, test the rest
+    "val": ({"val": [0, 5]}, (3, 0, 1)),  # 4 left: train round(6/8*4)=3, test 1
+    "test": ({"test": [0, 5]}, (3, 1, 0)),  # 4 left: train 3, val 1
+    "train+val": ({"train": [0, 1, 5, 6], "val": [2, 7]}, (0, 0, 2)),  # the rest is test
+    "val+test": ({"val": [0, 5], "test": [1, 6]}, (3, 0, 0)),  # the rest trains
+    "train+test": ({"train": [0, 5], "test": [1, 6]}, (0, 3, 0)),  # the rest validates
+}
+
+
+@pytest.mark.parametrize("case", list(PARTIAL))
+def test_each_partial_set_of_masks_is_completed_from_the_rest(case):
+    given_ids, drawn = PARTIAL[case]
+    y, given = _ten_nodes(**given_ids)
+    s = stratified_split(y, multilabel=False, seed=11, given=given)
+    for m, ids in given.items():
+        assert torch.equal(s[m], ids)  # a given mask is kept exactly
+    rest = ~torch.stack([*given.values(), torch.zeros(10, dtype=torch.bool)]).any(0)
+    for m, count in zip(("train_mask", "val_mask", "test_mask"), drawn):
+        if m in given:
+            continue
+        assert not (s[m] & ~rest).any()  # drawn only from nodes in no given mask
+        assert [int(s[m][y == c].sum()) for c in (0, 1)] == [count, count]
+    assert int(sum(s[m].long() for m in s).max()) == 1  # disjoint
+    assert bool(sum(s[m].long() for m in s).bool().all())  # and every node is in one
+
+
+def test_a_graph_with_all_three_masks_is_not_split_again():
+    y, given = _ten_nodes(train=[0, 5], val=[1, 6], test=[2, 7])
+    s = stratified_split(y, multilabel=False, seed=0, given=given)
+    assert all(torch.equal(s[m], given[m]) for m in given)
+    assert int(sum(s[m].long() for m in s).sum()) == 6  # nodes in no mask stay out
+
+
+def test_partial_masks_recorded_in_dataset_info(tmp_path):
+    g = graph(n=20, classes=2)
+    g.train_mask = torch.zeros(20, dtype=torch.bool)
+    g.train_mask[:2] = True
+    ds = load_dataset(str(save(tmp_path / "k.pt", g)), tmp_path / "data", seed=4)
+    assert ds.info["split"] == "given train; val, test stratified from the rest, seed 4"
+    # 9 left per class: val round(9/2) = 5 (halves round up), test the other 4
+    assert ds.info["split_counts"] == {"train": 2, "val": 10, "test": 8}
+
+
 def test_stratified_split_puts_every_class_in_train():
     y = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3, 3, 3] + [4] * 10)
     s = stratified_split(y, multilabel=False, seed=0)
@@ -315,6 +373,54 @@ def test_same_content_shares_one_cache_entry(tmp_path):
     changed.x = changed.x + 1
     load_dataset(str(save(tmp_path / "a.pt", changed)), root)
     assert len([p for p in (root / "cache").glob("user-*") if p.is_dir()]) == 2
+
+
+def test_one_cache_entry_per_content_whatever_the_form(tmp_path, capsys):
+    """A Data file, a dict file, an OGB folder and gnnpar.fit's saved copy of one graph: one
+    entry; every form is read once (then its alias says which entry it holds)."""
+    from gnnpar.data.user import plain_graph
+
+    root = tmp_path / "data"
+    g = graph(masks=True)
+    as_data = save(tmp_path / "data.pt", g)
+    as_dict = save(tmp_path / "dict.pt", plain_graph(g, "g"))
+    assert as_data.read_bytes() != as_dict.read_bytes()
+    a = load_dataset(str(as_data), root)
+    first = capsys.readouterr().out
+    assert first.startswith(f"gnnpar: converting {as_data} into {root / 'cache'}/ ...")
+    assert "kB on disk" in first and "later runs reuse it" in first
+    b = load_dataset(str(as_dict), root)
+    assert "the same graph as" in capsys.readouterr().out
+    load_dataset(str(as_dict), root)
+    assert capsys.readouterr().out == ""  # known now: neither converted nor announced
+    entries = [p.name for p in (root / "cache").glob("user-*") if p.is_dir()]
+    assert entries == [f"user-{a.info['fingerprint'][:20]}"]
+    assert a.info["fingerprint"] == b.info["fingerprint"]
+    assert len(list((root / "cache").glob("user-source-*.json"))) == 2
+
+
+def test_a_known_file_whose_entry_was_deleted_is_converted_again(tmp_path):
+    import shutil
+
+    root = tmp_path / "data"
+    path = save(tmp_path / "g.pt", graph())
+    a = load_dataset(str(path), root)
+    shutil.rmtree(root / "cache" / f"user-{a.info['fingerprint'][:20]}")
+    b = load_dataset(str(path), root)
+    assert torch.equal(a.data.x, b.data.x) and a.info["fingerprint"] == b.info["fingerprint"]
+
+
+def test_an_alias_of_another_version_or_garbled_is_ignored(tmp_path):
+    root = tmp_path / "data"
+    path = save(tmp_path / "g.pt", graph())
+    a = load_dataset(str(path), root)
+    (alias,) = (root / "cache").glob("user-source-*.json")
+    for text in ("not json", "[]", json.dumps({"version": "user-0"}), '{"content_sha256": 3}'):
+        alias.write_text(text)
+        b = load_dataset(str(path), root)
+        assert b.info["fingerprint"] == a.info["fingerprint"]
+    record = json.loads(alias.read_text())  # rewritten whole by the last read
+    assert record["content_sha256"] == a.info["fingerprint"]
 
 
 def test_renamed_ogb_folder_hits_the_same_entry(tmp_path):

@@ -29,14 +29,17 @@ Crash safety:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -228,8 +231,16 @@ def cached(
     version: str,
     build: Builder,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    what: str | None = None,
+    announce: bool = True,
 ) -> tuple[Tensors, dict[str, Any], bool]:
     """Load ``key`` from the cache, building it with ``build()`` first if absent or stale.
+
+    A build is announced on one line of stdout, ``gnnpar: <what> into <folder> ...`` when it
+    starts, completed with the entry's size on disk and the time it took once it is written
+    (``what``: e.g. "converting my_graph.pt"; default from the key, :func:`describe_key`), so a
+    run never spends minutes or writes gigabytes without saying so (``announce=False``: the
+    caller says it, :func:`announced`).
 
     Returns ``(tensors, meta, hit)``; ``hit`` is False when this call built the entry. ``version``
     is stored in meta.json: an entry with another version (older generator) is rebuilt, and so
@@ -265,27 +276,77 @@ def cached(
                 f"The dataset cache entry {folder} is damaged ({why}); rebuilding it.",
                 stacklevel=2,
             )
-        tensors, meta = build()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}{TMP_MARK}", dir=parent))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any file
-            record = save_tensors(tensors, tmp / "tensors.pt")
-            full_meta = {**meta, "version": version, INTEGRITY: {"tensors.pt": record}}
-            (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1))
-            del tensors
-            if folder.exists():  # a stale version: move it aside, then delete it
-                stale = Path(tempfile.mkdtemp(prefix=f".{key}{OLD_MARK}", dir=parent))
-                os.rename(folder, stale / "old")
-                shutil.rmtree(stale, ignore_errors=True)
-            os.rename(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        says = (
+            announced(what or describe_key(key), folder) if announce else contextlib.nullcontext({})
+        )
+        with says as done:
+            tensors, meta = build()
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}{TMP_MARK}", dir=parent))
+            try:
+                tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any file
+                record = save_tensors(tensors, tmp / "tensors.pt")
+                full_meta = {**meta, "version": version, INTEGRITY: {"tensors.pt": record}}
+                (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1))
+                del tensors
+                if folder.exists():  # a stale version: move it aside, then delete it
+                    stale = Path(tempfile.mkdtemp(prefix=f".{key}{OLD_MARK}", dir=parent))
+                    os.rename(folder, stale / "old")
+                    shutil.rmtree(stale, ignore_errors=True)
+                os.rename(tmp, folder)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            done["size"] = entry_bytes(folder)
     # Reload memory-mapped, so the freshly built copy is shared with other ranks, not private.
     loaded, why = _open(folder, version)
     if loaded is None:
         raise RuntimeError(f"The cache entry {folder} just written cannot be read back ({why}).")
     return (*loaded, False)
+
+
+@contextlib.contextmanager
+def announced(what: str, folder: Path | str) -> Iterator[dict[str, Any]]:
+    """``gnnpar: <what> into <folder> ...`` on stdout now, ended by ``<size> on disk, <t> s``
+    (the size the body puts in the dict it is given as ``size``) when the body is done, by ``the
+    same graph as <entry>, cached already`` where it puts ``same``, or by ``stopped`` when it
+    raises (so that the error that follows starts a line of its own)."""
+    t0 = time.perf_counter()
+    print(f"gnnpar: {what} into {folder} ...", end="", flush=True)
+    done: dict[str, Any] = {}
+    try:
+        yield done
+    except BaseException:
+        print(" stopped", flush=True)
+        raise
+    if "same" in done:  # what was read turned out to be cached already, under its content
+        print(f" the same graph as {done['same']}, cached already", flush=True)
+        return
+    size = f" {human_bytes(done['size'])} on disk," if "size" in done else ""
+    print(f"{size} {time.perf_counter() - t0:.1f} s; later runs reuse it", flush=True)
+
+
+def entry_bytes(folder: Path) -> int:
+    """The bytes a cache entry takes (its files)."""
+    return sum(p.stat().st_size for p in Path(folder).iterdir() if p.is_file())
+
+
+def describe_key(key: str) -> str:
+    """What building the entry ``key`` does, in words: ``generating synthetic-cifar10 (--scale
+    1, seed 0)`` for a generated dataset's :func:`gnnpar.data.datasets.generated_key`,
+    ``converting reddit's files`` otherwise."""
+    m = re.fullmatch(r"(synthetic-[\w-]+)-scale([^-]+)-seed(\d+)", key)
+    if m:
+        return f"generating {m[1]} (--scale {m[2]}, seed {m[3]})"
+    return f"converting {key}'s files"
+
+
+def human_bytes(n: float) -> str:
+    """``704 MB``, ``1.6 GB``, ``12 kB`` (decimal units, as ``du --si`` and file managers)."""
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit in ("bytes", "kB") or n >= 100 else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError  # unreachable
 
 
 def fingerprint(paths: list[Path]) -> str:

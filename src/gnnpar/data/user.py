@@ -41,9 +41,13 @@ Decisions:
   (there: half validation, half test). result.json's ``dataset_info.split`` says which.
 - Cache: every user graph is converted once into ``<data_root>/cache/user-<sha256[:20]>/`` and
   memory-mapped from there (cache.py), so the local ranks of a machine share one copy. The key
-  is the content, not the name: the SHA-256 of the ``.pt`` file's bytes, of the OGB files read
-  (each with its path inside the folder), or of the tensors a function built. A renamed copy
-  hits the same entry; an edited file makes a new one.
+  is the content, not the name nor the form: the SHA-256 of the converted tensors (names,
+  dtypes, shapes, bytes), whether they came from a ``.pt`` file (a ``Data`` or a dict), an OGB
+  folder, a function or ``gnnpar.fit(data)``. A file's bytes are hashed on every run; the first
+  run that reads a file records which content they hold (``cache/user-source-<sha256>.json``),
+  so later runs do not convert it again. A renamed or re-saved copy hits the same entry; an
+  edited graph makes a new one. result.json's ``dataset_info.fingerprint`` is that content
+  SHA-256.
 
 Safety: a ``.pt`` file is read with ``torch.load(weights_only=True)`` (:mod:`gnnpar.data.safe_load`),
 so reading it runs no code from it. Allowed beyond tensors and containers: PyG's ``Data`` and
@@ -56,11 +60,13 @@ read is refused). A file naming any other class or function (your own dataset cl
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import random
 import re
@@ -78,7 +84,15 @@ from torch_geometric.data import Data
 from gnnpar import UsageError
 from gnnpar.config.validate import no_module_message
 from gnnpar.data import readers, safe_load
-from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached
+from gnnpar.data.cache import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    TMP_MARK,
+    announced,
+    cache_dir,
+    cached,
+    entry_bytes,
+)
+from gnnpar.data.filelock import exclusive_lock
 from gnnpar.data.types import GraphDataset
 
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds
@@ -152,13 +166,14 @@ def load_user_graph(name: str, root: Path, seed: int, timeout_s: float = DEFAULT
         if path.is_dir():
             label = path.resolve().name
             files, split_dir = _ogb_files(path)
-            digest = _files_digest(path, files)
-            build = functools.partial(_read_ogb, path, split_dir)
+            read = functools.partial(_read_ogb, path, split_dir)
+            files_digest = _files_digest(path, files)
         else:
             label = path.stem
-            digest = _files_digest(path.parent, [path.name])
-            build = functools.partial(_read_pt, path)
-    t, meta, _ = cached(root, f"user-{digest[:20]}", VERSION, build, timeout_s)
+            read = functools.partial(_read_pt, path)
+            files_digest = _files_digest(path.parent, [path.name])
+        digest, build = _content_key(root, files_digest, read, timeout_s, _converting(name))
+    t, meta, _ = cached(root, f"user-{digest[:20]}", VERSION, build, timeout_s, _converting(name))
     data = Data(x=t["x"], edge_index=t["edge_index"], y=t["y"])
     given = {m: t[m] for m in meta["masks"]}
     masks = stratified_split(t["y"], bool(meta["multilabel"]), seed, given)
@@ -641,6 +656,80 @@ def _require_nonempty_split(masks: dict[str, torch.Tensor], source: str, seed: i
 
 
 # ------------------------------------------------------------------------------ fingerprints
+def _content_key(
+    root: Path,
+    file_digest: str,
+    read: Callable[[], tuple[dict, dict]],
+    timeout_s: float,
+    what: str,
+) -> tuple[str, Callable[[], tuple[dict, dict]]]:
+    """``(content digest, builder)`` of a graph read from files whose bytes hash to
+    ``file_digest``.
+
+    The cache is keyed by the converted tensors (:func:`_tensor_digest`), so a graph saved as a
+    ``Data``, as a dict, as an OGB folder or handed to ``gnnpar.fit`` lands in one entry. Which
+    content a file holds is known only once it is read: the first read records it in a small
+    alias file ``cache/user-source-<sha256 of the files[:20]>.json``, so later runs only hash the
+    files (as before) and never convert them again. Readers of one source take its lock in
+    turn, so the local ranks of a first run do not each convert a large graph at once."""
+    cache = cache_dir(root, "")
+    alias = cache / f"user-source-{file_digest[:20]}.json"
+    known = _read_alias(alias, file_digest)
+    if known is not None:  # built again from the files if its entry went missing
+        return known, read
+    stack = contextlib.ExitStack()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = cache / f"user-source-{file_digest[:20]}.lock"
+        stack.enter_context(exclusive_lock(lock, str(alias), timeout_s))
+    except OSError:  # a read-only data root: no alias, no sharing (cached() says so)
+        built = read()
+        return _tensor_digest(built[0]), functools.partial(tuple, built)
+    with stack:
+        known = _read_alias(alias, file_digest)  # another rank read the files meanwhile
+        if known is not None:
+            return known, read
+        with announced(
+            what, f"{cache}{os.sep}"
+        ) as done:  # the entry's name is known once it is read
+            built = read()
+            digest = _tensor_digest(built[0])
+            # the entry first, then the alias that points at it
+            keep = functools.partial(tuple, built)
+            entry = cache_dir(root, f"user-{digest[:20]}")
+            _, _, hit = cached(root, entry.name, VERSION, keep, timeout_s, announce=False)
+            if hit:
+                done["same"] = entry
+            else:
+                done["size"] = entry_bytes(entry)
+        tmp = alias.with_name(f".{alias.name}{TMP_MARK}{os.getpid()}")
+        record = {"version": VERSION, "files_sha256": file_digest, "content_sha256": digest}
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, alias)
+        except OSError:  # no alias: the next run reads the files again, nothing worse
+            tmp.unlink(missing_ok=True)
+        return digest, read
+
+
+def _converting(name: str) -> str:
+    return f"converting {name}"
+
+
+def _read_alias(alias: Path, file_digest: str) -> str | None:
+    """The content digest an alias file records for ``file_digest`` (None: none, or unreadable)."""
+    try:
+        record = json.loads(alias.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("version") != VERSION:
+        return None  # another conversion: read the files again
+    if record.get("files_sha256") != file_digest:
+        return None
+    digest = record.get("content_sha256")
+    return digest if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) else None
+
+
 def _files_digest(folder: Path, files: list[str]) -> str:
     """SHA-256 over the files (streamed), each preceded by its path inside ``folder``."""
     h = hashlib.sha256()
