@@ -362,3 +362,63 @@ def test_result_keys_are_declared_and_an_undeclared_one_is_refused(tmp_path):
     out.strategy = {"not_declared": 1}
     with pytest.raises(RuntimeError, match="not_declared"):
         result_of(cfg, out)
+
+
+# ---------------------------------------------------------------------- what the run shows
+def test_progress_and_epoch_lines_agree_and_read_without_a_terminal(tmp_path, capsys, monkeypatch):
+    """Without a terminal: plain status lines (here one per step: every_s=0), never a cut bar;
+    at each epoch's last step the status shows the loss that the epoch's line then shows; the
+    last epoch's line has the final model's val and test; one closing line counts the steps."""
+    import functools
+    import re
+
+    from gnnpar.training.progress import Progress
+
+    monkeypatch.setattr(loop_module, "Progress", functools.partial(Progress, every_s=0.0))
+    cfg = config(tmp_path, epochs=3)
+    cfg.run.quiet = False
+    train(cfg, make_plan(Batches(3, steps=4)))
+    lines = capsys.readouterr().out.splitlines()
+    assert "…" not in "\n".join(lines)
+    status = [x for x in lines if x.startswith("fake: step ")]
+    epochs = [x for x in lines if x.startswith("epoch ")]
+    assert len(status) == 12 and len(epochs) == 3
+    assert re.match(
+        r"fake: step 1/12 \(8%\), 0:00:0\d elapsed, ~0:00:\d\d left; epoch 1 ", status[0]
+    )
+    for e, line in enumerate(epochs, start=1):
+        shown = re.search(r"loss (\d\.\d{4})", line)[1]
+        before = lines[lines.index(line) - 1]  # the status after the epoch's last step
+        assert before.startswith(f"fake: step {4 * e}/12 ") and f"epoch {e} loss {shown}" in before
+    assert "val" not in epochs[0] and "test" not in epochs[1]
+    assert re.match(r"epoch 3/3  loss \d\.\d{4}  val 0\.500  test 0\.250  ", epochs[2])
+    assert re.fullmatch(r"fake: 12/12 steps in 0:00:0\d", lines[-1])
+    # the losses are the epoch means the metrics record
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    means = [f"{r['loss']:.4f}" for r in records if r["event"] == "epoch"]
+    assert means == [re.search(r"loss (\d\.\d{4})", x)[1] for x in epochs]
+
+
+def test_plain_progress_lines_come_at_most_every_interval(capsys):
+    from gnnpar.training.progress import Progress
+
+    now = [100.0]
+    with Progress(10, "run", terminal=False, every_s=30.0, clock=lambda: now[0]) as bar:
+        for step in range(10):
+            now[0] += 10.0  # 10 s a step: a line after steps 3, 6 and 9, then the closing one
+            bar.update(1, f"epoch 1 loss 0.{step}000")
+    assert capsys.readouterr().out.splitlines() == [
+        "run: step 3/10 (30%), 0:00:30 elapsed, ~0:01:10 left; epoch 1 loss 0.2000",
+        "run: step 6/10 (60%), 0:01:00 elapsed, ~0:00:40 left; epoch 1 loss 0.5000",
+        "run: step 9/10 (90%), 0:01:30 elapsed, ~0:00:10 left; epoch 1 loss 0.8000",
+        "run: 10/10 steps in 0:01:40",
+    ]
+
+
+def test_a_quiet_run_shows_nothing(capsys):
+    from gnnpar.training.progress import Progress
+
+    with Progress(5, "run", enabled=False, terminal=False, every_s=0.0) as bar:
+        bar.update(5, "epoch 1 loss 1.0000")
+        bar.log("epoch 1/1")
+    assert capsys.readouterr().out == ""

@@ -311,7 +311,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     comm = any(c.world > 1 for c in req.grid)
     timeout = float(req.base.get("timeout", 120))
     print(
-        f"gnnpar advise: {'checking' if req.profile else 'profiling'} {len(needs)} batch kinds"
+        f"gnnpar advise: {'checking' if req.profile else 'profiling'} {len(needs)} batch kind{'' if len(needs) == 1 else 's'}"
         f"{' and gloo between 2 ranks' if comm else ''} at {req.threads} thread(s)...",
         flush=True,
     )

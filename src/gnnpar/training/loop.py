@@ -255,7 +255,7 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                 step += 1
                 log.record(epoch, loss, has_batch, t1 - t0, t2 - t1 - (sync.wait_s - waited))
                 metrics.step(epoch, len(log.step_times), loss, t2 - t0)
-                info = f"epoch {epoch + 1} loss {loss:.4f}" if loss is not None else ""
+                info = _running_loss(log, epoch)  # as the epoch's line will show it
                 bar.update(source.position - shown, f"{info} {sync.status()}".strip())
                 shown = source.position
                 if ckpt is not None and ckpt.due_step(len(log.step_times)):
@@ -270,8 +270,10 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                     scores, times = plan.evaluate()
                 eval_times += times
                 if scores is not None:
-                    bar.update(0, f"epoch {epoch + 1} val {scores['val']:.3f}")
-            bar.log(epoch_line(metrics.epoch(epoch, log, scores, plan.device), r.epochs))
+                    bar.update(0, f"{_running_loss(log, epoch)} val {scores['val']:.3f}")
+            record = metrics.epoch(epoch, log, scores, plan.device)
+            if not last:  # the last epoch's line waits for the final model's val and test
+                bar.log(epoch_line(record, r.epochs))
             if ckpt is not None and ckpt.due_epoch(epoch + 1) and not last:
                 save(epoch + 1, 0)
         t_end = time.perf_counter()
@@ -281,11 +283,22 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
         release_free_memory()  # rank 0 evaluates now, and the others wait for it
         with precision():
             final = plan.finish()
+        if first_epoch < r.epochs:  # this process trained the last epoch: its line, scored
+            scored = {k: final.scores.get(k) for k in ("val", "test")}
+            bar.log(epoch_line({**record, **scored}, r.epochs))
         metrics.final(final.scores, log.train_s)
     outcome = _outcome(plan, log, eval_times + final.eval_times, final)
     if ckpt is not None:
         outcome.checkpoints = ckpt.stats(resumed)
     return outcome
+
+
+def _running_loss(log: RankLog, epoch: int) -> str:
+    """``epoch 3 loss 0.4123``: the mean loss of this rank's steps of the epoch so far, which at
+    the epoch's end is the loss its line shows (:meth:`MetricsLog.epoch`)."""
+    count = log.loss_count[epoch]
+    loss = f" loss {log.loss_sum[epoch] / count:.4f}" if count else ""
+    return f"epoch {epoch + 1}{loss}"
 
 
 def _resume(cfg: Config, plan: Plan, ckpt: Checkpointer) -> Resumed | None:

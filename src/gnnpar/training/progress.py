@@ -6,60 +6,119 @@ Only the rank that reports (:attr:`gnnpar.training.loop.Plan.reporter`) shows an
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gnnpar.training.metrics import peak_memory
 
 
 class Progress:
-    """A rich progress bar on rank 0 unless quiet; a no-op otherwise."""
+    """What rank 0 shows while it trains, unless quiet (a no-op otherwise).
 
-    def __init__(self, total: int, description: str, enabled: bool = True) -> None:
+    On a terminal, a rich progress bar; its text is the current epoch and the mean loss of the
+    epoch's steps so far, the number the epoch's line then shows. Without one (stdout piped to
+    a file or a CI log, where a bar is drawn once, cut at 80 columns), plain lines instead: one
+    at most every ``every_s`` seconds while steps go on (``allreduce gcn x2: step 600/1200
+    (50%), 0:00:12 elapsed, ~0:00:12 left; epoch 25 loss 0.5161``) and one when it ends, so a
+    log says how far a long epoch got. ``log`` prints a line (the epoch lines) either way."""
+
+    def __init__(
+        self,
+        total: int,
+        description: str,
+        enabled: bool = True,
+        terminal: bool | None = None,
+        every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.enabled = enabled
+        self.total, self.description, self.every_s = total, description, every_s
+        self.done, self.info = 0, ""
         self._bar = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import (
-                Progress as RichProgress,
-            )
+        self._plain = False
+        self._clock = clock
+        self._t0 = self._shown_at = clock()
+        if not enabled:
+            return
+        if terminal is None:
+            terminal = sys.stdout.isatty()
+        if not terminal:
+            self._plain = True
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import (
+            Progress as RichProgress,
+        )
 
-            self._bar = RichProgress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"),
-                transient=False,
-            )
-            self._task = self._bar.add_task(description, total=total, info="")
-            self._bar.start()
+        self._bar = RichProgress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            transient=False,
+        )
+        self._task = self._bar.add_task(description, total=total, info="")
+        self._bar.start()
 
     def log(self, line: str) -> None:
         """A line above the bar (kept in the terminal's scroll-back, unlike the bar's info)."""
         if self._bar is not None:
             self._bar.console.print(line, highlight=False)
+        elif self._plain:
+            print(line, flush=True)
 
     def update(self, advance: int = 1, info: str = "") -> None:
+        self.done += advance
+        if info:
+            self.info = info
         if self._bar is not None:
             self._bar.update(self._task, advance=advance, info=info)
+        elif self._plain and advance and self._clock() - self._shown_at >= self.every_s:
+            print(self.status_line(), flush=True)
+            self._shown_at = self._clock()
+
+    def status_line(self, end: bool = False) -> str:
+        """``<description>: step 600/1200 (50%), 0:00:12 elapsed, ~0:00:12 left; <info>``, or
+        at the end ``<description>: 1200/1200 steps in 0:00:24``."""
+        elapsed = self._clock() - self._t0
+        if end:
+            return f"{self.description}: {self.done}/{self.total} steps in {_clock(elapsed)}"
+        share = 100 * self.done // max(self.total, 1)
+        line = f"{self.description}: step {self.done}/{self.total} ({share}%), "
+        line += f"{_clock(elapsed)} elapsed"
+        if 0 < self.done < self.total:
+            line += f", ~{_clock(elapsed * (self.total - self.done) / self.done)} left"
+        return f"{line}; {self.info}" if self.info else line
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        elif self._plain:
+            print(self.status_line(end=True), flush=True)
+            self._plain = False
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _clock(seconds: float) -> str:
+    """``0:01:05``, as the bar writes times."""
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 class MetricsLog:
@@ -128,12 +187,14 @@ class MetricsLog:
 
 
 def epoch_line(record: dict, epochs: int) -> str:
-    """``epoch 3/20  loss 0.4123  val 0.812  12.3 s  peak 1.2 GiB``"""
+    """``epoch 3/20  loss 0.4123  val 0.812  12.3 s  peak 1.2 GiB``; the last epoch's line also
+    has ``test 0.790`` (the loop adds the final model's val and test to its record)."""
     parts = [f"epoch {record['epoch'] + 1}/{epochs}"]
     if record.get("loss") is not None:
         parts.append(f"loss {record['loss']:.4f}")
-    if record.get("val") is not None:
-        parts.append(f"val {record['val']:.3f}")
+    for key in ("val", "test"):
+        if record.get(key) is not None:
+            parts.append(f"{key} {float(record[key]):.3f}")
     parts.append(f"{record['train_s']:.1f} s")
     parts.append(f"peak {record['peak_rss_bytes'] / 2**30:.2f} GiB")
     if "cuda_peak_bytes" in record:
