@@ -457,3 +457,37 @@ def test_launch_settings_keep_what_this_torchs_launch_config_knows():
     newer = {"shutdown_timeout": 2, "signals_to_handle": "SIGTERM"}
     assert launch_settings(newer) == {k: v for k, v in newer.items() if k in known}
     LaunchConfig(**launch_settings({"min_nodes": 1, "max_nodes": 1, "nproc_per_node": 1, **newer}))
+
+
+def test_a_restart_is_told_naming_the_rank_its_end_and_the_count(tmp_path, capsys):
+    """The elastic agent's two records (a rank failed; the group restarts) become one line; a
+    rank that raised is quoted from its error file of that attempt."""
+    import json
+    import logging
+
+    from gnnpar.runtime.launch import _RestartNotes
+
+    notes = _RestartNotes(2, str(tmp_path))
+
+    def record(msg: str, *args) -> logging.LogRecord:
+        return logging.LogRecord("torch", logging.INFO, __file__, 1, msg, args, None)
+
+    failed = "failed (exitcode: %s) local_rank: %s (pid: %s) of fn: %s (start_method: %s)"
+    restart = "[%s] Worker group %s. %s/%s attempts left; will restart worker group"
+    notes.handle(record(failed, -9, 1, 4242, "entry", "forkserver"))
+    notes.handle(record("[default] Stopping worker group"))  # chatter: dropped
+    notes.handle(record(restart, "default", "FAILED", 2, 2))
+    error = tmp_path / "run1/attempt_1/0/error.json"
+    error.parent.mkdir(parents=True)
+    error.write_text(json.dumps({"message": {"message": "ValueError: bad batch\nmore"}}))
+    notes.handle(record(failed, 1, 0, 77, "entry", "forkserver"))
+    notes.handle(record(restart, "default", "FAILED", 1, 2))
+    _RestartNotes(1, str(tmp_path)).handle(record(restart, "default", "FAILED", 1, 1))  # unseen
+    assert capsys.readouterr().err.splitlines() == [
+        "gnnpar: rank 1 (pid 4242) died of SIGKILL; restart 1 of 2: every rank starts again "
+        "and resumes from the newest checkpoint",
+        "gnnpar: rank 0 (pid 77) exited with code 1: ValueError: bad batch; restart 2 of 2: "
+        "every rank starts again and resumes from the newest checkpoint",
+        "gnnpar: a rank failed; restart 1 of 1: every rank starts again and resumes from the "
+        "newest checkpoint",
+    ]

@@ -164,11 +164,15 @@ def test_allreduce_rank_killed_is_restarted_and_ends_with_the_same_model(tmp_pat
     proc = start_cli(*flags, *b)
     try:
         wait_for_steps(tmp_path / "b/metrics.jsonl", step, proc, deadline_s=120)
-        os.kill(rank_pids(proc.pid, 2)[1], signal.SIGKILL)
+        killed = rank_pids(proc.pid, 2)[1]
+        os.kill(killed, signal.SIGKILL)
         _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
     assert proc.returncode == 0, f"killed after step {step}: {err[-2000:]}"
+    # the screen says which rank died, of what, and which restart follows, before resuming
+    said = f"gnnpar: rank 1 (pid {killed}) died of SIGKILL; restart 1 of 1: every rank starts"
+    assert said in err, err[-2000:]
     finished(ref)
     assert same_weights(tmp_path / "a", tmp_path / "b")
     rb = json.loads((tmp_path / "b/result.json").read_text())

@@ -26,6 +26,7 @@ success, Ctrl-C or a failure whose message does not point there, it is removed).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -365,10 +366,21 @@ def launch(
     # The agent's own chatter (and "Terminating process" notices when it stops the survivors of
     # a failure) would bury the one line that matters; failures are reported by _describe.
     loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    # the agent's own logger has a level of its own (torch's LOGLEVEL, WARNING by default): its
+    # "will restart" record is INFO
+    agent_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    old_agent_level = agent_log.level
+    if max_restarts:
+        agent_log.setLevel(logging.INFO)
     old_levels = [lg.level for lg in loggers]
+    old_propagate = [lg.propagate for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
+        lg.setLevel(logging.INFO if max_restarts else logging.CRITICAL)
+        lg.propagate = False  # their records reach _RestartNotes only, never the screen
     keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
+    notes = _RestartNotes(max_restarts, log_dir)
+    for lg in loggers:  # the agent's records of a failed rank and of a restart, told in one line
+        lg.addHandler(notes)
     entry, entry_args = fn, (*args, log_dir)
     try:
         # several ranks share this host's cores: their idle OpenMP threads sleep at once
@@ -384,8 +396,11 @@ def launch(
     except SignalException:  # Ctrl-C or SIGTERM reached the agent; it has stopped the ranks
         raise KeyboardInterrupt from None
     finally:
-        for lg, level in zip(loggers, old_levels):
+        agent_log.setLevel(old_agent_level)
+        for lg, level, propagate in zip(loggers, old_levels, old_propagate):
+            lg.removeHandler(notes)
             lg.setLevel(level)
+            lg.propagate = propagate
         if old_omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         if old_own is None:
@@ -393,6 +408,65 @@ def launch(
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     return outputs
+
+
+class _RestartNotes(logging.Handler):
+    """Under ``--max-restarts``: a restart of the ranks is told on stderr, in one line naming the
+    rank that failed, of what, and which restart this is, e.g. ``gnnpar: rank 1 (pid 4242) died
+    of SIGKILL; restart 1 of 2: every rank starts again and resumes from the newest
+    checkpoint``. The ranks' own ``resuming from ...`` line follows.
+
+    torch's elastic agent restarts the ranks inside ``elastic_launch`` and tells it only in its
+    log: a record ``failed (exitcode: C) local_rank: R (pid: P) ...`` from its process context
+    when a rank exits non-zero (C < 0: killed by signal -C) and ``... attempts left; will
+    restart worker group`` from the agent. This handler reads those two records (their
+    arguments, not their text) and drops every other. A rank that raised left its error in
+    its error file; the line carries its first line."""
+
+    def __init__(self, max_restarts: int, log_dir: str) -> None:
+        super().__init__(logging.INFO)
+        self.max_restarts, self.log_dir = max_restarts, log_dir
+        self.restarts = 0
+        self.failed: tuple[int, int, int] | None = None  # (local rank, pid, exit code)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text, args = str(record.msg), record.args
+            if text.startswith("failed (exitcode") and isinstance(args, tuple) and len(args) >= 3:
+                self.failed = (int(args[1]), int(args[2]), int(args[0]))
+            elif "will restart worker group" in text and "attempts left" in text:
+                self.restarts += 1
+                print(self.line(), file=sys.stderr, flush=True)
+                self.failed = None
+        except Exception:  # a record of another shape (another torch): never break the run
+            self.handleError(record)
+
+    def line(self) -> str:
+        what = "a rank failed"
+        if self.failed is not None:
+            rank, pid, code = self.failed
+            what = f"rank {rank} (pid {pid}) {self.cause(rank, code)}"
+        return (
+            f"gnnpar: {what}; restart {self.restarts} of {self.max_restarts}: every rank starts "
+            "again and resumes from the newest checkpoint"
+        )
+
+    def cause(self, rank: int, code: int) -> str:
+        if code < 0:
+            try:
+                return f"died of {signal.Signals(-code).name}"
+            except ValueError:
+                return f"died of signal {-code}"
+        said = ""
+        files = Path(self.log_dir).glob(f"*/attempt_{self.restarts - 1}/{rank}/error.json")
+        for path in files:
+            try:
+                message = str(json.loads(path.read_text())["message"]["message"]).strip()
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            first = message.splitlines()[0] if message else ""
+            said = f": {first[:300]}" if first else ""
+        return f"exited with code {code}{said}"
 
 
 @contextlib.contextmanager
@@ -471,8 +545,6 @@ def _spawned_children() -> list[int]:
 def _error_files(log_dir: str) -> dict[int, tuple[int, Any]]:
     """{local rank: (timestamp, message)} from the error files of the newest attempt that torch's
     @record wrote under ``log_dir`` (``<run>/attempt_<n>/<local rank>/error.json``)."""
-    import json
-
     newest: dict[int, tuple[int, int, Any]] = {}
     for path in Path(log_dir).glob("*/attempt_*/*/error.json"):
         try:
