@@ -76,7 +76,7 @@ def fit(
     ``"module:function"``) and return the trained model with its results. ``model``: a name
     (``"gcn"``, ``"pyg:GIN"``, ``"module:function"``), a factory, or an ``nn.Module`` instance
     (see the module docstring)."""
-    from gnnpar.run import run
+    from gnnpar.run import discard_unused_out, run
 
     data_root = flags.get("data_root") or flags.get("data-root")
     if not isinstance(data, (str, Path)):
@@ -97,9 +97,12 @@ def fit(
     cfg = build_config(config, {**settings, **flags})
     cfg.model.weights = weights
     threads = torch.get_num_threads()
+    done = False
     try:
         result = run(cfg)
-    finally:
+        done = True
+    finally:  # a run that failed leaves no output folder it made and wrote nothing into
+        discard_unused_out(keep=done)
         torch.set_num_threads(threads)
     out = Path(cfg.run.out)
     trained = load_model(out)

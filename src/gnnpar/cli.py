@@ -236,6 +236,18 @@ def main(argv: list[str] | None = None) -> int:
 
         return torchrun_main(argv[1:])
     args = build_parser().parse_args(argv)
+    code = 1
+    try:
+        code = _command(args)
+        return code
+    finally:  # a command that failed leaves no output folder it made and wrote nothing into
+        if "gnnpar.run" in sys.modules:
+            from gnnpar.run import discard_unused_out
+
+            discard_unused_out(keep=code == 0)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "train":
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

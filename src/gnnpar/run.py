@@ -68,19 +68,46 @@ def default_out(cfg: Config) -> str:
     return str(Path("runs") / f"{stamp}-{dataset}-{model}-{cfg.strategy.name}")
 
 
+_CREATED: list[Path] = []  # the folders check_out made in this process, outermost first
+
+
 def check_out(out: str) -> None:
-    """The output folder can be created and written, before any training starts."""
+    """The output folder can be created and written, before any training starts.
+
+    The folders it creates for that are remembered: a command that then fails before writing
+    anything into them removes them again (:func:`discard_unused_out`), so a failed run leaves
+    no empty folder behind."""
     path = Path(out)
+    missing = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
     try:
         if path.exists() and not path.is_dir():
             raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
         path.mkdir(parents=True, exist_ok=True)
+        _CREATED.extend(reversed(missing))
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as e:
+        discard_unused_out()
         raise UsageError(
             f"--out {out} cannot be written ({e.strerror or e}); choose a writable folder."
         ) from None
+
+
+def discard_unused_out(keep: bool = False) -> list[Path]:
+    """Remove the folders :func:`check_out` created that are still empty, innermost first (a
+    folder that holds anything stays, and so do the folders around it); ``keep``: remove none,
+    only forget them (the command succeeded). Returns what was removed."""
+    removed = []
+    while _CREATED:
+        folder = _CREATED.pop()
+        if keep:
+            continue
+        try:
+            folder.rmdir()  # only an empty folder: never anything a run wrote
+        except OSError:
+            continue
+        removed.append(folder)
+    return removed
 
 
 def run(cfg: Config) -> dict[str, Any] | None:
