@@ -3,8 +3,9 @@
 Each table is simulated from a profile that ``gnnpar advise`` took here (the ``profile`` of its
 advice.json, passed with ``--reddit``, ``--amazon`` or ``--sampled``), with gnnpar's own
 simulation (:func:`gnnpar.advise.predict.predict`); nothing is trained. The studies' figures are
-quoted from /work/shared/seeds (study 003, tables 3.10, 3.11, 4.6, 4.7; study 002, table 2) for
-comparison only.
+quoted from the studies (003: Y. Zhang, "Efficient Asynchronous GCN Training on a GPU Cluster",
+tables 3.10, 3.11, 4.6, 4.7; 002: A. Boca, "An analysis of multi-GPU training performance in GNN
+libraries", table 2; docs/CONTRACTS.md cites all four) for comparison only.
 
     # the profile: the Reddit stand-in at study 003's size and settings (table 3.3)
     gnnpar advise --dataset synthetic-reddit --scale 1 --model gcn --hidden 128 --layers 2 \\

@@ -7,7 +7,7 @@ result.json
 config, dataset and world size) into the dict, and :func:`write_result` writes it. Every key is
 declared below with what it means, grouped by what provides its value, in the order written:
 
-* :data:`CONTRACT`: the keys every result.json has (ARCHITECTURE.md; :data:`REQUIRED_KEYS`);
+* :data:`CONTRACT`: the keys every result.json has (docs/CONTRACTS.md; :data:`REQUIRED_KEYS`);
 * :data:`LOOP`: the loop's measurements, every run (per-rank lists: one entry per rank);
 * :data:`RANK_INFO`: per-rank lists from a source's or sync policy's ``rank_info()``;
 * :data:`STRATEGY_KEYS`: a strategy's settings and measurements (``Plan.extra``);

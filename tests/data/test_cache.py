@@ -317,3 +317,44 @@ def test_cli_reports_a_cache_lock_timeout_as_exit_1_without_a_traceback(
     err = capsys.readouterr().err
     assert code == 1 and "gnnpar: error: Waited 2 s for the lock /x/k.lock" in err
     assert "Traceback" not in err
+
+
+def test_a_build_is_announced_with_what_where_and_its_size(tmp_path, capsys):
+    """One line: what is generated, into which folder, its size on disk; nothing on a hit."""
+    import torch
+
+    from gnnpar.data.cache import cached, human_bytes
+
+    def build():
+        return {"x": torch.zeros(1000, 100)}, {"kind": "graph"}  # 400,000 bytes of floats
+
+    cached(tmp_path, "synthetic-reddit-scale0.5-seed3", "v1", build)
+    (line,) = capsys.readouterr().out.splitlines()
+    folder = tmp_path / "cache" / "synthetic-reddit-scale0.5-seed3"
+    assert line.startswith(
+        f"gnnpar: generating synthetic-reddit (--scale 0.5, seed 3) into {folder} ... 39"
+    )
+    assert " KiB on disk, " in line and line.endswith(" s; later runs reuse it")
+    cached(tmp_path, "synthetic-reddit-scale0.5-seed3", "v1", build)
+    assert capsys.readouterr().out == ""
+    assert [human_bytes(n) for n in (5, 2048, 738 * 10**6, 3 * 2**30)] == [
+        "5 bytes",
+        "2.0 KiB",
+        "704 MiB",
+        "3.0 GiB",
+    ]
+
+
+def test_a_failed_build_ends_its_line_before_the_error(tmp_path, capsys):
+    import pytest
+
+    from gnnpar.data.cache import cached
+
+    def build():
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        cached(tmp_path, "reddit", "v1", build, what="converting reddit's files")
+    assert capsys.readouterr().out.endswith(
+        f"converting reddit's files into {tmp_path / 'cache' / 'reddit'} ... stopped\n"
+    )

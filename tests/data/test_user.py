@@ -388,7 +388,7 @@ def test_one_cache_entry_per_content_whatever_the_form(tmp_path, capsys):
     a = load_dataset(str(as_data), root)
     first = capsys.readouterr().out
     assert first.startswith(f"gnnpar: converting {as_data} into {root / 'cache'}/ ...")
-    assert "kB on disk" in first and "later runs reuse it" in first
+    assert "KiB on disk" in first and "later runs reuse it" in first
     b = load_dataset(str(as_dict), root)
     assert "the same graph as" in capsys.readouterr().out
     load_dataset(str(as_dict), root)

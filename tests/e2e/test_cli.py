@@ -10,8 +10,8 @@ import torch
 from gnnpar.cli import main
 from helpers import run_cli
 
-# The result.json contract of ../shared/ARCHITECTURE.md, written out here on purpose (not
-# imported from gnnpar.result).
+# The result.json contract of docs/CONTRACTS.md, written out here on purpose (not imported
+# from gnnpar.result).
 CONTRACT_KEYS = {
     "dataset",
     "model",

@@ -1,6 +1,6 @@
 """What ``gnnpar advise`` shows and writes: the ranked table, a plot, ``<out>/advice.json``.
 
-advice.json (the contract in ARCHITECTURE.md)::
+advice.json (the contract in docs/CONTRACTS.md)::
 
     {"profile_s": 12.3,
      "predictions": [{"strategy": "allreduce", "settings": {"partitions": 8, "sync_every": 20},

@@ -341,12 +341,12 @@ def describe_key(key: str) -> str:
 
 
 def human_bytes(n: float) -> str:
-    """``704 MB``, ``1.6 GB``, ``12 kB`` (decimal units, as ``du --si`` and file managers)."""
-    for unit in ("bytes", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit in ("bytes", "kB") or n >= 100 else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError  # unreachable
+    """``704 MiB``, ``1.6 GiB``, ``12 KiB`` (binary units, as ``du -h`` counts)."""
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "bytes" or n >= 100 else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def fingerprint(paths: list[Path]) -> str:
