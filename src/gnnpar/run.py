@@ -78,8 +78,8 @@ def check_out(out: str) -> None:
     anything into them removes them again (:func:`discard_unused_out`), so a failed run leaves
     no empty folder behind."""
     path = Path(out)
-    missing = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
     try:
+        missing = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
         if path.exists() and not path.is_dir():
             raise UsageError(f"--out {out} is a file; give a folder (it will hold result.json).")
         path.mkdir(parents=True, exist_ok=True)
