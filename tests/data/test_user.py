@@ -399,6 +399,16 @@ def test_one_cache_entry_per_content_whatever_the_form(tmp_path, capsys):
     assert len(list((root / "cache").glob("user-source-*.json"))) == 2
 
 
+def test_the_copy_fit_saved_is_announced_as_fits_graph(tmp_path, capsys):
+    from gnnpar.api import _save_input
+
+    root = tmp_path / "data"
+    path = _save_input(graph(), str(root))  # what gnnpar.fit(data) hands the ranks
+    load_dataset(str(path), root)
+    out = capsys.readouterr().out
+    assert out.startswith("gnnpar: converting the graph given to gnnpar.fit into ")
+
+
 def test_a_known_file_whose_entry_was_deleted_is_converted_again(tmp_path):
     import shutil
 

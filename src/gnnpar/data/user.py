@@ -172,8 +172,9 @@ def load_user_graph(name: str, root: Path, seed: int, timeout_s: float = DEFAULT
             label = path.stem
             read = functools.partial(_read_pt, path)
             files_digest = _files_digest(path.parent, [path.name])
-        digest, build = _content_key(root, files_digest, read, timeout_s, _converting(name))
-    t, meta, _ = cached(root, f"user-{digest[:20]}", VERSION, build, timeout_s, _converting(name))
+        digest, build = _content_key(root, files_digest, read, timeout_s, _converting(name, root))
+    what = _converting(name, root)
+    t, meta, _ = cached(root, f"user-{digest[:20]}", VERSION, build, timeout_s, what)
     data = Data(x=t["x"], edge_index=t["edge_index"], y=t["y"])
     given = {m: t[m] for m in meta["masks"]}
     masks = stratified_split(t["y"], bool(meta["multilabel"]), seed, given)
@@ -712,7 +713,13 @@ def _content_key(
         return digest, read
 
 
-def _converting(name: str) -> str:
+def _converting(name: str, root: Path) -> str:
+    """``converting NAME``; the copy ``gnnpar.fit`` saved of an in-memory graph
+    (``<data-root>/inputs/graph-<sha>.pt``, api.py) is named as what the user gave."""
+    path = Path(name)
+    if path.name.startswith("graph-") and path.parent.name == "inputs":
+        if path.parent.resolve() == (Path(root) / "inputs").resolve():
+            return "converting the graph given to gnnpar.fit"
     return f"converting {name}"
 
 
