@@ -483,6 +483,13 @@ def test_a_restart_is_told_naming_the_rank_its_end_and_the_count(tmp_path, capsy
     notes.handle(record(failed, 1, 0, 77, "entry", "forkserver"))
     notes.handle(record(restart, "default", "FAILED", 1, 2))
     _RestartNotes(1, str(tmp_path)).handle(record(restart, "default", "FAILED", 1, 1))  # unseen
+    # the agent saw rank 0 first, which failed for its lost peer; rank 1 left no report
+    other = _RestartNotes(1, str(tmp_path / "b"), nprocs=2)
+    lost = tmp_path / "b/run2/attempt_0/0/error.json"
+    lost.parent.mkdir(parents=True)
+    lost.write_text(json.dumps({"message": {"message": "CollectiveFailedError: rank 1 gone"}}))
+    other.handle(record(failed, 1, 0, 77, "entry", "forkserver"))
+    other.handle(record(restart, "default", "FAILED", 1, 1))
     assert capsys.readouterr().err.splitlines() == [
         "gnnpar: rank 1 (pid 4242) died of SIGKILL; restart 1 of 2: every rank starts again "
         "and resumes from the newest checkpoint",
@@ -490,4 +497,7 @@ def test_a_restart_is_told_naming_the_rank_its_end_and_the_count(tmp_path, capsy
         "every rank starts again and resumes from the newest checkpoint",
         "gnnpar: a rank failed; restart 1 of 1: every rank starts again and resumes from the "
         "newest checkpoint",
+        "gnnpar: rank 1 died without an error report (killed?), then rank 0 (pid 77) exited "
+        "with code 1: CollectiveFailedError: rank 1 gone; restart 1 of 1: every rank starts "
+        "again and resumes from the newest checkpoint",
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -171,8 +172,10 @@ def test_allreduce_rank_killed_is_restarted_and_ends_with_the_same_model(tmp_pat
         proc.kill()
     assert proc.returncode == 0, f"killed after step {step}: {err[-2000:]}"
     # the screen says which rank died, of what, and which restart follows, before resuming
-    said = f"gnnpar: rank 1 (pid {killed}) died of SIGKILL; restart 1 of 1: every rank starts"
-    assert said in err, err[-2000:]
+    # (where the agent saw rank 0's failure first, rank 0 failed for its lost peer, rank 1)
+    said = rf"gnnpar: rank 1 (\(pid {killed}\) died of SIGKILL|died without an error report "
+    said += r"\(killed\?\), then rank 0 .*); restart 1 of 1: every rank starts again"
+    assert re.search(said, err), err[-2000:]
     finished(ref)
     assert same_weights(tmp_path / "a", tmp_path / "b")
     rb = json.loads((tmp_path / "b/result.json").read_text())

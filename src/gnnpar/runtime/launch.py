@@ -378,7 +378,7 @@ def launch(
         lg.setLevel(logging.INFO if max_restarts else logging.CRITICAL)
         lg.propagate = False  # their records reach _RestartNotes only, never the screen
     keep_logs = False  # the rank logs go, whatever the exit, unless the error names them
-    notes = _RestartNotes(max_restarts, log_dir)
+    notes = _RestartNotes(max_restarts, log_dir, nprocs)
     for lg in loggers:  # the agent's records of a failed rank and of a restart, told in one line
         lg.addHandler(notes)
     entry, entry_args = fn, (*args, log_dir)
@@ -421,11 +421,13 @@ class _RestartNotes(logging.Handler):
     when a rank exits non-zero (C < 0: killed by signal -C) and ``... attempts left; will
     restart worker group`` from the agent. This handler reads those two records (their
     arguments, not their text) and drops every other. A rank that raised left its error in
-    its error file; the line carries its first line."""
+    its error file; the line carries its first line. Where the rank the agent saw first only
+    failed because a peer died (its error is about the lost peer) and a peer left no report,
+    that peer is named first: it was killed."""
 
-    def __init__(self, max_restarts: int, log_dir: str) -> None:
+    def __init__(self, max_restarts: int, log_dir: str, nprocs: int = 1) -> None:
         super().__init__(logging.INFO)
-        self.max_restarts, self.log_dir = max_restarts, log_dir
+        self.max_restarts, self.log_dir, self.nprocs = max_restarts, log_dir, nprocs
         self.restarts = 0
         self.failed: tuple[int, int, int] | None = None  # (local rank, pid, exit code)
 
@@ -446,6 +448,13 @@ class _RestartNotes(logging.Handler):
         if self.failed is not None:
             rank, pid, code = self.failed
             what = f"rank {rank} (pid {pid}) {self.cause(rank, code)}"
+            said = self.errors().get(rank, "")
+            silent = sorted(set(range(self.nprocs)) - set(self.errors()) - {rank})
+            if code > 0 and _collateral(said) == 2 and silent:
+                # the agent saw first a rank that failed because a peer had died: the peer that
+                # left no error report was killed (a signal, the out-of-memory killer)
+                who = ", ".join(map(str, silent))
+                what = f"rank {who} died without an error report (killed?), then {what}"
         return (
             f"gnnpar: {what}; restart {self.restarts} of {self.max_restarts}: every rank starts "
             "again and resumes from the newest checkpoint"
@@ -457,16 +466,19 @@ class _RestartNotes(logging.Handler):
                 return f"died of {signal.Signals(-code).name}"
             except ValueError:
                 return f"died of signal {-code}"
-        said = ""
-        files = Path(self.log_dir).glob(f"*/attempt_{self.restarts - 1}/{rank}/error.json")
-        for path in files:
+        first = self.errors().get(rank, "").split("\n")[0][:300]
+        return f"exited with code {code}" + (f": {first}" if first else "")
+
+    def errors(self) -> dict[int, str]:
+        """{local rank: its error message} of the attempt that failed (torch's @record files)."""
+        found = {}
+        for path in Path(self.log_dir).glob(f"*/attempt_{self.restarts - 1}/*/error.json"):
             try:
-                message = str(json.loads(path.read_text())["message"]["message"]).strip()
+                message = json.loads(path.read_text())["message"]["message"]
+                found[int(path.parent.name)] = str(message).strip()
             except (OSError, ValueError, KeyError, TypeError):
-                continue
-            first = message.splitlines()[0] if message else ""
-            said = f": {first[:300]}" if first else ""
-        return f"exited with code {code}{said}"
+                continue  # a rank killed while writing it
+        return found
 
 
 @contextlib.contextmanager
