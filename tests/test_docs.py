@@ -28,3 +28,10 @@ def test_contracts_doc_lists_every_required_result_key():
         re.findall(r"[a-z_]+", " ".join(line.split("#")[0] for line in block.splitlines()))
     )
     assert set(CONTRACT) <= listed, set(CONTRACT) - listed
+
+
+def test_contracts_doc_names_every_train_flag():
+    from gnnpar.config.parse import KEYS
+
+    text = (ROOT / "docs/CONTRACTS.md").read_text()
+    assert [k for k in KEYS if f"--{k}" not in text] == []
