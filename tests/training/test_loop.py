@@ -422,3 +422,22 @@ def test_a_quiet_run_shows_nothing(capsys):
         bar.update(5, "epoch 1 loss 1.0000")
         bar.log("epoch 1/1")
     assert capsys.readouterr().out == ""
+
+
+def test_the_pools_count_reaches_its_total_when_the_others_took_the_last():
+    """Gossip's work pool: this rank's last take was position 5 of 8; once the pool is empty
+    the display counts all 8 (the other ranks trained the rest), not 6."""
+    from gnnpar.training.sources import PoolSource
+
+    class Pool:
+        total = 8
+
+        def __init__(self) -> None:
+            self.items = [(1, 0, 1), (3, 0, 3), (5, 1, 1)]
+
+        def take(self):
+            return self.items.pop(0) if self.items else None
+
+    source = PoolSource(Pool(), batches=["b0", "b1", "b2", "b3"])
+    assert list(source.epoch(0)) == ["b1", "b3"] and source.position == 4
+    assert list(source.epoch(1)) == ["b1"] and source.position == 8

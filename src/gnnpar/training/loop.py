@@ -262,6 +262,8 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                     save(epoch, step, time.perf_counter() - t_epoch)
             sync.end_epoch()
             log.train_s += time.perf_counter() - t_epoch
+            bar.update(source.position - shown)  # e.g. gossip's pool, emptied by the others
+            shown = source.position
             scores = None
             last = epoch + 1 == r.epochs
             if plan.evaluate and r.eval_every and (epoch + 1) % r.eval_every == 0 and not last:

@@ -199,6 +199,9 @@ class PoolSource(BaseSource):
             self._next = None
             if item is None:
                 self._empty = True
+                # every position is handed out (the others may be training their last ones):
+                # the progress display counts the pool's work done, not this rank's last take
+                self.position = self.total_steps
                 return
             pos, e, idx = item
             if e > epoch:  # the pool moved on: this belongs to a later epoch of ours
