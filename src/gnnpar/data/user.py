@@ -690,9 +690,8 @@ def _content_key(
         known = _read_alias(alias, file_digest)  # another rank read the files meanwhile
         if known is not None:
             return known, read
-        with announced(
-            what, f"{cache}{os.sep}"
-        ) as done:  # the entry's name is known once it is read
+        # the entry's name is known only once the files are read: the line names the folder
+        with announced(what, f"{cache}{os.sep}") as done:
             built = read()
             digest = _tensor_digest(built[0])
             # the entry first, then the alias that points at it
