@@ -409,6 +409,24 @@ def test_the_copy_fit_saved_is_announced_as_fits_graph(tmp_path, capsys):
     assert out.startswith("gnnpar: converting the graph given to gnnpar.fit into ")
 
 
+def test_without_a_lock_on_its_source_a_graph_still_loads_by_content(tmp_path, monkeypatch):
+    """A data root where no lock file can be made (read-only): the file is read in memory,
+    keyed by content all the same, and no alias is written."""
+    from gnnpar.data import user
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    root = tmp_path / "data"
+    path = save(tmp_path / "g.pt", graph())
+    monkeypatch.setattr(user, "exclusive_lock", refused)
+    a = load_dataset(str(path), root)
+    monkeypatch.undo()
+    b = load_dataset(str(path), tmp_path / "other")
+    assert a.info["fingerprint"] == b.info["fingerprint"] and torch.equal(a.data.x, b.data.x)
+    assert not list((root / "cache").glob("user-source-*.json"))
+
+
 def test_a_known_file_whose_entry_was_deleted_is_converted_again(tmp_path):
     import shutil
 
