@@ -91,6 +91,8 @@ class Request:
     rounds: int = PROBE_ROUNDS  # --profile-rounds: of every timing and ratio probe of the profile
     # a requested strategy with no configuration on this cluster -> why, in one line
     omitted: dict[str, str] = field(default_factory=dict)
+    # advise's own choices it changed for this machine or graph, a phrase each (said in a line)
+    changes: list[str] = field(default_factory=list)
 
 
 def parse_request(flags: dict[str, Any]) -> Request:
@@ -136,7 +138,22 @@ def parse_request(flags: dict[str, Any]) -> Request:
     else:
         strategies = DEFAULT
     cores = os.cpu_count() or 1
-    threads = _positive(flags, "threads") or max(1, cores // per_host)
+    threads = _positive(flags, "threads")
+    changes = []
+    if threads is None:
+        threads = max(1, cores // per_host)
+        if flags.get("validate") and hosts == 2:
+            # --validate makes the two hosts of network namespaces on this machine: both hosts'
+            # ranks share its cores, so each gets its share (at cores // ranks-per-host, two
+            # such hosts' ranks time-share the cores, and the steps vary by tens of percent)
+            shared = max(1, cores // (2 * per_host))
+            if shared != threads:
+                changes.append(
+                    f"--threads {shared} per rank, not {threads} (--validate runs the 2 hosts "
+                    f"on this machine: their {2 * per_host} ranks share its {cores} cores; "
+                    "give --threads to choose)"
+                )
+            threads = shared
     fixed: dict[str, Any] = {}
     for key in AXES:
         if key in flags:
@@ -220,6 +237,7 @@ def parse_request(flags: dict[str, Any]) -> Request:
     )
     req.repeats = repeats
     req.rounds = rounds
+    req.changes = changes
     req.grid = checked_grid(req)
     return req
 
@@ -297,31 +315,74 @@ def why_no_configuration(strategy: str, req: Request) -> str:
 
 
 def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
-    """The whole command; returns advice.json's content."""
-    from gnnpar.advise import report
-    from gnnpar.advise.predict import predict, recommend
-    from gnnpar.advise.profile import take_profile
-    from gnnpar.run import check_out
-
+    """The whole command; returns advice.json's content. Its ``--out`` is checked before
+    anything is profiled, but made only when there is something to write: a request that ends
+    early (exit 2, a failure, Ctrl-C) leaves no empty folder behind."""
     req = parse_request(flags)
-    check_out(str(req.out))
+    made = check_writable(req.out)
+    try:
+        return _advise(req)
+    except BaseException:
+        if made is not None:
+            remove_empty_folders(made)
+        raise
+
+
+def fit_request(req: Request, facts=None) -> list:
+    """``req``'s grid fitted to the graph's ``facts`` (:mod:`gnnpar.advise.fit`; None: ViG's
+    images, fitted once profiled), what changed and what was left out said, one line each;
+    exit 2 (a UsageError) where nothing is left. Returns what the profile must measure."""
+    from gnnpar.advise.fit import check_not_empty, fit_grid
+
+    if facts is not None:
+        req.changes += fit_grid(req, facts)
+    if req.changes:
+        print(f"gnnpar advise: changed its own choices: {'; '.join(req.changes)}.", flush=True)
     for name, why in req.omitted.items():
         print(f"gnnpar advise: left out {name}: {why.rstrip('.')}.", flush=True)
-    needs = sorted({c.need() for c in req.grid} | {c.need() for c in _references(req)}, key=str)
+    check_not_empty(req)
+    return sorted({c.need() for c in req.grid} | {c.need() for c in _references(req)}, key=str)
+
+
+def _advise(req: Request) -> dict[str, Any]:
+    from gnnpar.advise import report
+    from gnnpar.advise.fit import graph_facts, profile_facts
+    from gnnpar.advise.predict import predict, recommend
+    from gnnpar.advise.profile import take_profile
+
+    saved = read_profile(req) if req.profile is not None else None
+    ds, facts = None, None
+    if not req.images:  # a graph: the grid fitted to it (ViG's images: drop_empty_epochs)
+        if saved is not None:
+            facts = profile_facts(req.base, saved)
+        else:
+            ds = _load_dataset(req)
+            facts = graph_facts(req.base, ds)
+    needs = fit_request(req, facts)
     comm = any(c.world > 1 for c in req.grid)
     timeout = float(req.base.get("timeout", 120))
     print(
-        f"gnnpar advise: {'checking' if req.profile else 'profiling'} {len(needs)} batch kind{'' if len(needs) == 1 else 's'}"
-        f"{' and gloo between 2 ranks' if comm else ''} at {req.threads} thread(s)...",
+        f"gnnpar advise: {'checking' if saved else 'profiling'} {len(needs)} batch "
+        f"kind{'s' if len(needs) != 1 else ''}{' and gloo between 2 ranks' if comm else ''} "
+        f"at {req.threads} thread(s)...",
         flush=True,
     )
     workers = any(c.settings.get("loader_workers") for c in req.grid)
-    if req.profile is not None:
-        prof = reuse_profile(req, needs, comm)
+    if saved is not None:
+        prof = check_profile(req, saved, needs, comm)
     else:
         try:
             prof = take_profile(
-                req.base, needs, req.threads, comm, timeout, workers, req.rounds, _straggle(req)
+                req.base,
+                needs,
+                req.threads,
+                comm,
+                timeout,
+                workers,
+                req.rounds,
+                _straggle(req),
+                ds=ds,
+                corun_partitions=_corun_partitions(needs, comm, facts),
             )
         except (MemoryError, RuntimeError) as e:
             if not _out_of_memory(e):
@@ -331,6 +392,7 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
                 f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
                 "leave sequential out of --strategies, or profile a smaller --scale."
             ) from None
+    del ds
     if prof.kind == "image":
         drop_empty_epochs(req, prof)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
@@ -347,7 +409,8 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
         f"({prof.cores} cores, {req.threads} thread(s) per rank) "
         + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
     )
-    report.print_table(preds, title, rec, report.steadiness_note(prof.probe_rounds, prof.rounds))
+    note = report.steadiness_note(prof.probe_rounds, prof.rounds, prof.speed_ref_s)
+    report.print_table(preds, title, rec, note)
     cluster = {
         "hosts": c.hosts,
         "ranks_per_host": c.ranks_per_host,
@@ -362,14 +425,75 @@ def run_advise(flags: dict[str, Any]) -> dict[str, Any]:
     content = report.advice(prof.profile_s, preds, rec, cluster, prof.to_dict())
     if req.omitted:
         content["omitted"] = dict(req.omitted)
+    if req.changes:
+        content["changed"] = list(req.changes)
     if req.validate:
         from gnnpar.advise.validate import validate
 
         content["validation"] = validate(req, preds, prof)
+    req.out.mkdir(parents=True, exist_ok=True)
     report.plot(preds, req.out / "advice.png", title)
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")
     return content
+
+
+def check_writable(out: Path) -> Path | None:
+    """Exit 2 unless ``out`` can be made and written, making nothing: a folder is made in its
+    nearest existing ancestor and removed again. Returns the highest folder of ``out`` that
+    does not exist yet (None: ``out`` exists), for :func:`remove_empty_folders`."""
+    import tempfile
+
+    path = out.absolute()
+    top = None
+    while not path.exists():
+        top, path = path, path.parent
+    if not path.is_dir():
+        where = "is a file" if path == out.absolute() else f"is inside {path}, a file"
+        raise UsageError(f"--out {out} {where}; give a folder (it will hold advice.json).")
+    try:
+        probe = tempfile.mkdtemp(dir=path, prefix=".gnnpar-write-test-")
+        with tempfile.NamedTemporaryFile(dir=probe):
+            pass
+        os.rmdir(probe)
+    except OSError as e:
+        raise UsageError(
+            f"--out {out} cannot be written ({e.strerror or e}); choose a writable folder."
+        ) from None
+    return top
+
+
+def remove_empty_folders(top: Path) -> None:
+    """``top`` and the folders under it, where empty (what advise made and wrote nothing into)."""
+    if not top.is_dir():
+        return
+    for folder, _, _ in sorted(os.walk(top), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty: something was written there
+            pass
+
+
+def _load_dataset(req: Request):
+    """The dataset of the request, loaded as the profile loads it (and handed to it)."""
+    from gnnpar.config.validate import build_config
+    from gnnpar.data.datasets import load_dataset
+
+    cfg = build_config(None, flags_for(req.base, "sequential"))
+    d = cfg.data
+    return load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+
+
+def _corun_partitions(needs: list, comm: bool, facts) -> int | None:
+    """The subgraphs of the profile's co-run probe (allreduce on its two ranks), where the grid
+    has no subgraph count of 2 or more: advise's own count for 2 ranks, as this graph allows."""
+    from gnnpar.advise.fit import choose_partitions, default_partitions
+
+    if not comm or any(n.kind == "parts" and n.partitions >= 2 for n in needs):
+        return None
+    if facts is None:  # images: no subgraphs
+        return None
+    return choose_partitions(default_partitions(2), 2, facts)
 
 
 def drop_empty_epochs(req: Request, prof) -> None:
@@ -419,9 +543,9 @@ def _straggle(req: Request) -> dict[str, Any] | None:
     return {"slowdown": {1: slowest} if slowest > 1.0 else {}, "jitter": s.jitter}
 
 
-def reuse_profile(req: Request, needs: list, comm: bool):
-    """``--profile FILE``: the profile of an earlier ``gnnpar advise`` (its advice.json), if it
-    measured everything this request needs, with the same dataset, model and threads."""
+def read_profile(req: Request):
+    """``--profile FILE``: the profile of an earlier ``gnnpar advise`` (its advice.json), taken
+    with the same dataset, model and threads (what it must hold: :func:`check_profile`)."""
     import json
 
     from gnnpar.advise.profile import Profile
@@ -435,7 +559,7 @@ def reuse_profile(req: Request, needs: list, comm: bool):
             f"--profile {path}: not the advice.json of gnnpar advise ({type(e).__name__}: "
             f"{str(e)[:120]}); give such a file, or leave --profile out to profile here."
         ) from None
-    again = "run gnnpar advise without --profile (it profiles again)"
+    again = _AGAIN
     if (prof.dataset, prof.model) != (req.dataset, req.model):
         raise UsageError(
             f"--profile {path} was taken for --dataset {prof.dataset} --model {prof.model}, "
@@ -446,12 +570,25 @@ def reuse_profile(req: Request, needs: list, comm: bool):
             f"--profile {path} was taken at {prof.threads} thread(s) per rank, this request "
             f"asks for {req.threads}: pass --threads {prof.threads}, or {again}."
         )
+    if prof.kind == "image" and prof.batch_size != req.images:
+        raise UsageError(
+            f"--profile {path} was taken at --batch-size {prof.batch_size}, this request "
+            f"asks for {req.images}: pass --batch-size {prof.batch_size}, or {again}."
+        )
+    if prof.kind != "image" and not (
+        isinstance(prof.num_nodes, int) and isinstance(prof.num_train, int)
+    ):
+        raise UsageError(f"--profile {path}: its num_nodes and num_train are not counts: {again}.")
+    return prof
+
+
+_AGAIN = "run gnnpar advise without --profile (it profiles again)"
+
+
+def check_profile(req: Request, prof, needs: list, comm: bool):
+    """The saved profile ``prof``, if it measured everything this request ``needs``."""
+    path = req.profile
     if prof.kind == "image":
-        if prof.batch_size != req.images:
-            raise UsageError(
-                f"--profile {path} was taken at --batch-size {prof.batch_size}, this request "
-                f"asks for {req.images}: pass --batch-size {prof.batch_size}, or {again}."
-            )
         from gnnpar.advise.profile import image_pipeline
 
         for n in needs:  # any pipeline shape is composed from the per-block costs
@@ -465,7 +602,7 @@ def reuse_profile(req: Request, needs: list, comm: bool):
     if missing:
         raise UsageError(
             f"--profile {path} lacks what this grid needs ({', '.join(map(str, missing[:3]))}"
-            f"{' ...' if len(missing) > 3 else ''}): {again}, or narrow --strategies."
+            f"{' ...' if len(missing) > 3 else ''}): {_AGAIN}, or narrow --strategies."
         )
     from gnnpar.advise.speed import clean
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gnnpar.advise import simulate as sim
+from gnnpar.advise.fit import default_partitions
 from gnnpar.advise.profile import (
     Need,
     Profile,
@@ -136,7 +137,7 @@ def build_grid(
     def axis(name: str, default) -> tuple:
         return (fixed[name],) if fixed.get(name) is not None else tuple(default)
 
-    parts = axis("partitions", (max(8, 2 * world),))
+    parts = axis("partitions", (default_partitions(world),))
     chunks = CHUNKS
     if images:
         chunks = tuple(m for m in IMAGE_CHUNKS if m <= images and images % m == 0)
@@ -484,9 +485,10 @@ def simulate(
         # batch time-shares a step only as far as it does not fit in that pause
         idle = _pause_per_step(strag, compute * share) * prof.threads
         busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
-        f = _slowdown(prof, per_host, busy, "sampled_corun_factor") * seeds
+        corun = _slowdown(prof, per_host, busy, "sampled_corun_factor")
+        f = corun * seeds
         key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
-        strag = _resumed(replace(strag, slowed_share=share), prof, key, f / seeds)
+        strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
 
         def run_sampled(speed: list[float]) -> sim.SimResult:
             return sim.sampled(

@@ -264,7 +264,8 @@ def _train_step(plan, split: list[tuple[float, float]] | None = None):
             loss = plan.step(batch)
             t1 = time.perf_counter()
             plan.optimizer.step()
-            float(loss)
+            if loss is not None:  # a subgraph without a training node has no loss (the loop's
+                float(loss)  # rule too): its step is the forward and the optimizer's step
             if split is not None:
                 split.append((t1 - t0, time.perf_counter() - t0))
 
@@ -1350,13 +1351,21 @@ def take_profile(
     loader_workers: bool = False,
     rounds: int = PROBE_ROUNDS,
     straggle: dict[str, Any] | None = None,
+    ds=None,
+    corun_partitions: int | None = 8,
 ) -> Profile:
     """Measure what ``needs`` lists; ``comm``: also gloo between two ranks (starts them);
     ``loader_workers``: also a loader worker's start-up (starts one); ``rounds``: of every
     timing and ratio probe (``--profile-rounds``), the median of each kept; ``straggle``: the
     ``--slowdown``/``--jitter`` flags of the grid's stragglers on the probe's two ranks (rank 1
     the slowest), for the after-pause probes (:func:`_straggled_step_ratio`,
-    :func:`_beside_straggler_ratio`)."""
+    :func:`_beside_straggler_ratio`); ``ds``: the dataset, where the caller loaded it already;
+    ``corun_partitions``: the subgraphs of the co-run probe where ``needs`` has no count of 2 or
+    more (None: no co-run probe then).
+
+    The reference work of :mod:`gnnpar.advise.speed` is timed at the profile's start, after its
+    timings, after the real loop's probe and at its end (``speed_ref_s``): whether the
+    machine's speed changed while it was profiled."""
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
     from gnnpar.runtime.launch import start_fork_server_for_ranks
@@ -1367,7 +1376,8 @@ def take_profile(
         start_fork_server_for_ranks(2, threads, (__name__,))
     cfg = build_config(None, flags_for(base, "sequential"))
     d = cfg.data
-    ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
+    if ds is None:
+        ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
     image = ds.kind == "image"
     shapes: list[tuple[int, int, int]] = []
     before = torch.get_num_threads()
@@ -1414,6 +1424,7 @@ def take_profile(
                 return into
 
             _measure_in_rounds(measure, prof)
+            prof.speed_ref_s.append(reference_s())
             if parts or full:
                 p = min(parts) if parts else None
                 step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
@@ -1423,6 +1434,7 @@ def take_profile(
                 prof.probe_rounds["loop_factor"] = rounds
                 if drift:  # the same steps timed again later, over the profile's timing (1)
                     prof.probe_rounds["step_drift"] = [1.0, *drift]
+                prof.speed_ref_s.append(reference_s())
     finally:
         torch.set_num_threads(before)
     if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes
@@ -1435,9 +1447,10 @@ def take_profile(
         ]
         # subgraph steps on two ranks at once: for the subgraph strategies and the pipelines'
         # blocks (predict's _slowdown); a sampled-only grid has its own factor and skips it
-        parts = sorted(n.partitions for n in needs if n.kind == "parts") or [8]
+        parts = sorted(n.partitions for n in needs if n.kind == "parts" and n.partitions >= 2)
+        parts = parts or ([corun_partitions] if corun_partitions else [])
         corun = None
-        if any(n.kind in ("parts", "pipeline") for n in needs):
+        if parts and any(n.kind in ("parts", "pipeline") for n in needs):
             flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
             gossip = None
             if straggle:  # and gossip's fast rank beside the straggler (the pool's main worker)

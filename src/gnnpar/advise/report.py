@@ -72,11 +72,20 @@ PROBES = {
 }
 
 
-def steadiness_note(probe_rounds: dict[str, list[float]], rounds: int = PROBE_ROUNDS) -> str | None:
+def steadiness_note(
+    probe_rounds: dict[str, list[float]],
+    rounds: int = PROBE_ROUNDS,
+    speed_refs: list[float] | None = None,
+) -> str | None:
     """A warning when a ratio probe's rounds (``Profile.probe_rounds``) disagree by more than
-    :data:`UNSTEADY`: the machine's speed changed while it was profiled (a shared VM), and
-    predictions from it are no closer than that spread; None when every probe agreed. A
-    profile of one round (``--profile-rounds 1``) cannot tell, and says so."""
+    :data:`UNSTEADY`: predictions from the profile are no closer than that spread. Whose fault
+    it says from the reference work timed through the profile (``Profile.speed_ref_s``,
+    :mod:`gnnpar.advise.speed`): where those times differ by more than :data:`UNSTEADY` too,
+    this machine's speed changed while it was profiled (a shared VM); where they agree, the
+    machine ran at one speed and the steps themselves varied (their threads time-sharing the
+    cores with each other or with other processes); a profile without them (from before)
+    cannot tell. None when every probe agreed. A profile of one round
+    (``--profile-rounds 1``) cannot tell, and says so."""
     if rounds == 1:
         return (
             "note: profiled in one round (--profile-rounds 1): whether this machine's speed "
@@ -96,9 +105,21 @@ def steadiness_note(probe_rounds: dict[str, list[float]], rounds: int = PROBE_RO
             f"the {PROBES.get(worst, worst)} came out at {min(v):.2f}-{max(v):.2f} in {len(v)} "
             f"rounds (the median, {statistics.median(v):.2f}, is used)"
         )
+    closer = "predictions from this profile are no closer than that"
+    refs = [r for r in speed_refs or [] if r > 0]
+    if len(refs) < 2:
+        return f"note: {seen}: the machine's speed or the steps' own times varied; {closer}."
+    ref = f"a reference work timed {len(refs)} times through the profile took "
+    ref += f"{min(refs) * 1e3:.1f}-{max(refs) * 1e3:.1f} ms"
+    if max(refs) / min(refs) >= UNSTEADY:
+        return (
+            f"note: this machine's speed changed while it was profiled ({ref}): {seen}; "
+            f"{closer}. Profile on a quiet machine, or again."
+        )
     return (
-        f"note: this machine's speed changed while it was profiled: {seen}; predictions from "
-        f"this profile are no closer than that. Profile on a quiet machine, or again."
+        f"note: {seen}, while this machine's speed held steady ({ref}): the steps themselves "
+        f"varied (their threads time-sharing the cores, with each other or other processes); "
+        f"{closer}. Fewer --threads per rank, or a quieter machine, steadies them."
     )
 
 

@@ -24,6 +24,9 @@ import time
 import torch
 
 REFERENCE_SAMPLES = 15
+# a run whose reference times are within this factor of the profile's ran at its speed: the
+# reference's own median varies by a few percent from one timing to the next on a quiet machine
+STEADY = 1.1
 _N, _PRODUCTS, _STREAM = 256, 16, 1 << 20  # 256 x 256 float32 products; a 4 MiB pass
 
 

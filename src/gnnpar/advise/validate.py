@@ -41,6 +41,7 @@ import sys
 from typing import Any
 
 from gnnpar.advise.predict import Prediction, candidate_flags
+from gnnpar.advise.speed import STEADY
 
 
 def _two_hosts(req, stack: contextlib.ExitStack):
@@ -347,8 +348,8 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
             f"largest {summary['max_abs_error']:.0%}",
             flush=True,
         )
-    if at_speed:
-        lo, hi = summary["speed_factor_range"]
+    lo, hi = summary["speed_factor_range"] or (1.0, 1.0)
+    if at_speed and (hi >= STEADY or lo <= 1 / STEADY):  # only where its speed changed
         print(
             f"  the machine ran at {1 / hi:.2f}-{1 / lo:.2f}x its speed when profiled (a "
             f"reference work timed around each run); at the profile's speed the median |error| "

@@ -1,0 +1,263 @@
+"""The grid fitted to the graph: the settings of ``gnnpar advise``'s own choosing that it allows.
+
+:func:`~gnnpar.advise.predict.build_grid` chooses settings from the cluster alone: 2 Cluster-GCN
+subgraphs per rank (at least 8), 2 and 4 micro-batches per copy of the model, batches of 512
+and 1024 seeds. A small graph cannot always take them (KarateClub's 34 nodes on 64 ranks: 128
+subgraphs), and ``gnnpar train`` would refuse such a run once its dataset is loaded.
+:func:`fit_grid` checks every configuration against the graph as ``gnnpar train`` would: its
+nodes, its training nodes, and its partitions made as ``gnnpar train`` makes them (cached, so
+the profile reuses them). For a setting advise chose itself it takes the nearest one the graph
+allows (the most subgraphs up to its default that each hold a training node, else that still
+make no empty subgraph: a subgraph without a training node trains nothing, as in ``gnnpar
+train``), and says which and why in one line; a setting the user gave is kept; a strategy
+with no setting the graph allows is left out, with ``gnnpar train``'s reason in words.
+
+With ``--profile`` the graph is the profile's: its sizes, and the subgraph counts it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnnpar import UsageError
+
+PARTS_STRATEGIES = ("allreduce", "gossip", "gossip-bipartite")
+
+
+def default_partitions(world: int) -> int:
+    """advise's own ``--partitions``: 2 subgraphs per rank, at least 8 (predict.build_grid)."""
+    return max(8, 2 * world)
+
+
+@dataclass(frozen=True)
+class Split:
+    """What ``--partitions P`` makes of the graph: ``ok`` (``gnnpar train`` can train it: no
+    empty subgraph), how many of its subgraphs hold no training node, or why it cannot."""
+
+    ok: bool
+    lacking: int = 0
+    why: str = ""
+
+
+@dataclass
+class Facts:
+    """What the grid must fit: the graph's nodes and training nodes, ``split(P)``, and the
+    partition counts known to work (a saved profile's)."""
+
+    num_nodes: int
+    num_train: int
+    split: Callable[[int], Split]
+    known: tuple[int, ...] = ()
+    microbatch: str = "exact"
+    from_profile: bool = False  # a saved profile's: what it lacks is said where it is read
+    _seen: dict[int, Split] = field(default_factory=dict)
+
+    def parts(self, p: int) -> Split:
+        if p not in self._seen:
+            self._seen[p] = self.split(p)
+        return self._seen[p]
+
+
+def graph_facts(base: dict[str, Any], ds) -> Facts:
+    """The facts of a loaded graph dataset; ``split`` partitions it as ``gnnpar train`` does
+    (``--partitioner``, ``--seed``, the cache under ``--data-root``)."""
+    import torch
+
+    from gnnpar.advise.profile import flags_for
+    from gnnpar.config.validate import build_config
+    from gnnpar.data.partition import load_partitions
+
+    n = int(ds.num_nodes)
+    train_mask = ds.data.train_mask
+
+    def split(p: int) -> Split:
+        if p > n:
+            return Split(False, why=f"the graph has {n} nodes, fewer than {p} subgraphs")
+        cfg = build_config(None, flags_for(base, "sequential", partitions=p))
+        try:
+            graph, _, _ = load_partitions(cfg, ds)
+        except UsageError as e:  # some subgraph would be empty
+            return Split(False, why=str(e).split(". Use fewer")[0])
+        part = graph.tensors["part"]
+        held = torch.bincount(part[train_mask], minlength=p)
+        return Split(True, lacking=int((held == 0).sum()))
+
+    cfg = _config(base)
+    return Facts(n, int(train_mask.sum()), split, microbatch=cfg.strategy.microbatch)
+
+
+def profile_facts(base: dict[str, Any], prof) -> Facts:
+    """The facts of a saved profile: its sizes; a partition count works where it was profiled."""
+    known = tuple(sorted(int(k) for k in prof.parts_step_s))
+
+    def split(p: int) -> Split:
+        if str(p) in prof.parts_step_s:
+            return Split(True)
+        return Split(False, why=f"--profile holds no {p} subgraphs")
+
+    cfg = _config(base)
+    return Facts(prof.num_nodes, prof.num_train, split, known, cfg.strategy.microbatch, True)
+
+
+def _config(base: dict[str, Any]):
+    from gnnpar.advise.profile import flags_for
+    from gnnpar.config.validate import build_config
+
+    return build_config(None, flags_for(base, "sequential"))
+
+
+def choose_partitions(default: int, lo: int, facts: Facts) -> int | None:
+    """advise's ``--partitions`` for configurations needing at least ``lo`` subgraphs: the
+    largest count, ``default`` first, then the graph's training nodes and halvings down to
+    ``lo`` (and a profile's counts, nearest first), whose subgraphs each hold a training node;
+    else the first one the graph can be split into at all; None where none can."""
+    start = min(default, facts.num_train, facts.num_nodes)
+    tries = [default]
+    while start >= lo:
+        tries.append(start)
+        start //= 2
+    tries += sorted(facts.known, key=lambda k: (abs(k - default), -k))
+    usable = None
+    for p in dict.fromkeys(t for t in tries if lo <= t <= facts.num_nodes):
+        s = facts.parts(p)
+        if not s.ok:
+            continue
+        if s.lacking == 0:
+            return p
+        usable = usable or p
+    return usable
+
+
+def _why_no_partitions(lo: int, world: int, facts: Facts, default: int) -> str:
+    n = facts.num_nodes
+    if world > 1 and lo > n:
+        return (
+            f"each of the {world} ranks needs a subgraph of its own (--partitions >= ranks), "
+            f"and the graph has {n} nodes"
+        )
+    tried = facts.parts(max(lo, min(default, n)))
+    return f"no count of subgraphs from {lo} to {default} splits the graph ({tried.why})"
+
+
+def fit_grid(req, facts: Facts) -> list[str]:
+    """Fit ``req.grid`` to the graph (see the module's text): configurations changed or left
+    out in place (``req.grid``, ``req.omitted``); returns what advise changed of its own
+    choices, a phrase each."""
+    from gnnpar.advise.predict import Candidate
+
+    fixed = req.fixed
+    changes: dict[str, str] = {}
+    why_out: dict[str, str] = {}
+    kept: list[Candidate] = []
+    chosen: dict[int, int | None] = {}
+    for c in req.grid:
+        s = dict(c.settings)
+        if "partitions" in s:
+            parallel = c.strategy in PARTS_STRATEGIES
+            if fixed.get("partitions") is not None:
+                split = facts.parts(s["partitions"])
+                if (
+                    not split.ok and not facts.from_profile
+                ):  # the user's own setting: refused, as gnnpar train would
+                    raise UsageError(
+                        f"--partitions {s['partitions']}: {split.why}. Use fewer --partitions "
+                        "(or leave it out: advise then chooses a count this graph allows)."
+                    )
+            else:
+                default = s["partitions"]
+                lo = c.world if parallel else 2
+                if lo not in chosen:
+                    chosen[lo] = choose_partitions(default, lo, facts)
+                p = chosen[lo]
+                if p is None:
+                    why_out.setdefault(c.strategy, _why_no_partitions(lo, c.world, facts, default))
+                    continue
+                if p != default:
+                    who = "the ranks' subgraphs" if parallel else "sequential's subgraphs"
+                    changes[f"parts{lo}"] = _partitions_change(who, p, default, facts)
+                s["partitions"] = p
+        if c.strategy == "sampled":
+            if facts.num_train < c.world:
+                why_out.setdefault(
+                    "sampled",
+                    f"the graph has {facts.num_train} training nodes, fewer than the {c.world} "
+                    "ranks: every rank needs at least one",
+                )
+                continue
+            per_rank = facts.num_train // c.world
+            if fixed.get("batch_size") is None and per_rank < s["batch_size"]:
+                smallest = min(
+                    x.settings["batch_size"] for x in req.grid if x.strategy == "sampled"
+                )
+                if s["batch_size"] > smallest and per_rank < smallest:
+                    changes["sampled"] = (
+                        f"sampled only at --batch-size {smallest} (each rank's {per_rank} "
+                        "training nodes make one batch at any larger size: the same run)"
+                    )
+                    continue
+        if c.strategy in ("pipeline", "hybrid") and not req.images:
+            copies = s.get("replicas", 1)
+            limit = facts.num_train if facts.microbatch == "exact" else facts.num_nodes
+            what = "training nodes" if facts.microbatch == "exact" else "nodes"
+            if copies * s["chunks"] > limit:
+                if fixed.get("chunks") is None:
+                    changes.setdefault(
+                        c.strategy,
+                        f"{c.strategy} without {copies} x {s['chunks']} micro-batches (the "
+                        f"graph has {limit} {what}, one at least for each)",
+                    )
+                why_out.setdefault(
+                    c.strategy,
+                    f"{copies} cop{'ies' if copies > 1 else 'y'} x {s['chunks']} micro-batches "
+                    f"(--chunks) is more than the graph's {limit} {what}; each micro-batch "
+                    f"needs one",
+                )
+                continue
+        kept.append(Candidate(c.strategy, s, c.world))
+    unique: dict[tuple, Candidate] = {}
+    for c in kept:
+        unique.setdefault(c.key(), c)
+    req.grid = list(unique.values())
+    present = {c.strategy for c in req.grid}
+    for name, why in why_out.items():
+        if name not in present:
+            req.omitted.setdefault(name, why)
+            changes.pop(name, None)
+    return list(changes.values())
+
+
+def _partitions_change(who: str, p: int, default: int, facts: Facts) -> str:
+    split, n, t = facts.parts(p), facts.num_nodes, facts.num_train
+    if split.lacking:
+        reason = (
+            f"no count from {p} to {default} gives every subgraph a training node; "
+            f"{split.lacking} of these {p} hold none and train nothing, as in gnnpar train"
+        )
+    elif facts.from_profile:
+        reason = f"--profile holds no {default} subgraphs"
+    elif default > t:
+        reason = (
+            f"the graph's {t} training nodes, of {n} nodes, cannot give each of {default} "
+            f"subgraphs one; each of these {p} holds one"
+        )
+    else:
+        was = facts.parts(default)
+        reason = was.why or (
+            f"{was.lacking} of {default} subgraphs would hold no training node; each of "
+            f"these {p} holds one"
+        )
+    return f"--partitions {p} for {who}, not {default} ({reason})"
+
+
+def check_not_empty(req) -> None:
+    """Exit 2 (a UsageError) naming every strategy left out and why, where none is left."""
+    if req.grid:
+        return
+    raise UsageError(
+        f"Nothing to predict for {', '.join(req.strategies)} on {req.cluster.world} rank(s) "
+        f"({req.cluster.hosts} host(s) x {req.cluster.ranks_per_host}): "
+        + "; ".join(f"{n}: {w}" for n, w in req.omitted.items())
+        + ". Ask about fewer ranks, other --strategies, or a larger graph."
+    )
