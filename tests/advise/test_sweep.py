@@ -37,6 +37,7 @@ def keep_threads():
     yield
     torch.set_num_threads(before)
 
+
 RANKS_PER_HOST = (1, 4)
 
 
