@@ -331,3 +331,18 @@ def test_profiled_for_real_on_small_graphs(profiled, case):
     else:
         assert {"sequential", "allreduce", "gossip", "sampled"} <= names
         assert advice["profile"]["comm"].get("corun_factor", 0) >= 1
+
+
+def test_validate_across_emulated_hosts_gives_each_rank_its_share_of_the_cores(monkeypatch):
+    """--validate --hosts 2 runs both hosts on this machine: on 2 cores, 1 thread per rank
+    (not the 2 a host of its own would give its one rank), said in one line; --threads given,
+    or no --validate, keeps the usual count."""
+    monkeypatch.setattr("gnnpar.advise.command.os.cpu_count", lambda: 2)
+    flags = {"dataset": "cora", "model": "gcn", "hosts": 2, "ranks_per_host": 1}
+    flags |= {"network": "100mbit,5ms", "strategies": "allreduce,gossip"}
+    req = parse_request({**flags, "validate": True})
+    assert req.threads == 1 and req.base["threads"] == 1
+    (change,) = req.changes
+    assert change.startswith("--threads 1 per rank, not 2 (--validate runs the 2 hosts")
+    assert parse_request(flags).threads == 2 and not parse_request(flags).changes
+    assert parse_request({**flags, "validate": True, "threads": 2}).threads == 2

@@ -348,13 +348,24 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
             f"largest {summary['max_abs_error']:.0%}",
             flush=True,
         )
-    lo, hi = summary["speed_factor_range"] or (1.0, 1.0)
-    if at_speed and (hi >= STEADY or lo <= 1 / STEADY):  # only where its speed changed
-        print(
-            f"  the machine ran at {1 / hi:.2f}-{1 / lo:.2f}x its speed when profiled (a "
-            f"reference work timed around each run); at the profile's speed the median |error| "
-            f"would be {summary['median_abs_error_at_profile_speed']:.0%}, the largest "
-            f"{summary['max_abs_error_at_profile_speed']:.0%}",
-            flush=True,
-        )
+    line = speed_line(summary)
+    if line:
+        print(f"  {line}", flush=True)
     return summary
+
+
+def speed_line(summary: dict[str, Any]) -> str | None:
+    """The line on the machine's speed around the runs, where the reference work measured a
+    change (a run's factor beyond :data:`~gnnpar.advise.speed.STEADY` either way); None where
+    it ran at its profile's speed, or nothing was measured against the profile's."""
+    if summary.get("median_abs_error_at_profile_speed") is None:
+        return None
+    lo, hi = summary["speed_factor_range"] or (1.0, 1.0)
+    if hi < STEADY and lo > 1 / STEADY:
+        return None
+    return (
+        f"the machine ran at {1 / hi:.2f}-{1 / lo:.2f}x its speed when profiled (a reference "
+        f"work timed around each run); at the profile's speed the median |error| would be "
+        f"{summary['median_abs_error_at_profile_speed']:.0%}, the largest "
+        f"{summary['max_abs_error_at_profile_speed']:.0%}"
+    )
