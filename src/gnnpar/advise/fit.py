@@ -175,8 +175,12 @@ def fit_grid(req, facts: Facts) -> list[str]:
                     why_out.setdefault(c.strategy, _why_no_partitions(lo, c.world, facts, default))
                     continue
                 if p != default:
-                    who = "the ranks' subgraphs" if parallel else "sequential's subgraphs"
-                    changes[f"parts{lo}"] = _partitions_change(who, p, default, facts)
+                    who = "the ranks'" if parallel else "sequential's"
+                    key = f"parts{p}-{default}"  # the same change for both: said once
+                    if key in changes:
+                        changes[key] = _partitions_change("", p, default, facts)
+                    else:
+                        changes[key] = _partitions_change(who, p, default, facts)
                 s["partitions"] = p
         if c.strategy == "sampled":
             if facts.num_train < c.world:
@@ -192,9 +196,10 @@ def fit_grid(req, facts: Facts) -> list[str]:
                     x.settings["batch_size"] for x in req.grid if x.strategy == "sampled"
                 )
                 if s["batch_size"] > smallest and per_rank < smallest:
+                    nodes = "training node" + ("s" if per_rank != 1 else "")
                     changes["sampled"] = (
                         f"sampled only at --batch-size {smallest} (each rank's {per_rank} "
-                        "training nodes make one batch at any larger size: the same run)"
+                        f"{nodes} make one batch at any larger size: the same run)"
                     )
                     continue
         if c.strategy in ("pipeline", "hybrid") and not req.images:
@@ -205,8 +210,8 @@ def fit_grid(req, facts: Facts) -> list[str]:
                 if fixed.get("chunks") is None:
                     changes.setdefault(
                         c.strategy,
-                        f"{c.strategy} without {copies} x {s['chunks']} micro-batches (the "
-                        f"graph has {limit} {what}, one at least for each)",
+                        f"{c.strategy} not at {copies} x {s['chunks']} micro-batches (more "
+                        f"than the graph's {limit} {what}: each micro-batch needs one)",
                     )
                 why_out.setdefault(
                     c.strategy,
@@ -248,7 +253,8 @@ def _partitions_change(who: str, p: int, default: int, facts: Facts) -> str:
             f"{was.lacking} of {default} subgraphs would hold no training node; each of "
             f"these {p} holds one"
         )
-    return f"--partitions {p} for {who}, not {default} ({reason})"
+    whose = f" for {who} subgraphs" if who else ""
+    return f"--partitions {p}{whose}, not {default} ({reason})"
 
 
 def check_not_empty(req) -> None:
