@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 
 import pytest
@@ -430,6 +431,8 @@ def test_validate_across_two_namespace_hosts_on_a_shaped_link(validations):
     advice = json.loads((out / "advice.json").read_text())
     cases = advice["validation"]["cases"]
     assert sorted(c["strategy"] for c in cases) == ["allreduce", "gossip"], cases
+    # both hosts on this machine: each rank its share of the cores (--threads not given)
+    assert advice["cluster"]["threads"] == max(1, (os.cpu_count() or 1) // 2)
     for c in cases:
         assert c["hosts"] == 2 and "100 Mbit/s, 5 ms one way" in c["link"], c
         assert "netem" in c["link"] or "emulated in user space" in c["link"], c
