@@ -158,9 +158,8 @@ def fit_grid(req, facts: Facts) -> list[str]:
             parallel = c.strategy in PARTS_STRATEGIES
             if fixed.get("partitions") is not None:
                 split = facts.parts(s["partitions"])
-                if (
-                    not split.ok and not facts.from_profile
-                ):  # the user's own setting: refused, as gnnpar train would
+                # the user's own setting: refused, as gnnpar train would refuse it
+                if not split.ok and not facts.from_profile:
                     raise UsageError(
                         f"--partitions {s['partitions']}: {split.why}. Use fewer --partitions "
                         "(or leave it out: advise then chooses a count this graph allows)."
