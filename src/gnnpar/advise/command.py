@@ -491,6 +491,8 @@ def _corun_partitions(needs: list, comm: bool, facts) -> int | None:
 
     if not comm or any(n.kind == "parts" and n.partitions >= 2 for n in needs):
         return None
+    if not any(n.kind in ("parts", "pipeline") for n in needs):  # no co-run probe
+        return None
     if facts is None:  # images: no subgraphs
         return None
     return choose_partitions(default_partitions(2), 2, facts)
