@@ -346,3 +346,19 @@ def test_validate_across_emulated_hosts_gives_each_rank_its_share_of_the_cores(m
     assert change.startswith("--threads 1 per rank, not 2 (--validate runs the 2 hosts")
     assert parse_request(flags).threads == 2 and not parse_request(flags).changes
     assert parse_request({**flags, "validate": True, "threads": 2}).threads == 2
+
+
+def test_the_co_run_probe_takes_subgraphs_the_graph_allows(graphs):
+    """A grid of pipelines only still has its two ranks' co-run probe (allreduce on subgraphs):
+    on KarateClub 4 of them (8 would leave some without a training node); a grid with
+    subgraphs of its own takes those; one rank, or no pipeline nor subgraph, none."""
+    from gnnpar.advise.command import _corun_partitions
+    from gnnpar.advise.profile import Need
+
+    req = parse_request({"dataset": graphs["karate"], "model": "sage"})
+    facts = graph_facts(req.base, _load_dataset(req))
+    pipe = Need("pipeline", stages=2, chunks=2)
+    assert _corun_partitions([pipe], True, facts) == 4
+    assert _corun_partitions([pipe, Need("parts", partitions=2)], True, facts) is None
+    assert _corun_partitions([pipe], False, facts) is None
+    assert _corun_partitions([Need("sampled", batch_size=512, world=2)], True, facts) is None
