@@ -392,7 +392,7 @@ def _advise(req: Request) -> dict[str, Any]:
                 f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
                 "leave sequential out of --strategies, or profile a smaller --scale."
             ) from None
-    del ds
+    del ds, facts  # the graph (and the partitions' check, which holds it): not needed again
     if prof.kind == "image":
         drop_empty_epochs(req, prof)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
