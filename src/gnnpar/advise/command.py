@@ -495,7 +495,7 @@ def _corun_partitions(needs: list, comm: bool, facts) -> int | None:
         return None
     if facts is None:  # images: no subgraphs
         return None
-    return choose_partitions(default_partitions(2), 2, facts)
+    return choose_partitions(default_partitions(2), 2, facts, 2)
 
 
 def drop_empty_epochs(req: Request, prof) -> None:

@@ -108,17 +108,21 @@ def _config(base: dict[str, Any]):
     return build_config(None, flags_for(base, "sequential"))
 
 
-def choose_partitions(default: int, lo: int, facts: Facts) -> int | None:
-    """advise's ``--partitions`` for configurations needing at least ``lo`` subgraphs: the
-    largest count, ``default`` first, then the graph's training nodes and halvings down to
-    ``lo`` (and a profile's counts, nearest first), whose subgraphs each hold a training node;
-    else the first one the graph can be split into at all; None where none can."""
+def choose_partitions(default: int, lo: int, facts: Facts, multiple: int = 1) -> int | None:
+    """advise's ``--partitions`` for configurations needing at least ``lo`` subgraphs, a
+    ``multiple`` of the ranks (each rank the same number of subgraphs: a rank left without one
+    in a step of ``gnnpar train --sync-every K`` > 1 has no gradients, and torch's model
+    averager then fails): the largest count, ``default`` first, then the graph's training nodes
+    and halvings down to ``lo`` (and a profile's counts, nearest first), whose subgraphs each
+    hold a training node; else the first one the graph can be split into at all; None where
+    none can."""
     start = min(default, facts.num_train, facts.num_nodes)
     tries = [default]
     while start >= lo:
         tries.append(start)
         start //= 2
     tries += sorted(facts.known, key=lambda k: (abs(k - default), -k))
+    tries = [t - t % multiple for t in tries]
     usable = None
     for p in dict.fromkeys(t for t in tries if lo <= t <= facts.num_nodes):
         s = facts.parts(p)
@@ -151,7 +155,8 @@ def fit_grid(req, facts: Facts) -> list[str]:
     changes: dict[str, str] = {}
     why_out: dict[str, str] = {}
     kept: list[Candidate] = []
-    chosen: dict[int, int | None] = {}
+    chosen: dict[tuple[int, int], int | None] = {}
+    whose: dict[str, set[str]] = {}  # a change of the subgraphs -> whose they are
     for c in req.grid:
         s = dict(c.settings)
         if "partitions" in s:
@@ -167,19 +172,19 @@ def fit_grid(req, facts: Facts) -> list[str]:
             else:
                 default = s["partitions"]
                 lo = c.world if parallel else 2
-                if lo not in chosen:
-                    chosen[lo] = choose_partitions(default, lo, facts)
-                p = chosen[lo]
+                if (lo, c.world) not in chosen:
+                    chosen[lo, c.world] = choose_partitions(default, lo, facts, c.world)
+                p = chosen[lo, c.world]
                 if p is None:
                     why_out.setdefault(c.strategy, _why_no_partitions(lo, c.world, facts, default))
                     continue
                 if p != default:
                     who = "the ranks'" if parallel else "sequential's"
                     key = f"parts{p}-{default}"  # the same change for both: said once
-                    if key in changes:
-                        changes[key] = _partitions_change("", p, default, facts)
-                    else:
-                        changes[key] = _partitions_change(who, p, default, facts)
+                    whose.setdefault(key, set()).add(who)
+                    changes[key] = _partitions_change(
+                        who if len(whose[key]) == 1 else "", p, default, facts, c.world
+                    )
                 s["partitions"] = p
         if c.strategy == "sampled":
             if facts.num_train < c.world:
@@ -232,9 +237,11 @@ def fit_grid(req, facts: Facts) -> list[str]:
     return list(changes.values())
 
 
-def _partitions_change(who: str, p: int, default: int, facts: Facts) -> str:
+def _partitions_change(who: str, p: int, default: int, facts: Facts, world: int = 1) -> str:
     split, n, t = facts.parts(p), facts.num_nodes, facts.num_train
-    if split.lacking:
+    if default % world and (split.ok and not split.lacking) and facts.parts(default).ok:
+        reason = f"a multiple of the {world} ranks: each rank as many subgraphs"
+    elif split.lacking:
         reason = (
             f"no count from {p} to {default} gives every subgraph a training node; "
             f"{split.lacking} of these {p} hold none and train nothing, as in gnnpar train"
