@@ -200,10 +200,10 @@ def fit_grid(req, facts: Facts) -> list[str]:
                     x.settings["batch_size"] for x in req.grid if x.strategy == "sampled"
                 )
                 if s["batch_size"] > smallest and per_rank < smallest:
-                    nodes = "training node" + ("s" if per_rank != 1 else "")
+                    nodes = "training nodes make" if per_rank != 1 else "training node makes"
                     changes["sampled"] = (
                         f"sampled only at --batch-size {smallest} (each rank's {per_rank} "
-                        f"{nodes} make one batch at any larger size: the same run)"
+                        f"{nodes} one batch at any larger size: the same run)"
                     )
                     continue
         if c.strategy in ("pipeline", "hybrid") and not req.images:
