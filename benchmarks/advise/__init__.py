@@ -1,0 +1,1 @@
+"""Benchmarks: advise (see benchmarks/harness.py and BENCHMARKS.md)."""

@@ -1,0 +1,1 @@
+"""Benchmarks: comm (see benchmarks/harness.py and BENCHMARKS.md)."""

@@ -1,0 +1,1 @@
+"""Benchmarks: frameworks (see benchmarks/harness.py and BENCHMARKS.md)."""

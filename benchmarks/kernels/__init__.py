@@ -1,0 +1,1 @@
+"""Benchmarks: kernels (see benchmarks/harness.py and BENCHMARKS.md)."""

@@ -1,0 +1,1 @@
+"""Benchmarks: memory (see benchmarks/harness.py and BENCHMARKS.md)."""

@@ -1,0 +1,1 @@
+"""Benchmarks: robustness (see benchmarks/harness.py and BENCHMARKS.md)."""

@@ -1,0 +1,1 @@
+"""Tests of benchmarks/: every script still runs (its --smoke setting)."""
