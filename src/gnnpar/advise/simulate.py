@@ -77,7 +77,7 @@ class Link:
 
 
 # gloo between hosts, measured between two network namespaces over the emulated link
-# (benchmarks/gloo_link.py, 2 ranks, 2026-11-26, BENCHMARKS.md "Two hosts over a 1 ms and a 5 ms
+# (benchmarks/comm/gloo_over_shaped_link.py, 2 ranks, 2026-11-26, benchmarks/HISTORY.md "Two hosts over a 1 ms and a 5 ms
 # link"): a ring all-reduce of 4 KB-1 MB pays the link's one-way latency 2-4 times per ring
 # message over 0.2-1 ms links (it varies with the TCP connections' state) and ~2.3 times over a
 # 5 ms one (its unbound buffers wait for the receiver's ready notification, and TCP's

@@ -9,7 +9,7 @@ the same configurations on cifar10 when its files are present, else synthetic-ci
   up to 100 evaluation mini-batches per split, 20 test mini-batches for tables 2 and 3. Every
   run uses ``--recompute`` (each ViG block keeps only its input for the backward pass): without
   it one process would hold ~54 MB of activations per image, 53 GB at 1000 images (study 000's
-  machines had 125 GiB); with it a 1000-image step peaks at 5.8 GiB (benchmarks/vig_memory.py). With 1 thread per process a 1000-image
+  machines had 125 GiB); with it a 1000-image step peaks at 5.8 GiB (benchmarks/memory/vig_step_memory.py). With 1 thread per process a 1000-image
   step takes minutes, so a full-size suite takes days on a 2-core machine.
 * ``--quick``: 20-image mini-batches, 3 steps; a look at the shapes in minutes.
 

@@ -19,7 +19,7 @@ whose byte equals the threshold's gets 32 more bits): dropped with probability
 
 The forward keeps a one-byte mask for the backward (a float mask took four). Forward and
 backward of gat3's first-layer input (23,194 x 602, p 0.6, one thread): 51 ms, against 117 ms
-with a ``torch.rand`` mask and 268 ms with ``F.dropout`` (``benchmarks/dropout_masks.py``).
+with a ``torch.rand`` mask and 268 ms with ``F.dropout`` (``benchmarks/kernels/dropout_masks.py``).
 """
 
 from __future__ import annotations

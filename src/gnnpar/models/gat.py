@@ -6,7 +6,7 @@ dropout 0.6) -> ELU -> dropout 0.6 -> GATConv(classes, 8 heads averaged, attenti
 dropout 0.6 before each. Blocks are ``dropout -> GATConv (-> ELU)`` so a pipeline can cut
 between any two layers. With the study's dropout, gat3 stays at chance on synthetic-reddit (0.6
 on 16 single-head units leaves too little to carry 41 classes); ``--dropout 0.2`` reaches 0.97
-in 3 epochs (BENCHMARKS.md, "Why gat3 stays at chance").
+in 3 epochs (benchmarks/HISTORY.md, "Why gat3 stays at chance").
 
 Three CPU costs of plain PyG are avoided without changing the model:
 

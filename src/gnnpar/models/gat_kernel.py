@@ -194,7 +194,7 @@ def csr_mm(a: torch.Tensor, h: torch.Tensor, level: int | None = None) -> torch.
     on every x86-64 CPU at every thread count (``level`` picks a build, for tests; by default
     the widest this CPU runs). MKL's product, which ``torch.sparse.mm`` calls, rounds otherwise
     and differently by CPU; it is also 1.3-3x slower on one thread at the models' widths
-    (``benchmarks/csr_products.py``). Anything else (other dtypes or devices, an ``h`` that
+    (``benchmarks/kernels/csr_mm_vs_torch_sparse.py``). Anything else (other dtypes or devices, an ``h`` that
     records a gradient) is ``torch.sparse.mm``'s."""
     lib = load()
     if (

@@ -61,7 +61,7 @@ def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     Two ranks on gloo with a CPU tensor swap their tensors (one ``isend``/``irecv`` pair, in
     one ``batch_isend_irecv``) and each adds the other's: one round trip, where gloo's ring
     all-reduce takes several. On one 2-vCPU host, 99K floats (a study-003 GCN's gradient):
-    0.73 ms a call against gloo's 1.18 ms (``benchmarks/pair_allreduce.py``, BENCHMARKS.md).
+    0.73 ms a call against gloo's 1.18 ms (``benchmarks/comm/pair_allreduce_vs_gloo.py``, BENCHMARKS.md).
     Each element is one addition of the two ranks' values, as in gloo's ring for two ranks;
     both ranks hold the same floats, since ``a + b == b + a``.
 
@@ -69,7 +69,7 @@ def all_reduce_sum(tensor: torch.Tensor, group: dist.ProcessGroup | None = None)
     The rank that arrives second finds the first's receive posted and sends at once, and its
     own "ready to receive" follows its data down the same TCP stream, so a large exchange runs
     its two directions one after the other. Measured with 20 ms of compute between calls
-    (``benchmarks/gloo_link.py --compute-ms 20``): 0.79 MB over 100 Mbit/s, 5 ms took 142 ms
+    (``benchmarks/comm/gloo_over_shaped_link.py --compute-ms 20``): 0.79 MB over 100 Mbit/s, 5 ms took 142 ms
     against gloo's ring's 87 ms, and 13.4 against 11.3 ms at 1 Gbit/s, 1 ms; 92 KB took 20.2
     against 28.7 ms (5 ms) and 4.8 against 5.4 ms (1 ms). Other sizes, backends and devices:
     ``dist.all_reduce``. Timeouts are the process group's either way.

@@ -108,7 +108,7 @@ def estimate_bytes(cfg: Config, ds, replicas: int, recompute: bool | None = None
 # the backward pass per block (vig.ViGBlock._forward): the input of fc_in (C), the MRConv concat
 # (2C), the GELU's input and output (2C), fc_out's sum y (C), the FFN's 4C-wide layer before and
 # after its GELU (8C): 14 C, plus the winning neighbour per channel (C bytes) and the k
-# neighbour indices (k int64). Measured on top of that (benchmarks/vig_memory.py, 1 thread,
+# neighbour indices (k int64). Measured on top of that (benchmarks/memory/vig_step_memory.py, 1 thread,
 # glibc malloc, batches 8-32, C = 107): the backward's gradients of the widest layers and the
 # heap glibc keeps after the forward's transients, ~30 C per pixel without recomputation; with
 # --recompute, where the forward's transients of every piece pass through the heap first, ~64 C.

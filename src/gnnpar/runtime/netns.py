@@ -47,7 +47,7 @@ def emulated_mtu(rate_bit_s: float) -> int:
 
     Large packets are not harmless: each is serialised whole onto a direction's first-in,
     first-out wire, so the acknowledgements that ride back on the other direction's data wait
-    behind one. Measured (``benchmarks/gloo_link.py --mtu``; 100 Mbit/s, 5 ms), a two-rank
+    behind one. Measured (``benchmarks/comm/gloo_over_shaped_link.py --mtu``; 100 Mbit/s, 5 ms), a two-rank
     ``isend`` + ``irecv`` exchange of 0.79 MB took 137 ms with 65,000- and 9,000-byte packets,
     its two directions one after the other, and 77 ms with 1,500 (ideal 73 ms): a real
     Ethernet link's."""

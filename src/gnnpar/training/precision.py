@@ -22,7 +22,7 @@ gloo sends and receives bfloat16, checked with torch 2.13).
 
 bfloat16 is fast only where the hardware multiplies it natively: GPUs since Ampere, CPUs with
 AMX or AVX512-BF16. Elsewhere the casts cost more than the products save
-(benchmarks/precision_speed.py measures it).
+(benchmarks/kernels/bf16_vs_fp32_step.py measures it).
 """
 
 from __future__ import annotations

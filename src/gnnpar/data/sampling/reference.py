@@ -1,6 +1,6 @@
 """A straightforward per-node neighbour sampler: the oracle the tests check
 :class:`~gnnpar.data.sampling.sampler.NeighborSampler` against, and the baseline of
-``benchmarks/sampler_throughput.py``. Training never uses it.
+``benchmarks/kernels/sampler_vs_reference.py``. Training never uses it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def reference_sample(
     csr: CSRGraph, seeds: torch.Tensor, fanouts: list[int], gen: torch.Generator
 ) -> SampledBatch:
     """A straightforward per-node sampler (Python loop, one ``randperm`` per node, a dict for
-    relabelling) without replacement: the baseline of ``benchmarks/sampler_throughput.py`` and an
+    relabelling) without replacement: the baseline of ``benchmarks/kernels/sampler_vs_reference.py`` and an
     independent check of :class:`NeighborSampler` in the tests."""
     local: dict[int, int] = {int(s): i for i, s in enumerate(seeds.tolist())}
     n_id = list(local)

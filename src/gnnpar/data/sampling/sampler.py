@@ -10,7 +10,7 @@ synthetic-reddit 0.1, fan-outs 25-10-10, one thread) found half the time in gath
 sampler's repeat check, random keys), ~10% in concatenation and ~8% in ``nonzero``: many passes
 over the sampled edges, none dominant, so no better torch formulation fixes it; fused into one
 pass per hop it runs ~4x faster, ahead of DGL's and pyg-lib's C++ samplers on the same work
-(BENCHMARKS.md, ``benchmarks/peers.py``). Finding and loading it is
+(BENCHMARKS.md, ``benchmarks/frameworks/sampler_vs_peers.py``). Finding and loading it is
 :mod:`gnnpar.data.sampling.kernel`'s (why C through ctypes, too). The vectorised-torch version
 below stays as the fallback when the kernel is not built; it draws a different random stream.
 
