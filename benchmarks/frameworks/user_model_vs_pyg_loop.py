@@ -12,7 +12,7 @@ lr 0.01, the training nodes' cross-entropy) for ``--epochs`` steps, each in a fr
 
 Models: ``pyg:GIN`` (64 hidden, 2 layers, dropout 0.5: ``GIN(1433, 64, 2, 7, dropout=0.5)``
 on the PyG side) and ``appnp``, the factory :func:`build` below (two linear layers around an
-APPNP propagation, K = 10), given to gnnpar as ``--model user_model_vs_pyg_loop:build``.
+APPNP propagation, K = 10), given to gnnpar as ``--model benchmarks.frameworks.user_model_vs_pyg_loop:build``.
 
 The sides alternate (which goes first alternates too), ``--reps`` pairs; the first ``--skip``
 steps of every run are warm-up and dropped. Reported per model: each side's median step (the
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -45,10 +44,14 @@ from torch import nn
 
 from benchmarks import harness
 
-HERE = Path(__file__).resolve().parent
 MODELS = {  # id -> gnnpar's flags
     "pyg:GIN": ["--model", "pyg:GIN", "--hidden", "64", "--layers", "2", "--dropout", "0.5"],
-    "appnp": ["--model", "user_model_vs_pyg_loop:build", "--model-args", '{"hidden": 64}'],
+    "appnp": [
+        "--model",
+        "benchmarks.frameworks.user_model_vs_pyg_loop:build",
+        "--model-args",
+        '{"hidden": 64}',
+    ],  # fmt: skip
 }
 
 
@@ -156,10 +159,8 @@ def in_process(name: str, reps: int, steps: int, skip: int, threads: int, root: 
 
 
 def env() -> dict[str, str]:
-    """This folder on the path (gnnpar imports ``user_model_vs_pyg_loop:build`` by name), and
-    the repository root with src/ (the module imports the harness)."""
-    base = harness.module_env()
-    return {**base, "PYTHONPATH": os.pathsep.join([str(HERE), base["PYTHONPATH"]])}
+    """The repository root on the path (gnnpar imports this module's ``build`` by name)."""
+    return harness.module_env()
 
 
 def run_gnnpar(name: str, epochs: int, threads: int, data_root: str) -> list[float]:
@@ -167,14 +168,16 @@ def run_gnnpar(name: str, epochs: int, threads: int, data_root: str) -> list[flo
         argv = [sys.executable, "-m", "gnnpar", "train", "--dataset", "cora", *MODELS[name]]
         argv += ["--epochs", str(epochs), "--eval-every", "0", "--threads", str(threads)]
         argv += ["--quiet", "--data-root", data_root, "--out", out]
-        subprocess.run(argv, check=True, env=env(), cwd=HERE, capture_output=True)
+        subprocess.run(argv, check=True, env=env(), cwd=harness.ROOT, capture_output=True)
         return json.loads((Path(out) / "result.json").read_text())["step_times_s"]
 
 
 def run_pyg(name: str, epochs: int, threads: int, data_root: str) -> list[float]:
-    argv = [sys.executable, __file__, "--plain", name, "--epochs", str(epochs)]
+    argv = [sys.executable, "-m", __spec__.name, "--plain", name, "--epochs", str(epochs)]
     argv += ["--threads", str(threads), "--data-root", data_root]
-    done = subprocess.run(argv, check=True, env=env(), capture_output=True, text=True)
+    done = subprocess.run(
+        argv, check=True, env=env(), cwd=harness.ROOT, capture_output=True, text=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
