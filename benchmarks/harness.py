@@ -3,7 +3,7 @@
 A benchmark script is ``benchmarks/<topic>/<what_it_measures>.py``, run from the repository
 root as a module (``python -m benchmarks.kernels.csr_mm_vs_torch_sparse``), with a
 ``main(argv=None)`` built on :func:`parser` (which adds ``--smoke``: the smallest setting, a few
-seconds, that ``tests/benchmarks/test_smoke.py`` runs so no script rots). Files whose name
+seconds, that ``tests/benchmark_scripts/test_smoke.py`` runs so no script rots). Files whose name
 starts with ``_`` are not scripts: they are the other side of one (a peer library's process).
 
 * :func:`machine` / :func:`header`: CPU model, cores, load average, torch version, git commit and
@@ -315,6 +315,20 @@ def scripts() -> list[str]:
     return found
 
 
+def _call_main(main: Callable[..., Any]) -> Any:
+    """``main(["--smoke"])``, or for a ``main()`` that reads sys.argv, with sys.argv so set."""
+    import inspect
+
+    if inspect.signature(main).parameters:
+        return main(["--smoke"])
+    saved = sys.argv
+    sys.argv = [main.__module__, "--smoke"]
+    try:
+        return main()
+    finally:
+        sys.argv = saved
+
+
 def _smoke(modules: list[str]) -> int:
     import importlib
 
@@ -323,7 +337,7 @@ def _smoke(modules: list[str]) -> int:
         t0 = time.perf_counter()
         print(f"== {name} --smoke", flush=True)
         try:
-            rc = importlib.import_module(name).main(["--smoke"])
+            rc = _call_main(importlib.import_module(name).main)
         except SystemExit as e:
             rc = e.code
         except Exception as e:  # reported with the script's name, the others still run

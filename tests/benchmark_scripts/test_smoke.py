@@ -46,15 +46,14 @@ def test_scripts_are_grouped_by_topic_and_take_smoke():
         text = path.read_text()
         tree = ast.parse(text)
         mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
-        assert mains, f"{path}: no main(argv=None)"
-        assert mains[0].args.args and mains[0].args.args[0].arg == "argv", f"{path}: main(argv)"
+        assert mains, f"{path}: no main() for the harness to call"
         assert "--smoke" in text or "harness.parser(" in text, f"{path}: no --smoke setting"
         for node in ast.walk(tree):  # benchmarks do not reach into the test suite
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith(("tests", "conftest")), f"{path}: {node.module}"
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("tests") for a in node.names), path
-        assert "sys.path.insert" not in text, f"{path}: imports through sys.path"
+        assert '"tests"' not in text, f"{path}: reaches into tests/ (through sys.path?)"
 
 
 @pytest.mark.slow
