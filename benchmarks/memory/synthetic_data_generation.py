@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for name in args.datasets.split(","):
             gen = measure(name, root, args.scale)
-            load = measure(name, root, args.scale)
+            load = gen if args.smoke else measure(name, root, args.scale)  # smoke: one process
             size = sum(f.stat().st_size for f in (root / "cache").rglob("*") if name in str(f))
             print(
                 f"{name} scale {args.scale:g}: {gen['nodes']:,} nodes, {gen['edges']:,} edges; "
