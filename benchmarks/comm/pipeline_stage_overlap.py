@@ -8,21 +8,21 @@ whole batch in the same process. If the stages overlap, rank 0's CPU seconds per
 are about half of the sequential step's; the wall-time speed-up approaches the GPipe bound
 2*5/6 = 1.67 only when both ranks get a core of their own.
 
-Run: ``python -m benchmarks.comm.pipeline_stage_overlap [--reps 8]`` (it starts its two ranks
-with ``torch.distributed.run``).
+Run: ``python -m benchmarks.comm.pipeline_stage_overlap [--reps 8]`` (it spawns its two ranks).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import socket
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
@@ -46,20 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.smoke:
         a.reps, a.chunks, a.rows = 2, 2, 8
-    if "RANK" in os.environ:  # a rank that torch.distributed.run started
-        rank_main(a.reps, a.chunks, a.rows)
-        return 0
     harness.print_header(1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--standalone", "-m", __spec__.name]
-    cmd += ["--reps", str(a.reps), "--chunks", str(a.chunks), "--rows", str(a.rows)]
-    return subprocess.run(cmd, env=harness.module_env(), cwd=harness.ROOT, timeout=1800).returncode
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(rank_main, args=(port, a.reps, a.chunks, a.rows), nprocs=2, join=True)
+    return 0
 
 
-def rank_main(reps: int, chunks: int, rows: int) -> None:
+def rank_main(rank: int, port: int, reps: int, chunks: int, rows: int) -> None:
     harness.set_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    rank = dist.get_rank()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    timeout = datetime.timedelta(seconds=120)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timeout)
     torch.manual_seed(0)
     full = nn.Sequential(*[Block() for _ in range(8)])
     part = full[:4] if rank == 0 else full[4:]
