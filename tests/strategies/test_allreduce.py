@@ -166,6 +166,23 @@ def test_cli_two_workers_with_straggler_and_periodic_averaging(cli, tmp_path):
 
 
 @pytest.mark.slow
+def test_parameter_averaging_with_an_uneven_split_averages_on_every_rank(cli, tmp_path):
+    """3 subgraphs on 2 ranks, K = 2: rank 1's second step of each epoch has no subgraph (and,
+    before its first one, no gradients). Both ranks average every parameter at steps 2 and 4
+    and end with one model (it failed: torch's averager left out parameters without a grad)."""
+    proc = cli(
+        "train", "--dataset", "cora", "--model", "gcn", "--strategy", "allreduce",
+        "--partitions", "3", "--workers", "2", "--epochs", "2", "--sync-every", "2",
+        "--average", "params", "--eval-every", "0", "--quiet",
+        "--data-root", str(tmp_path), "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert sorted(r["per_worker_batches"]) == [2, 4] and r["per_worker_exchanges"] == [2, 2]
+    assert r["per_worker_divergence"] == [0.0, 0.0] and r["final_model"] == "average"
+
+
+@pytest.mark.slow
 def test_gradient_averaging_every_k_scores_both_final_candidates(cli, tmp_path):
     """K > 1 with grads leaves the ranks' models apart: the better of average / best local wins."""
     proc = cli(

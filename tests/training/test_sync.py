@@ -111,3 +111,16 @@ def test_jitter_is_seeded_and_resumes_from_its_state():
     c = Straggler(jitter=2.0, seed=99)
     c.load_state(saved)
     assert delays(c, 30) == rest and c.delay_s == a.delay_s
+
+
+def test_param_average_averages_every_parameter_also_on_a_rank_without_gradients(one_rank_group):
+    """A rank that has not trained yet (3 subgraphs dealt to 2 ranks: one rank's second step has
+    none) holds no gradients; torch's averager then averaged nothing and failed in torch.cat.
+    Every parameter is averaged, on the averager's own schedule (K = 2: steps 2 and 4)."""
+    ps = [torch.nn.Parameter(torch.ones(3)) for _ in range(2)]
+    assert all(p.grad is None for p in ps)
+    s = ParamAverage(ps, every=2)
+    for has_batch in (False, False, True, False):
+        s.after_step(has_batch)
+    assert s.exchanges == 2 and s.count == 4 and s.averager.step == 4
+    assert all(torch.equal(p.data, torch.ones(3)) for p in ps)  # one rank: the mean is itself

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from gnnpar.parallel import collectives
 from gnnpar.parallel.collectives import WaitClock
@@ -150,9 +151,18 @@ class ParamAverage(LockStep):
         self.count, self.averager.step = state["count"], state["averager_step"]
 
     def after_step(self, has_batch: bool) -> None:
+        """Average on the averager's own schedule (its ``step``, ``warmup_steps`` and
+        ``period``), over every parameter. ``PeriodicModelAverager.average_parameters`` leaves
+        out the parameters whose ``grad`` is None: a rank that held no subgraph yet (an uneven
+        split, e.g. 3 subgraphs on 2 ranks) then offered an empty list (``torch.cat`` failed),
+        and one whose model left some parameters unused would all-reduce a buffer of another
+        size than its peers'. Every rank holds every parameter, so all of them are averaged."""
         self.count += 1
         t0 = time.perf_counter()
-        self.averager.average_parameters(self.params)  # averages when its own count says so
+        a = self.averager
+        if a.step >= a.warmup_steps and (a.step - a.warmup_steps) % a.period == 0:
+            average_parameters(iter(self.params), a.process_group)
+        a.step += 1
         if self.count % self.every == 0:
             self.clock.seconds += time.perf_counter() - t0
             self.exchanges += 1
