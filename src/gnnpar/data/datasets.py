@@ -14,6 +14,7 @@ the folder, and where to obtain them (the CLI exits 2).
   ``<data_root>/cache/<name>/`` and memory-mapped from there (cache.py).
 - generated: synthetic-reddit, synthetic-amazon, synthetic-papers100m, synthetic-cifar10
   (synthetic.py), cached in ``<data_root>/cache/<name>-scale<F>-seed<S>/``.
+- a prepared folder (prepared.py, written by ``gnnpar prepare``): memory-mapped from disk.
 - your own graph (user.py): ``--dataset FILE.pt``, an OGB-layout folder, or ``module:function``;
   cached by content in ``<data_root>/cache/user-<sha256[:20]>/``. A registered name always wins:
   write ``./cora`` for a folder called cora.
@@ -36,7 +37,7 @@ import torch
 from torch_geometric.data import Data
 
 from gnnpar import UsageError
-from gnnpar.data import readers, safe_load, synthetic, user
+from gnnpar.data import prepared, readers, safe_load, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
 from gnnpar.data.registry import DATASETS as NAMED
 from gnnpar.data.registry import unknown_dataset
@@ -393,6 +394,8 @@ def load_dataset(
     (filelock.exclusive_lock; gnnpar.data.filelock.CacheLockTimeout)."""
     if name in REGISTRY:
         return REGISTRY[name].loader(Path(root), scale, seed, timeout_s)
+    if prepared.is_prepared(name):  # a folder written by `gnnpar prepare`: trained from disk
+        return prepared.load_graph(name)
     if user.is_user_source(name):
         return user.load_user_graph(name, Path(root), seed, timeout_s)
     raise UsageError(unknown_dataset(name, "dataset", user.FORMS))

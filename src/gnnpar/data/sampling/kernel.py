@@ -73,6 +73,9 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_sample_hop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
                 lib.gnnpar_sample_hop.argtypes += [ctypes.c_uint64, ptr, i64, ptr, ptr, ptr]
                 lib.gnnpar_sample_hop.argtypes += [ptr, ptr]
+                if hasattr(lib, "gnnpar_sample_hop32"):  # int32 col (a prepared graph's)
+                    lib.gnnpar_sample_hop32.restype = i64
+                    lib.gnnpar_sample_hop32.argtypes = lib.gnnpar_sample_hop.argtypes
                 lib.gnnpar_table_size.restype = i64
                 lib.gnnpar_table_size.argtypes = [i64]
             except (OSError, AttributeError):  # not loadable here, or not the kernel

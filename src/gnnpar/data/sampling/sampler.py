@@ -62,7 +62,7 @@ class CSRGraph:
     """Incoming adjacency: the in-neighbours of node ``v`` are ``col[rowptr[v]:rowptr[v + 1]]``."""
 
     rowptr: torch.Tensor  # [N + 1] int64
-    col: torch.Tensor  # [E] int64, source node of each edge, grouped by target node
+    col: torch.Tensor  # [E] int64 (or int32), source node of each edge, grouped by target node
 
     @property
     def num_nodes(self) -> int:
@@ -214,10 +214,19 @@ class NeighborSampler:
         self.replace = replace
         self._local = torch.full((csr.num_nodes,), -1, dtype=torch.long)
         if self.backend == "torch":
+            if csr.col.dtype != torch.long:  # the vectorised path indexes with int64 only
+                self.csr = CSRGraph(csr.rowptr.long(), csr.col.long())
             self._first = torch.full((csr.num_nodes,), _UNSEEN, dtype=torch.long)
         else:  # the kernel reads the CSR through raw pointers: contiguous int64 only
             self._rowptr = csr.rowptr.long().contiguous()
-            self._col = csr.col.long().contiguous()
+            # int32 col (a prepared graph's indices, memory-mapped) is read in place when the
+            # kernel has its int32 hop; anything else is read as int64
+            self._hop = kernel.load().gnnpar_sample_hop
+            if csr.col.dtype == torch.int32 and hasattr(kernel.load(), "gnnpar_sample_hop32"):
+                self._col = csr.col.contiguous()
+                self._hop = kernel.load().gnnpar_sample_hop32
+            else:
+                self._col = csr.col.long().contiguous()
             kmax = max(self.fanouts, default=1)
             table = kernel.load().gnnpar_table_size(max(kmax, 1))
             self._table = torch.empty(table, dtype=torch.long)
@@ -277,7 +286,7 @@ class NeighborSampler:
 
         The kernel writes straight into two buffers the sampler keeps (edges, node ids), so a
         batch costs one copy of each out of them and no per-hop concatenation."""
-        lib, local, nid = kernel.load(), self._local, self._nid
+        local, nid = self._local, self._nid
         k = seeds.numel()
         nid[:k] = seeds
         local[seeds] = torch.arange(k)
@@ -301,7 +310,7 @@ class NeighborSampler:
                     self._edges = grown
                 edges, stride = self._edges, self._edges.stride(0) * 8
                 seed = int(torch.empty((), dtype=torch.long).random_(generator=gen))
-                e = lib.gnnpar_sample_hop(
+                e = self._hop(
                     self._rowptr.data_ptr(),
                     self._col.data_ptr(),
                     frontier.data_ptr(),

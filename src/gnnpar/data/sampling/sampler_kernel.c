@@ -50,7 +50,8 @@ int64_t gnnpar_table_size(int64_t k) {
 }
 
 /* One hop.
- * rowptr, col: incoming CSR (row v lists the sources of v's in-edges).
+ * rowptr, col: incoming CSR (row v lists the sources of v's in-edges); col is int32 when
+ *   col32, else int64.
  * frontier[0..n): the nodes to sample for; they have local ids frontier_begin + i.
  * fanout: neighbours per node (-1: all); replace: draw with replacement.
  * local[num_nodes]: local id of every node seen so far in this batch, -1 otherwise; updated.
@@ -60,7 +61,8 @@ int64_t gnnpar_table_size(int64_t k) {
  * out_new: global ids of the nodes first reached in this hop, in order of first appearance.
  * table: scratch of gnnpar_table_size(fanout) int64 (used only when fanout > SCAN_MAX).
  * Returns the number of sampled edges; *n_new receives the number of new nodes. */
-int64_t gnnpar_sample_hop(const int64_t *rowptr, const int64_t *col, const int64_t *frontier,
+static int64_t sample_hop(const int64_t *rowptr, const void *col, int col32,
+                          const int64_t *frontier,
                           int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
                           uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
                           int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
@@ -121,17 +123,43 @@ int64_t gnnpar_sample_hop(const int64_t *rowptr, const int64_t *col, const int64
     }
     /* Pass 2: read the neighbours (random reads of col, prefetched ahead: the misses overlap)
      * and relabel: a node seen for the first time gets the next local id. */
-    for (int64_t k = 0; k < e; k++) {
-        if (k + PREFETCH < e) __builtin_prefetch(col + out_row[k + PREFETCH]);
-        const int64_t u = col[out_row[k]];
-        int64_t l = local[u];
-        if (l < 0) {
-            l = total + nn;
-            local[u] = l;
-            out_new[nn++] = u;
-        }
-        out_row[k] = l;
+#define RELABEL(COL)                                                                      \
+    for (int64_t k = 0; k < e; k++) {                                                     \
+        if (k + PREFETCH < e) __builtin_prefetch((COL) + out_row[k + PREFETCH]);          \
+        const int64_t u = (int64_t)(COL)[out_row[k]];                                     \
+        int64_t l = local[u];                                                             \
+        if (l < 0) {                                                                      \
+            l = total + nn;                                                               \
+            local[u] = l;                                                                 \
+            out_new[nn++] = u;                                                            \
+        }                                                                                 \
+        out_row[k] = l;                                                                   \
     }
+    if (col32) {
+        RELABEL((const int32_t *)col)
+    } else {
+        RELABEL((const int64_t *)col)
+    }
+#undef RELABEL
     *n_new = nn;
     return e;
+}
+
+/* One hop over a CSR whose col is int64 (see sample_hop). */
+int64_t gnnpar_sample_hop(const int64_t *rowptr, const int64_t *col, const int64_t *frontier,
+                          int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
+                          uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
+                          int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
+    return sample_hop(rowptr, col, 0, frontier, n, frontier_begin, fanout, replace, seed, local,
+                      total, out_row, out_col, out_new, n_new, table);
+}
+
+/* The same hop over a CSR whose col is int32 (a prepared graph's indices.npy, read in place):
+ * the same draws and the same output as gnnpar_sample_hop over the same values. */
+int64_t gnnpar_sample_hop32(const int64_t *rowptr, const int32_t *col, const int64_t *frontier,
+                            int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
+                            uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
+                            int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
+    return sample_hop(rowptr, col, 1, frontier, n, frontier_begin, fanout, replace, seed, local,
+                      total, out_row, out_col, out_new, n_new, table);
 }

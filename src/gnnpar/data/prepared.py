@@ -1,0 +1,668 @@
+"""The prepared graph format: one folder of flat ``.npy`` arrays and a JSON manifest, which
+``gnnpar prepare`` writes and ``gnnpar train --dataset FOLDER`` trains from, memory-mapped.
+
+Anyone can read it with numpy alone (``numpy.load(path, mmap_mode="r")``); nothing in it is a
+pickle, and gnnpar never unpickles it (``allow_pickle=False``). Layout, format version 1::
+
+    FOLDER/
+      manifest.json   what the folder holds (below); written last, so a folder without it is
+                      not a prepared graph
+      indptr.npy      int64 [N + 1]  in-edge CSR row offsets
+      indices.npy     int32 [E] (int64 when N >= 2**31)  the source of every edge, grouped by
+                      target: node v aggregates indices[indptr[v]:indptr[v + 1]] (messages flow
+                      source -> target, PyG's convention; the order within a row is the order of
+                      the graph's edge_index, a stable sort by target)
+      features.npy    [N, F] float32, float16 (--feature-dtype fp16) or uint16 holding the raw
+                      bits of bfloat16 (--feature-dtype bf16: numpy has no bfloat16; read with
+                      torch.from_numpy(a).view(torch.bfloat16))
+      labels.npy      int64 [N] class indices, or uint8 [N, C] 0/1 (multi-label)
+      train.npy, val.npy, test.npy    int64 node ids of each split, ascending
+      edge_order.npy  int64 [E], only when "edge_index_order" is "permuted" (below)
+
+``manifest.json``::
+
+    {"format": "gnnpar-prepared", "format_version": 1,
+     "name": "synthetic-papers100m", "num_nodes": N, "num_edges": E, "num_features": F,
+     "num_classes": C, "multilabel": false, "directed": false,
+     "feature_dtype": "fp32" | "fp16" | "bf16",
+     "edge_index_order": "target" | "source" | "permuted",
+     "splits": {"train": n_train, "val": n_val, "test": n_test},
+     "arrays": {"indptr": {"file": "indptr.npy", "dtype": "int64", "shape": [N + 1],
+                           "bytes": ..., "sha256": ..., "sha256_ends": ...}, ...},
+     "made": {"source": ..., "scale": ..., "seed": ..., "split": ..., "generator": ...,
+              "gnnpar_version": ..., "created": "2026-11-28T01:30:00Z"},
+     "shards": []}
+
+- ``arrays``: every file's dtype and shape (as ``numpy.load`` reports them), its size in bytes,
+  the SHA-256 of the whole file, and ``sha256_ends``, the SHA-256 of its first and last MiB.
+  Opening a folder checks every size and ends checksum (a ``stat`` and 2 MiB per array,
+  whatever the graph's size): a truncated or overwritten array is named before anything trains
+  on it. ``gnnpar prepare --verify FOLDER`` hashes every byte and checks the values (CSR
+  offsets, node ids in range, labels below C, finite features): any flipped byte is found.
+- ``edge_index_order`` says how to rebuild the ``edge_index`` that the in-memory graph had, so
+  that a run from the folder does the same arithmetic as the in-memory run, bit for bit:
+  ``target``: ``[indices, targets]`` in CSR order; ``source``: ``[targets, indices]`` (a
+  symmetric graph whose edge_index was sorted by (source, target): every generated and coalesced
+  graph); ``permuted``: column j of edge_index is CSR position ``edge_order[j]``.
+- ``made``: where the graph came from (``--dataset`` as given, ``--scale``, ``--seed``), how the
+  split was made, the generator's version for generated graphs, and gnnpar's version.
+- ``shards``: empty for a graph in one folder. Reserved for graphs sharded across hosts: a list
+  of ``{"folder": "shard-<h>", "nodes": [first, end], "manifest_sha256": ...}``, each shard a
+  folder of this same layout over its node range. This version reads unsharded folders only.
+
+Writing is atomic: arrays go into ``FOLDER.tmp-<pid>-<random>`` beside FOLDER, the manifest is
+written last and the folder renamed into place, so a killed ``prepare`` leaves no folder that
+loads (its leftover is removed by the next ``prepare`` into the same place). The destination is
+checked first: writable, not an existing folder, and with the space the arrays need.
+
+    gnnpar prepare --dataset synthetic-papers100m --scale 0.02 --out papers-002
+    gnnpar train --dataset papers-002 --strategy sampled --model sage
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gnnpar import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT, FORMAT_VERSION = "gnnpar-prepared", 1
+MANIFEST = "manifest.json"
+ENDS = 1 << 20  # bytes hashed at each end of an array on every open
+TMP_MARK = ".tmp-"
+FEATURE_DTYPES = {
+    "fp32": np.dtype(np.float32),
+    "fp16": np.dtype(np.float16),
+    "bf16": np.dtype(np.uint16),
+}
+SPLITS = ("train", "val", "test")
+CHUNK_BYTES = 64 << 20  # what one write holds: the fixed buffer of a streaming prepare
+
+
+def is_prepared(path: str | os.PathLike) -> bool:
+    """Is ``path`` a prepared graph folder (a folder holding ``manifest.json``)?"""
+    p = Path(path).expanduser()
+    return p.is_dir() and (p / MANIFEST).is_file()
+
+
+def index_dtype(num_nodes: int) -> np.dtype:
+    """indices.npy's dtype: int32 while every node id fits, else int64."""
+    return np.dtype(np.int32) if num_nodes < 2**31 else np.dtype(np.int64)
+
+
+# ----------------------------------------------------------------------------------- writing
+class Array:
+    """One ``.npy`` file written front to back in chunks, hashed as it is written."""
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.name, self.file = name, f"{name}.npy"
+        self.path = folder / self.file
+        self.dtype, self.shape = np.dtype(dtype), tuple(int(s) for s in shape)
+        self.rows = self.shape[0] if self.shape else 1
+        self.written = 0  # rows so far
+        self.sha = hashlib.sha256()
+        self.fh = open(self.path, "wb")  # noqa: SIM115 (closed in finish)
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False}
+        header["shape"] = self.shape
+        np.lib.format.write_array_header_2_0(_Hashing(self.fh, self.sha), header)
+
+    def write(self, chunk: np.ndarray) -> None:
+        chunk = np.ascontiguousarray(chunk, dtype=self.dtype)
+        if chunk.shape[1:] != self.shape[1:] or self.written + len(chunk) > self.rows:
+            raise ValueError(f"{self.file}: chunk of shape {chunk.shape} does not fit {self.shape}")
+        data = memoryview(chunk.reshape(-1).view(np.uint8))
+        self.sha.update(data)
+        self.fh.write(data)
+        self.written += len(chunk)
+
+    def finish(self) -> dict[str, Any]:
+        if self.written != self.rows:
+            raise ValueError(f"{self.file}: {self.written} of {self.rows} rows written")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        size = self.path.stat().st_size
+        return {
+            "file": self.file,
+            "dtype": self.dtype.str,
+            "shape": list(self.shape),
+            "bytes": size,
+            "sha256": self.sha.hexdigest(),
+            "sha256_ends": ends_digest(self.path, size),
+        }
+
+
+class _Hashing:
+    def __init__(self, fh, sha) -> None:  # noqa: ANN001
+        self.fh, self.sha = fh, sha
+
+    def write(self, data) -> int:  # noqa: ANN001
+        self.sha.update(data)
+        return self.fh.write(data)
+
+
+def ends_digest(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        h.update(fh.read(ENDS))
+        fh.seek(max(0, size - ENDS))
+        h.update(fh.read(ENDS))
+    return h.hexdigest()
+
+
+def array_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    return int(np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))) + 128
+
+
+class Writer:
+    """A prepared folder being written: ``with Writer(out, need) as w: a = w.array(...) ...;
+    w.commit(manifest)``. Everything goes into ``out.tmp-*``; :meth:`commit` writes the manifest
+    last and renames the folder into place; leaving the block otherwise removes it."""
+
+    def __init__(self, out: str | os.PathLike, need_bytes: int) -> None:
+        self.out = Path(out).expanduser().absolute()
+        self.need = int(need_bytes)
+        self.records: dict[str, dict[str, Any]] = {}
+        self.tmp: Path | None = None
+        self._open: list[Array] = []
+
+    def __enter__(self) -> Writer:
+        check_destination(self.out, self.need)
+        self.tmp = Path(
+            tempfile.mkdtemp(prefix=f"{self.out.name}{TMP_MARK}{os.getpid()}-", dir=self.out.parent)
+        )
+        self.tmp.chmod(0o755)
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:  # noqa: ANN001
+        for a in self._open:
+            if not a.fh.closed:
+                a.fh.close()
+        if self.tmp is not None and self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        if isinstance(value, OSError) and value.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(self.out.parent).free
+            raise UsageError(
+                f"{self.out}: the disk filled up while writing the prepared graph ({_gib(free)} "
+                f"free, {_gib(self.need)} needed); nothing was left behind. Free space or "
+                "choose another --out."
+            ) from None
+
+    def array(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> Array:
+        assert self.tmp is not None
+        a = Array(self.tmp, name, dtype, shape)
+        self._open.append(a)
+        return a
+
+    def finish(self, a: Array) -> None:
+        self.records[a.name] = a.finish()
+
+    def put(self, name: str, values: np.ndarray) -> None:
+        """A whole (small or already in memory) array, written in chunks."""
+        a = self.array(name, values.dtype, values.shape)
+        rows = max(1, CHUNK_BYTES // max(1, values[:1].nbytes))
+        for i in range(0, len(values), rows):
+            a.write(values[i : i + rows])
+        self.finish(a)
+
+    def commit(self, manifest: dict[str, Any]) -> Path:
+        assert self.tmp is not None
+        manifest = {**manifest, "arrays": self.records}
+        path = self.tmp / MANIFEST
+        with open(path, "w") as fh:
+            json.dump(manifest, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(self.tmp, self.out)
+        self.tmp = None
+        return self.out
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_destination(out: Path, need: int) -> None:
+    """Refuse, before any work, an ``--out`` that exists, cannot be written, or lacks the space
+    (UsageError); remove leftovers of earlier prepares into ``out`` whose process is gone."""
+    if out.exists():
+        raise UsageError(
+            f"--out {out}: already exists. Give a new folder (a prepared graph is never "
+            "overwritten), or remove it first."
+        )
+    parent = out.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: its folder {parent} does not exist.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: cannot write in {parent} (permission denied).")
+    remove_leftovers(out)
+    free = shutil.disk_usage(parent).free
+    if free < need + (16 << 20):
+        raise UsageError(
+            f"--out {out}: {parent} has {_gib(free)} free, the prepared graph needs "
+            f"{_gib(need)}. Free space or choose another --out."
+        )
+
+
+def remove_leftovers(out: Path) -> list[Path]:
+    """``out.tmp-<pid>-*`` folders of prepares that were killed (their process is gone)."""
+    removed = []
+    prefix = f"{out.name}{TMP_MARK}"
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid = entry.name[len(prefix) :].split("-")[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def made_record(source: str, scale: float | None, seed: int, split: str, **extra) -> dict:
+    import gnnpar
+
+    return {
+        "source": source,
+        "scale": scale,
+        "seed": seed,
+        "split": split,
+        **extra,
+        "gnnpar_version": gnnpar.__version__,
+        "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def base_manifest(
+    name: str,
+    num_nodes: int,
+    num_edges: int,
+    num_features: int,
+    num_classes: int,
+    multilabel: bool,
+    directed: bool,
+    feature_dtype: str,
+    edge_index_order: str,
+    splits: dict[str, int],
+    made: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "num_nodes": int(num_nodes),
+        "num_edges": int(num_edges),
+        "num_features": int(num_features),
+        "num_classes": int(num_classes),
+        "multilabel": bool(multilabel),
+        "directed": bool(directed),
+        "feature_dtype": feature_dtype,
+        "edge_index_order": edge_index_order,
+        "splits": {k: int(v) for k, v in splits.items()},
+        "made": made,
+        "shards": [],
+    }
+
+
+def features_to(x: np.ndarray, feature_dtype: str) -> np.ndarray:
+    """float32 rows in the stored dtype (bf16: round to nearest even, as torch does, as bits)."""
+    if feature_dtype == "fp32":
+        return np.asarray(x, dtype=np.float32)
+    if feature_dtype == "fp16":
+        return np.asarray(x, dtype=np.float32).astype(np.float16)
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def write_graph(
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+    out: str | os.PathLike,
+    feature_dtype: str,
+    made: dict[str, Any],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Path:
+    """Prepare a graph held in memory (``x, edge_index, y, train_mask, val_mask, test_mask``;
+    ``meta``: name, num_classes, multilabel, directed) into ``out``. The CSR is built as the
+    sampler builds it from edge_index (a stable sort by target), so a run from the folder
+    samples the same batches."""
+    import torch
+
+    from gnnpar.csr import indptr as make_indptr
+
+    x, ei, y = tensors["x"], tensors["edge_index"], tensors["y"]
+    n, f = int(x.size(0)), int(x.size(1))
+    e = int(ei.size(1))
+    src, dst = ei[0].long(), ei[1].long()
+    order = torch.sort(dst, stable=True).indices
+    ptr = make_indptr(dst, n)
+    idx = src[order]
+    rows = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1], output_size=e)
+    edge_order = None
+    if torch.equal(order, torch.arange(e)):
+        how = "target"
+    elif torch.equal(src, rows) and torch.equal(dst, idx):
+        how = "source"
+    else:
+        how = "permuted"
+        edge_order = torch.empty(e, dtype=torch.long)
+        edge_order[order] = torch.arange(e)
+    del order, rows, src, dst
+    labels = y.to(torch.uint8) if y.dim() == 2 else y.long()
+    splits = {s: tensors[f"{s}_mask"].nonzero().view(-1) for s in SPLITS}
+    fdt = FEATURE_DTYPES[feature_dtype]
+    need = array_bytes(np.int64, (n + 1,)) + array_bytes(index_dtype(n), (e,))
+    need += array_bytes(fdt, (n, f)) + labels.numel() * labels.element_size()
+    need += sum(8 * s.numel() for s in splits.values()) + (8 * e if edge_order is not None else 0)
+    with Writer(out, need) as w:
+        w.put("indptr", ptr.numpy())
+        w.put("indices", idx.numpy().astype(index_dtype(n), copy=False))
+        del idx
+        if edge_order is not None:
+            w.put("edge_order", edge_order.numpy())
+        a = w.array("features", fdt, (n, f))
+        step = max(1, CHUNK_BYTES // max(1, 4 * f))
+        for i in range(0, n, step):
+            a.write(features_to(x[i : i + step].float().numpy(), feature_dtype))
+            if progress:
+                progress("features", min(i + step, n), n)
+        w.finish(a)
+        w.put("labels", labels.numpy())
+        for s in SPLITS:
+            w.put(s, splits[s].numpy())
+        manifest = base_manifest(
+            meta["name"],
+            n,
+            e,
+            f,
+            int(meta["num_classes"]),
+            bool(meta.get("multilabel", False)),
+            bool(meta.get("directed", False)),
+            feature_dtype,
+            how,
+            {s: splits[s].numel() for s in SPLITS},
+            made,
+        )
+        return w.commit(manifest)
+
+
+# ----------------------------------------------------------------------------------- reading
+class Damaged(UsageError):
+    """A prepared folder whose manifest or arrays are not what was written."""
+
+
+REQUIRED = ("indptr", "indices", "features", "labels", *SPLITS)
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    folder = Path(folder).expanduser()
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"{folder}: not a prepared graph (no {MANIFEST}; a prepare that was killed leaves "
+            "none). Prepare it again with `gnnpar prepare`."
+        ) from None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise Damaged(f"{folder}: {MANIFEST} cannot be read ({_brief(e)}).") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise Damaged(f"{folder}: {MANIFEST} is not a gnnpar prepared-graph manifest.")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise UsageError(
+            f"{folder}: prepared with format version {version}; this gnnpar reads version "
+            f"{FORMAT_VERSION}. Prepare it again with this gnnpar."
+        )
+    if manifest.get("shards"):
+        raise UsageError(
+            f"{folder}: a graph sharded across hosts; this gnnpar reads unsharded folders only."
+        )
+    arrays = manifest.get("arrays")
+    keys = ("num_nodes", "num_edges", "num_features", "num_classes", "feature_dtype")
+    if (
+        not isinstance(arrays, dict)
+        or any(k not in arrays for k in REQUIRED)
+        or any(k not in manifest for k in keys)
+        or manifest.get("feature_dtype") not in FEATURE_DTYPES
+        or manifest.get("edge_index_order") not in ("target", "source", "permuted")
+        or (manifest["edge_index_order"] == "permuted" and "edge_order" not in arrays)
+    ):
+        raise Damaged(f"{folder}: {MANIFEST} lacks what a prepared graph records.")
+    return manifest
+
+
+def check_arrays(folder: Path, manifest: dict[str, Any], full: bool = False) -> list[str]:
+    """What is wrong with the folder's files (empty: nothing found): sizes and ends checksums;
+    ``full``: every byte's SHA-256 too."""
+    problems = []
+    for name, rec in manifest["arrays"].items():
+        if not isinstance(rec, dict) or not isinstance(rec.get("file"), str):
+            problems.append(f"{MANIFEST}'s record of {name} is damaged")
+            continue
+        path = folder / Path(rec["file"]).name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{path.name} is missing")
+            continue
+        except OSError as e:
+            problems.append(f"{path.name} cannot be read ({_brief(e)})")
+            continue
+        if size != rec.get("bytes"):
+            problems.append(f"{path.name} has {size} bytes, {rec.get('bytes')} were written")
+            continue
+        try:
+            if ends_digest(path, size) != rec.get("sha256_ends"):
+                problems.append(f"{path.name} differs from what was written (checksum of its ends)")
+                continue
+            if full:
+                h = hashlib.sha256()
+                with open(path, "rb") as fh:
+                    while chunk := fh.read(1 << 24):
+                        h.update(chunk)
+                if h.hexdigest() != rec.get("sha256"):
+                    problems.append(f"{path.name} differs from what was written (SHA-256)")
+        except OSError as e:
+            problems.append(f"{path.name} cannot be read ({_brief(e)})")
+    return problems
+
+
+class Prepared:
+    """An opened prepared folder: its manifest and its arrays, memory-mapped (numpy, copy-on-
+    write: pages are shared with every process that maps them, and nothing writes them)."""
+
+    def __init__(self, folder: str | os.PathLike, full: bool = False) -> None:
+        self.folder = Path(folder).expanduser().absolute()
+        self.manifest = read_manifest(self.folder)
+        problems = check_arrays(self.folder, self.manifest, full)
+        if problems:
+            raise Damaged(
+                f"{self.folder}: the prepared graph is damaged: {'; '.join(problems)}. "
+                "Prepare it again with `gnnpar prepare`."
+            )
+        self._arrays: dict[str, np.ndarray] = {}
+        m = self.manifest
+        n, e, f = m["num_nodes"], m["num_edges"], m["num_features"]
+        expect = {
+            "indptr": ((n + 1,), (np.dtype(np.int64),)),
+            "indices": ((e,), (np.dtype(np.int32), np.dtype(np.int64))),
+            "features": ((n, f), (FEATURE_DTYPES[m["feature_dtype"]],)),
+            "labels": ((n, m["num_classes"]) if m.get("multilabel") else (n,), None),
+            "edge_order": ((e,), (np.dtype(np.int64),)),
+        }
+        for name, (shape, dtypes) in expect.items():
+            if name not in m["arrays"]:
+                continue
+            a = self.array(name)
+            if a.shape != shape or (dtypes is not None and a.dtype not in dtypes):
+                raise Damaged(
+                    f"{self.folder}: {name}.npy holds {a.dtype} {list(a.shape)}, the manifest "
+                    f"says {list(shape)}."
+                )
+
+    def __reduce__(self):  # noqa: ANN204 (another process maps the folder itself)
+        return (Prepared, (str(self.folder),))
+
+    def array(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            path = self.folder / Path(self.manifest["arrays"][name]["file"]).name
+            try:
+                self._arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise Damaged(f"{self.folder}: {path.name} cannot be read ({_brief(e)}).") from None
+        return self._arrays[name]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The array as a torch tensor over the same mapped pages (bf16 features as bfloat16)."""
+        import torch
+
+        t = torch.from_numpy(self.array(name))
+        if name == "features" and self.manifest["feature_dtype"] == "bf16":
+            t = t.view(torch.bfloat16)
+        return t
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.manifest["num_nodes"])
+
+    def edge_index(self) -> torch.Tensor:
+        """The in-memory graph's edge_index, rebuilt in its column order (``edge_index_order``)."""
+        import torch
+
+        ptr = self.tensor("indptr")
+        src = self.tensor("indices").long()
+        e = src.numel()
+        dst = torch.repeat_interleave(
+            torch.arange(self.num_nodes), ptr[1:] - ptr[:-1], output_size=e
+        )
+        how = self.manifest["edge_index_order"]
+        if how == "source":
+            return torch.stack([dst, src])
+        ei = torch.stack([src, dst])
+        if how == "permuted":
+            ei = ei[:, self.tensor("edge_order")]
+        return ei
+
+    def verify(self) -> list[str]:
+        """Value checks beyond the checksums, chunk by chunk (``--verify``)."""
+        m, n, problems = self.manifest, self.num_nodes, []
+        ptr = self.array("indptr")
+        if ptr[0] != 0 or ptr[-1] != m["num_edges"]:
+            problems.append("indptr.npy does not run from 0 to the edge count")
+        step = CHUNK_BYTES // 8
+        for i in range(0, n, step):
+            if np.any(np.diff(ptr[i : i + step + 1]) < 0):
+                problems.append("indptr.npy decreases")
+                break
+        for name, bound in (("indices", n), ("edge_order", m["num_edges"])):
+            if name not in m["arrays"]:
+                continue
+            a = self.array(name)
+            for i in range(0, len(a), step):
+                c = a[i : i + step]
+                if len(c) and (c.min() < 0 or c.max() >= bound):
+                    problems.append(f"{name}.npy holds a value outside 0..{bound - 1}")
+                    break
+        for s in SPLITS:
+            a = self.array(s)
+            if len(a) and (a.min() < 0 or a.max() >= n):
+                problems.append(f"{s}.npy holds a node outside 0..{n - 1}")
+        labels = self.array("labels")
+        if not m.get("multilabel") and len(labels):
+            lo, hi = labels.min(), labels.max()
+            if lo < 0 or hi >= m["num_classes"]:
+                problems.append(f"labels.npy holds a class outside 0..{m['num_classes'] - 1}")
+        x = self.tensor("features")
+        rows = max(1, CHUNK_BYTES // max(1, 4 * m["num_features"]))
+        import torch
+
+        for i in range(0, n, rows):
+            if not bool(torch.isfinite(x[i : i + rows].float()).all()):
+                problems.append("features.npy holds a value that is not finite (nan or inf)")
+                break
+        return problems
+
+
+def open_prepared(folder: str | os.PathLike, full: bool = False) -> Prepared:
+    return Prepared(folder, full)
+
+
+def verify(folder: str | os.PathLike) -> Prepared:
+    """Every byte against its SHA-256 and every value checked; Damaged naming what is wrong."""
+    p = Prepared(folder, full=True)
+    problems = p.verify()
+    if problems:
+        raise Damaged(f"{p.folder}: the prepared graph is damaged: {'; '.join(problems)}.")
+    return p
+
+
+def load_graph(folder: str | os.PathLike):
+    """The GraphDataset of a prepared folder: features and labels memory-mapped; edge_index
+    rebuilt on first use (:class:`PreparedData`); the split masks from the split ids."""
+    import torch
+
+    from gnnpar.data.types import GraphDataset
+
+    p = open_prepared(folder)
+    m = p.manifest
+    n = p.num_nodes
+    x = p.tensor("features")
+    if x.dtype != torch.float32:  # the models compute in fp32: half features are widened once
+        x = x.float()
+    y = p.tensor("labels")
+    from gnnpar.data.prepared_data import PreparedData
+
+    data = PreparedData(x=x, y=y)
+    object.__setattr__(data, "_prepared", p)  # not an attribute of the graph: not in the store
+    for s in SPLITS:
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[p.tensor(s)] = True
+        data[f"{s}_mask"] = mask
+    info = {
+        "source": str(p.folder),
+        "prepared": str(p.folder),
+        "fingerprint": hashlib.sha256(json.dumps(m["arrays"], sort_keys=True).encode()).hexdigest(),
+        "directed": bool(m.get("directed", False)),
+        "split": m.get("made", {}).get("split", "given"),
+        "split_counts": dict(m["splits"]),
+        "num_nodes": n,
+        "num_edges": int(m["num_edges"]),
+        "feature_dtype": m["feature_dtype"],
+        "made": m.get("made", {}),
+    }
+    return GraphDataset(m["name"], data, int(m["num_classes"]), bool(m.get("multilabel")), info)
+
+
+def _brief(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
