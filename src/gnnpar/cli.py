@@ -4,6 +4,7 @@ gnnpar train [flags]            one run, writes <out>/result.json
 gnnpar bench [SUITE] [--quick]  a suite of runs, report.md, results.json, plots
 gnnpar datasets                 what is available offline, and where files are expected
 gnnpar advise [flags]           profile here, predict every strategy on a cluster, rank them
+gnnpar prepare --dataset D --out FOLDER   a graph as a prepared folder, trained from disk
 """
 
 from __future__ import annotations
@@ -150,6 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
         "gnnpar torchrun [torchrun's flags] train [train's flags]",
         add_help=False,
     )
+    pp = sub.add_parser(
+        "prepare",
+        help="write a graph as a prepared folder that runs train from disk",
+        description="Write any graph gnnpar reads (or a DGL GraphBolt OnDiskDataset folder) "
+        "as a prepared folder of .npy arrays and a manifest; `gnnpar train --dataset FOLDER` "
+        "then trains from disk, memory-mapped. --verify FOLDER checks every byte of one.",
+    )
+    pp.add_argument("--dataset", default=None, help=FLAG_HELP["dataset"])
+    pp.add_argument("--out", default=None, help="the folder to write (must not exist)")
+    pp.add_argument("--scale", default=None, help=FLAG_HELP["scale"])
+    pp.add_argument(
+        "--seed", default=None, help="generator seed, and split seed of a graph without masks"
+    )
+    pp.add_argument(
+        "--feature-dtype", dest="feature_dtype", default=None, help="fp32 (default), fp16 or bf16"
+    )
+    pp.add_argument("--data-root", dest="data_root", default=None, help=FLAG_HELP["data-root"])
+    pp.add_argument("--verify", default=None, metavar="FOLDER", help="check a prepared folder")
+    pp.add_argument("--quiet", action="store_true", help="no progress display")
     d = sub.add_parser("datasets", help="list datasets and whether they are available offline")
     d.add_argument("--data-root", default=None, help="folder holding <name>/ (default: see list)")
     return p
@@ -285,6 +305,12 @@ def _command(args: argparse.Namespace) -> int:
                 data_root=args.data_root,
                 quiet=args.quiet,
             )
+            return 0
+        if args.command == "prepare":
+            from gnnpar.data.prepare_command import run_prepare
+
+            flags = {k: v for k, v in vars(args).items() if k != "command"}
+            print(f"gnnpar: {run_prepare(**flags)}")
             return 0
         if args.command == "datasets":
             from gnnpar.data.listing import print_datasets

@@ -636,13 +636,13 @@ def load_graph(folder: str | os.PathLike):
     p = open_prepared(folder)
     m = p.manifest
     n = p.num_nodes
-    x = p.tensor("features")
-    if x.dtype != torch.float32:  # the models compute in fp32: half features are widened once
-        x = x.float()
-    y = p.tensor("labels")
     from gnnpar.data.prepared_data import PreparedData
 
-    data = PreparedData(x=x, y=y)
+    # fp32 features are the mapped file itself; fp16/bf16 ones are widened on first use only
+    x = p.tensor("features")
+    data = PreparedData(y=p.tensor("labels"))
+    if x.dtype == torch.float32:
+        data.x = x
     object.__setattr__(data, "_prepared", p)  # not an attribute of the graph: not in the store
     for s in SPLITS:
         mask = torch.zeros(n, dtype=torch.bool)
@@ -657,6 +657,7 @@ def load_graph(folder: str | os.PathLike):
         "split_counts": dict(m["splits"]),
         "num_nodes": n,
         "num_edges": int(m["num_edges"]),
+        "num_features": int(m["num_features"]),
         "feature_dtype": m["feature_dtype"],
         "made": m.get("made", {}),
     }

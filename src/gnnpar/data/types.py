@@ -42,6 +42,8 @@ class GraphDataset:
 
     @property
     def num_features(self) -> int:
+        if "num_features" in self.info:  # a prepared graph's: its features may stay on disk
+            return int(self.info["num_features"])
         return int(self.data.x.size(1))
 
 

@@ -252,7 +252,9 @@ class SampledSource(BaseSource):
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps
         )
         self.batches, self.epochs, self.workers = batches, r.epochs, s.loader_workers
-        self.features = ds.data.x  # what share_graph wrote, so what every batch is rows of
+        # what share_graph wrote, so what every batch is rows of (a prepared graph's rows are
+        # read from its folder: not marked, so its features are never widened in memory)
+        self.features = None if ds.info.get("prepared") else ds.data.x
         self.timeout_s = s.timeout_s
         self.loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
@@ -277,7 +279,8 @@ class SampledSource(BaseSource):
         """``data`` with its features marked as the rows ``n_id`` of the graph's (what the
         loader gathered, in this process or a worker): a model that keeps a CSR plan of
         mostly-zero features gathers the batch's from the whole graph's (gnnpar.csr.mark_rows)."""
-        mark_rows(data.x, self.features, data.n_id)
+        if self.features is not None:
+            mark_rows(data.x, self.features, data.n_id)
         return data
 
     def state(self) -> dict:
@@ -306,13 +309,16 @@ class SampledSource(BaseSource):
 
 
 def share_graph(ds, ctx: DistContext) -> tuple[str, int | None]:
-    """Local rank 0 writes CSR + features + labels once per machine; every rank gets a path.
+    """Local rank 0 writes CSR + features + labels once per machine; every rank gets a path
+    (a prepared graph's folder is that path already: nothing is written).
 
     The file is unlinked as soon as it is written and reached through ``/proc/<pid>/fd/<fd>`` of
     local rank 0 (which keeps it open until the end of the run), so nothing is left behind in
     ``/dev/shm`` however the run ends, SIGKILL included: the memory is freed when the last
     process unmaps it. Returns (path, the fd to close on local rank 0 or None).
     """
+    if ds.info.get("prepared"):  # a prepared folder: every process maps its arrays in place
+        return ds.info["prepared"], None
     path, fd = None, None
     if ctx.local_rank == 0:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
