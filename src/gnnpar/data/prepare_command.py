@@ -191,7 +191,7 @@ def read_graphbolt(folder: Path) -> tuple[dict, dict[str, Any]]:
     task = tasks[0] if isinstance(tasks[0], dict) else {}
     y = np.zeros(n, dtype=np.int64)
     if "label" in feats:
-        y = np.asarray(_npy(folder, feats["label"], where, "label"), dtype=np.int64).reshape(n)
+        y = np.array(_npy(folder, feats["label"], where, "label"), dtype=np.int64).reshape(n)
     masks: dict[str, torch.Tensor] = {}
     for key, split in (("train_set", "train"), ("validation_set", "val"), ("test_set", "test")):
         sets = task.get(key)
@@ -201,7 +201,7 @@ def read_graphbolt(folder: Path) -> tuple[dict, dict[str, Any]]:
         seeds_rec = items.get("seeds") or items.get("seed_nodes")
         if seeds_rec is None:
             raise UsageError(f"{where}: the task's {key} names no seeds.")
-        seeds = np.asarray(_npy(folder, seeds_rec, where, key), dtype=np.int64).reshape(-1)
+        seeds = np.array(_npy(folder, seeds_rec, where, key), dtype=np.int64).reshape(-1)
         if len(seeds) and (seeds.min() < 0 or seeds.max() >= n):
             raise UsageError(f"{where}: {key} holds a node outside 0..{n - 1}.")
         mask = torch.zeros(n, dtype=torch.bool)
@@ -254,6 +254,6 @@ def _npy(folder: Path, rec: Any, where: str, what: str) -> np.ndarray:
     if folder.resolve() not in path.parents:
         raise UsageError(f"{where}: {what}'s path {rec['path']} leaves the folder.")
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.load(path, mmap_mode="c", allow_pickle=False)  # copy-on-write: never written
     except (OSError, ValueError) as e:
         raise UsageError(f"{where}: {what} ({path}) cannot be read: {type(e).__name__}.") from None

@@ -1,0 +1,308 @@
+"""The prepared graph format (gnnpar.data.prepared): what prepare writes is the in-memory graph,
+array for array; a damaged folder is named when opened (sizes, ends checksums) and any flipped
+byte by --verify; a killed prepare leaves nothing that loads; bad input is one message, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from gnnpar import UsageError
+from gnnpar.cli import main
+from gnnpar.data import prepared
+from gnnpar.data.datasets import load_dataset
+from gnnpar.data.prepare_command import run_prepare
+from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
+from helpers import ROOT
+
+KEYS = ("x", "edge_index", "y", "train_mask", "val_mask", "test_mask")
+
+
+def _prepare(tmp_path, dataset, name="g", **flags):
+    out = tmp_path / name
+    args = dict(scale=None, seed=None, feature_dtype=None, data_root=str(tmp_path / "root"))
+    args.update(flags)
+    run_prepare(dataset, str(out), verify=None, quiet=True, **args)
+    return out
+
+
+def _same_graph(a: Data, b: Data) -> None:
+    for k in KEYS:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_cora_prepared_is_the_in_memory_graph_and_numpy_reads_it(tmp_path):
+    out = _prepare(tmp_path, "cora")
+    ds = load_dataset("cora", tmp_path / "root")
+    back = load_dataset(str(out), tmp_path / "root")
+    _same_graph(ds.data, back.data)
+    assert (back.name, back.num_classes, back.num_features) == ("cora", 7, 1433)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["format"] == "gnnpar-prepared" and m["format_version"] == 1
+    assert m["num_nodes"] == 2708 and m["num_edges"] == 10556 and m["shards"] == []
+    assert m["made"]["source"] == "cora" and m["made"]["gnnpar_version"]
+    # anyone reads it with numpy alone, never a pickle; in-edges CSR as the sampler's
+    ptr = np.load(out / "indptr.npy", mmap_mode="r", allow_pickle=False)
+    idx = np.load(out / "indices.npy", mmap_mode="r", allow_pickle=False)
+    assert ptr.dtype == np.int64 and idx.dtype == np.int32
+    csr = CSRGraph.from_edge_index(ds.data.edge_index, ds.num_nodes)
+    assert torch.equal(csr.rowptr, torch.from_numpy(np.array(ptr)))
+    assert torch.equal(csr.col, torch.from_numpy(np.array(idx)).long())
+    train = np.load(out / "train.npy", allow_pickle=False)
+    assert torch.equal(torch.from_numpy(train), ds.data.train_mask.nonzero().view(-1))
+    for rec in m["arrays"].values():
+        assert rec["bytes"] == (out / rec["file"]).stat().st_size
+
+
+@pytest.mark.parametrize("order", ["target", "source", "permuted"])
+def test_every_edge_order_comes_back_column_for_column(tmp_path, order):
+    n = 6
+    src = torch.tensor([0, 1, 1, 2, 3, 4, 5, 2, 0])
+    dst = torch.tensor([1, 0, 2, 1, 4, 3, 0, 5, 3])
+    ei = torch.stack([src, dst])
+    if order == "target":
+        ei = ei[:, torch.sort(dst, stable=True).indices]
+    elif order == "source":  # symmetric, sorted by (source, target)
+        sym = torch.cat([ei, ei.flip(0)], 1)
+        key = torch.unique(sym[0] * n + sym[1])
+        ei = torch.stack([key // n, key % n])
+    t = {
+        "x": torch.randn(n, 3),
+        "edge_index": ei,
+        "y": torch.tensor([0, 1, 0, 1, 0, 1]),
+        "train_mask": torch.tensor([1, 1, 0, 0, 0, 0], dtype=torch.bool),
+        "val_mask": torch.tensor([0, 0, 1, 1, 0, 0], dtype=torch.bool),
+        "test_mask": torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.bool),
+    }
+    made = prepared.made_record("hand", None, 0, "given")
+    out = prepared.write_graph(t, {"name": "hand", "num_classes": 2}, tmp_path / "h", "fp32", made)
+    assert prepared.read_manifest(out)["edge_index_order"] == order
+    back = prepared.load_graph(out)
+    assert torch.equal(back.data.edge_index, ei)
+    assert torch.equal(back.data.x, t["x"])
+
+
+def test_half_features_and_multilabel(tmp_path):
+    ds = load_dataset("synthetic-amazon", tmp_path / "root", 0.001, 2)
+    for dtype, torch_dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        out = _prepare(tmp_path, "synthetic-amazon", dtype, scale="0.001", seed="2",
+                       feature_dtype=dtype)  # fmt: skip
+        back = load_dataset(str(out), tmp_path / "root")
+        assert torch.equal(back.data.x, ds.data.x.to(torch_dtype).float())
+        assert back.multilabel and back.data.y.dtype == torch.uint8
+        assert torch.equal(back.data.y, ds.data.y)
+        assert torch.equal(back.data.edge_index, ds.data.edge_index)
+        assert back.num_features == 200
+        raw = np.load(out / "features.npy", mmap_mode="r")
+        assert raw.dtype == (np.float16 if dtype == "fp16" else np.uint16)
+
+
+def test_user_pt_without_masks_keeps_the_split_of_its_seed(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    ei = torch.randint(0, n, (2, 160), generator=g)  # directed, duplicates kept: "permuted"
+    path = tmp_path / "g.pt"
+    torch.save(Data(x=torch.randn(n, 5, generator=g), edge_index=ei, y=torch.arange(n) % 3), path)
+    out = _prepare(tmp_path, str(path), seed="5")
+    mem = load_dataset(str(path), tmp_path / "root", seed=5)
+    back = load_dataset(str(out), tmp_path / "root", seed=9)  # the stored split, any seed
+    _same_graph(mem.data, back.data)
+    assert back.info["prepared"] == str(out)
+
+
+def test_graphbolt_ondisk_folder(tmp_path):
+    pytest.importorskip("yaml")
+    ds = load_dataset("cora", tmp_path / "root")
+    d = ds.data
+    gb = tmp_path / "gb"
+    (gb / "data").mkdir(parents=True)
+    np.save(gb / "data/edges.npy", d.edge_index.numpy())
+    np.save(gb / "data/feat.npy", d.x.numpy())
+    np.save(gb / "data/label.npy", d.y.numpy())
+    for s in ("train", "val", "test"):
+        np.save(gb / f"data/{s}.npy", d[f"{s}_mask"].nonzero().view(-1).numpy())
+    (gb / "metadata.yaml").write_text(
+        "dataset_name: cora-gb\n"
+        "graph:\n  nodes:\n    - num: 2708\n  edges:\n    - format: numpy\n"
+        "      path: data/edges.npy\n"
+        "feature_data:\n"
+        "  - domain: node\n    name: feat\n    format: numpy\n    in_memory: false\n"
+        "    path: data/feat.npy\n"
+        "  - domain: node\n    name: label\n    format: numpy\n    path: data/label.npy\n"
+        "tasks:\n  - name: node_classification\n    num_classes: 7\n"
+        + "".join(
+            f"    {key}:\n      - data:\n          - name: seeds\n            format: numpy\n"
+            f"            path: data/{s}.npy\n"
+            for key, s in (("train_set", "train"), ("validation_set", "val"), ("test_set", "test"))
+        )
+    )
+    out = _prepare(tmp_path, str(gb))
+    back = load_dataset(str(out), tmp_path / "root")
+    _same_graph(d, back.data)
+    assert back.name == "cora-gb"
+    (gb / "metadata.yaml").write_text(
+        (gb / "metadata.yaml").read_text().replace("data/feat.npy", "../../etc/passwd")
+    )
+    with pytest.raises(UsageError, match="leaves the folder"):
+        _prepare(tmp_path, str(gb), name="g2")
+
+
+def test_sampler_reads_int32_indices_in_place_with_the_same_batches(tmp_path):
+    out = _prepare(tmp_path, "cora")
+    p = prepared.open_prepared(out)
+    col32 = p.tensor("indices")
+    assert col32.dtype == torch.int32
+    mem = CSRGraph(p.tensor("indptr"), col32.long())
+    disk = NeighborSampler(CSRGraph(p.tensor("indptr"), col32), [5, 3])
+    assert disk._col.data_ptr() == col32.data_ptr()  # no int64 copy
+    for backend_sampler in (NeighborSampler(mem, [5, 3]),):
+        seeds = torch.arange(0, 2708, 97)
+        a = backend_sampler.sample(seeds, torch.Generator().manual_seed(1))
+        b = disk.sample(seeds, torch.Generator().manual_seed(1))
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+
+
+# ------------------------------------------------------------------------ damage and atomicity
+@pytest.fixture(scope="module")
+def cora_folder(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prepared")
+    return _prepare(tmp, "cora", "cora")
+
+
+def _copy(src, dst):
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_truncated_or_overwritten_array_is_named_when_opened(tmp_path, cora_folder):
+    bad = _copy(cora_folder, tmp_path / "cut")
+    with open(bad / "indices.npy", "r+b") as fh:
+        fh.truncate(1000)
+    with pytest.raises(UsageError, match=r"indices\.npy has 1000 bytes"):
+        load_dataset(str(bad), tmp_path)
+    bad = _copy(cora_folder, tmp_path / "end")
+    size = (bad / "features.npy").stat().st_size
+    with open(bad / "features.npy", "r+b") as fh:
+        fh.seek(size - 3)
+        fh.write(b"\x01\x02\x03")
+    with pytest.raises(UsageError, match=r"features\.npy differs .*checksum of its ends"):
+        load_dataset(str(bad), tmp_path)
+    bad = _copy(cora_folder, tmp_path / "gone")
+    (bad / "labels.npy").unlink()
+    with pytest.raises(UsageError, match=r"labels\.npy is missing"):
+        load_dataset(str(bad), tmp_path)
+    bad = _copy(cora_folder, tmp_path / "manifest")
+    (bad / "manifest.json").write_text("{not json")
+    with pytest.raises(UsageError, match="manifest.json cannot be read"):
+        load_dataset(str(bad), tmp_path)
+
+
+def test_verify_finds_a_flipped_byte_in_the_middle(tmp_path, cora_folder, capsys):
+    assert main(["prepare", "--verify", str(cora_folder)]) == 0
+    assert "intact" in capsys.readouterr().out
+    bad = _copy(cora_folder, tmp_path / "flip")
+    path = bad / "features.npy"
+    size = path.stat().st_size
+    assert size > 4 * prepared.ENDS  # the byte lies where the open check does not look
+    with open(path, "r+b") as fh:
+        fh.seek(size // 2)
+        b = fh.read(1)
+        fh.seek(size // 2)
+        fh.write(bytes([b[0] ^ 0x10]))
+    load_dataset(str(bad), tmp_path)  # the cheap check on open cannot see it
+    assert main(["prepare", "--verify", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "features.npy differs from what was written (SHA-256)" in err
+    assert "Traceback" not in err
+
+
+def test_a_prepare_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
+    calls = []
+
+    def fail(self, chunk):
+        calls.append(1)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepared.Array, "write", fail)
+    with pytest.raises(UsageError, match="disk filled up"):
+        _prepare(tmp_path, "cora", "c")
+    assert calls and not [e for e in os.listdir(tmp_path) if e.startswith("c")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_killed_prepare_leaves_nothing_that_loads(tmp_path):
+    """SIGKILL while the features are written: the leftover has no manifest, does not load,
+    and the next prepare into the same place removes it."""
+    out = tmp_path / "g"
+    code = (
+        "import os, signal, sys\n"
+        "from gnnpar.data import prepared\n"
+        "real = prepared.Array.write\n"
+        "def write(self, chunk):\n"
+        "    real(self, chunk)\n"
+        "    if self.name == 'features':\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "prepared.Array.write = write\n"
+        "from gnnpar.cli import main\n"
+        f"sys.exit(main(['prepare', '--dataset', 'cora', '--out', {str(out)!r}, '--quiet']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    p = subprocess.run([sys.executable, "-c", code], env=env, timeout=100, cwd=tmp_path)
+    assert p.returncode == -signal.SIGKILL
+    assert not out.exists()
+    (left,) = [e for e in tmp_path.iterdir() if e.name.startswith("g.tmp-")]
+    assert not prepared.is_prepared(left)
+    assert main(["prepare", "--dataset", "cora", "--out", str(out), "--quiet"]) == 0
+    assert not left.exists() and prepared.is_prepared(out)
+
+
+def test_bad_input_is_one_message_exit_2(tmp_path, cora_folder, capsys):
+    cases = [
+        (["--dataset", "cora", "--out", str(cora_folder)], "already exists"),
+        (["--dataset", "cora", "--out", str(tmp_path / "no/such/g")], "does not exist"),
+        (["--dataset", "cora", "--out", str(tmp_path / "a"), "--scale", "0.5"], "generated"),
+        (["--dataset", "synthetic-reddit", "--out", str(tmp_path / "b"), "--scale", "2"], "(0, 1]"),
+        (["--dataset", "cora", "--out", str(tmp_path / "c"), "--feature-dtype", "fp8"], "fp8"),
+        (["--dataset", "cora", "--out", str(tmp_path / "d"), "--seed", "x"], "integer"),
+        (["--dataset", "synthetic-cifar10", "--out", str(tmp_path / "e")], "images"),
+        (["--dataset", "cora"], "--out"),
+        (["--verify", str(tmp_path)], "not a prepared graph"),
+        (["--verify", str(cora_folder), "--dataset", "cora"], "alone"),
+    ]
+    for args, words in cases:
+        assert main(["prepare", *args, "--quiet"]) == 2, args
+        err = capsys.readouterr().err
+        assert words in err and err.count("gnnpar: error:") == 1, (args, err)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if not os.access(ro, os.W_OK):  # root writes anywhere
+            assert main(["prepare", "--dataset", "cora", "--out", str(ro / "g")]) == 2
+            assert "permission denied" in capsys.readouterr().err
+    finally:
+        ro.chmod(0o755)
+
+
+def test_a_folder_of_another_format_version_or_sharded_is_refused(tmp_path, cora_folder):
+    for change, words in (
+        ({"format_version": 99}, "format version 99"),
+        ({"shards": [{}]}, "sharded"),
+    ):
+        bad = _copy(cora_folder, tmp_path / words.replace(" ", "-"))
+        m = json.loads((bad / "manifest.json").read_text())
+        (bad / "manifest.json").write_text(json.dumps({**m, **change}))
+        with pytest.raises(UsageError, match=words):
+            load_dataset(str(bad), tmp_path)
