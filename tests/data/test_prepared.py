@@ -306,3 +306,15 @@ def test_a_folder_of_another_format_version_or_sharded_is_refused(tmp_path, cora
         (bad / "manifest.json").write_text(json.dumps({**m, **change}))
         with pytest.raises(UsageError, match=words):
             load_dataset(str(bad), tmp_path)
+
+
+def test_streamed_generator_prepares_the_in_memory_graph(tmp_path):
+    """synthetic-papers100m is generated straight into the folder, chunk by chunk; training by
+    name reads the same stream back into memory."""
+    out = _prepare(tmp_path, "synthetic-papers100m", scale="0.0005", seed="4")
+    mem = load_dataset("synthetic-papers100m", tmp_path / "root", 0.0005, 4)
+    back = load_dataset(str(out), tmp_path / "root")
+    _same_graph(mem.data, back.data)
+    m = prepared.read_manifest(out)
+    assert m["made"]["generator"] == "sbm-stream-1" and m["edge_index_order"] == "source"
+    assert prepared.verify(out).num_nodes == mem.num_nodes

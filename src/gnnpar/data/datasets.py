@@ -260,7 +260,7 @@ def _generated_graph(recipe: synthetic.GraphRecipe):
         tensors, meta, _ = cached(
             root,
             key,
-            synthetic.VERSION,
+            synthetic.version_of(recipe),
             lambda: synthetic.generate_graph(recipe, scale, seed),
             timeout_s,
         )

@@ -12,8 +12,11 @@ type, a node feature ``feat``, labels as a node feature ``label`` or in the node
 task's sets). A user graph without split masks is split with ``--seed`` (60/20/20 stratified, as
 training does) and the split is stored: the folder trains the same split whatever ``--seed``.
 
-Memory: the features are written in chunks of 64 MiB; the CSR is built from the graph's
-edge_index in memory (O(edges)).
+Memory: ``synthetic-amazon`` and ``synthetic-papers100m`` are generated straight into the folder
+chunk by chunk (:func:`gnnpar.data.synthetic.stream_graph`: peak memory O(nodes) plus fixed
+buffers, at any ``--scale``); every other graph is read as training reads it (in memory, or
+memory-mapped from gnnpar's cache), its features written in chunks of 64 MiB and its CSR built
+from its edge_index in memory (O(edges)).
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ class Progress:
             sys.stderr.flush()
 
 
+def _stream(dataset: str, scale: float | None, seed: int, out, fdt: str, progress):
+    """The generated graphs written chunk by chunk (synthetic.stream_graph); None for others."""
+    from gnnpar.data import synthetic
+
+    if dataset not in synthetic.STREAMED:
+        return None
+    if scale is not None and scale <= 0:
+        raise UsageError(f"--scale {scale}: give a number in (0, 1].")
+    s = 1.0 if scale is None else scale
+    return synthetic.stream_graph(synthetic.RECIPES[dataset], s, seed, out, fdt, progress)
+
+
 def run_prepare(
     dataset: str | None,
     out: str | None,
@@ -83,8 +98,10 @@ def run_prepare(
     out_path = Path(out).expanduser().absolute()
     prepared.check_destination(out_path, 0)  # before reading anything: --out is usable
     progress = Progress(quiet)
-    tensors, meta, made = read_source(dataset, scale_v, seed_v, data_root)
-    folder = prepared.write_graph(tensors, meta, out_path, fdt, made, progress)
+    folder = _stream(dataset, scale_v, seed_v, out_path, fdt, progress)
+    if folder is None:
+        tensors, meta, made = read_source(dataset, scale_v, seed_v, data_root)
+        folder = prepared.write_graph(tensors, meta, out_path, fdt, made, progress)
     m = prepared.read_manifest(folder)
     size = sum(r["bytes"] for r in m["arrays"].values())
     return (
