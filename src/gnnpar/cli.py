@@ -68,6 +68,10 @@ FLAG_HELP = {
     "fanouts": "neighbours sampled per layer, e.g. 25,10,10 (-1: all)",
     "batch-size": "mini-batch size per rank (seed nodes or images)",
     "loader-workers": "DataLoader worker processes per rank",
+    "feature-cache": "a prepared graph's hottest feature rows kept in shared memory for every "
+    "local rank and loader worker: bytes (512M, 2G) or a fraction of the features (0.25); "
+    "default: a quarter of the memory the run may use (an in-memory graph's features are all "
+    "shared already)",
     "timeout": "seconds any wait on another process may take before the run fails",
     "optimizer": "adam (default) or sgd",
     "lr": "learning rate; default: the model's study preset",

@@ -93,3 +93,52 @@ def test_two_ranks_same_curve_from_disk(tmp_path, args):
     mem = _cli_curve(tmp_path, "cora", "mem", *args)
     disk = _cli_curve(tmp_path, str(folder), "disk", *args)
     assert len(mem) >= 2 and mem == disk
+
+
+def test_feature_cache_changes_no_bit(tmp_path):
+    """All rows cached, a third, none: the same loss curve as in memory."""
+    folder = _folder(tmp_path, "cora")
+    flags = {"strategy": "sampled", "epochs": "1", "batch-size": "32", "fanouts": "5,5"}
+    mem = _curve(tmp_path, "cora", "mem", **flags)
+    for i, size in enumerate(("1.0", "0.33", "0", "100K")):
+        disk = _curve(tmp_path, str(folder), f"disk{i}", **flags, **{"feature-cache": size})
+        assert disk == mem, size
+
+
+def test_gather_rows_with_and_without_cache_is_index_select(tmp_path):
+    import torch
+
+    from gnnpar.data import prepared
+    from gnnpar.data.sampling.loader import gather_rows
+
+    folder = _folder(tmp_path, "cora")
+    p = prepared.open_prepared(folder)
+    x = p.tensor("features")
+    n_id = torch.randperm(2708, generator=torch.Generator().manual_seed(0))[:500]
+    want = torch.index_select(x, 0, n_id)
+    assert torch.equal(gather_rows(x, n_id), want)
+    cache = tmp_path / "cache.pt"
+    k = prepared.cache_rows(p, "0.1", None)
+    assert k == 270
+    prepared.write_feature_cache(p, k, str(cache))
+    c = torch.load(cache, mmap=True, weights_only=True)
+    held = c["slot"] >= 0
+    assert int(held.sum()) == k
+    # the held rows are the most frequent sources
+    deg = torch.bincount(p.tensor("indices").long(), minlength=2708)
+    assert int(deg[held].min()) >= int(deg[~held].max())
+    assert torch.equal(gather_rows(x, n_id, c["slot"], c["rows"]), want)
+    assert prepared.cache_rows(p, None, 16 * x.numel()) == 2708  # a quarter of 4x the bytes
+    assert prepared.cache_rows(p, None, None) == 0  # memory unknown: no cache
+
+
+def test_bad_feature_cache_is_refused(tmp_path):
+    import pytest
+
+    from gnnpar import UsageError
+
+    for bad in ("1.5", "lots", "-3", "0.5x"):
+        with pytest.raises(UsageError, match="--feature-cache"):
+            build_config(None, {**MODEL, "strategy": "sampled", "feature-cache": bad})
+    with pytest.raises(UsageError, match="feature-cache"):  # read by the sampled strategy only
+        build_config(None, {**MODEL, "strategy": "sequential", "feature-cache": "1G"})

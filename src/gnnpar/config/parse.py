@@ -62,6 +62,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "fanouts": ("strategy", "fanouts"),
     "batch-size": ("strategy", "batch_size"),
     "loader-workers": ("strategy", "loader_workers"),
+    "feature-cache": ("strategy", "feature_cache"),
     "timeout": ("strategy", "timeout_s"),
     "optimizer": ("optim", "optimizer"),
     "lr": ("optim", "lr"),

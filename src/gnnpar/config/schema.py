@@ -60,6 +60,9 @@ class StrategyConfig:
     fanouts: list[int] | None = None
     batch_size: int | None = None
     loader_workers: int = 0
+    # a prepared graph's hottest feature rows kept in shared memory: bytes ("512M", "2G") or a
+    # fraction of the feature array ("0.25"); None: sized from the memory the run may use
+    feature_cache: str | None = None
     timeout_s: float = 120.0  # any wait on another process ends with an error after this
 
 

@@ -104,6 +104,7 @@ STRATEGY_KEYS = (
     "fanouts",
     "batch-size",
     "loader-workers",
+    "feature-cache",
     "checkpoint-every-steps",
 )
 NEEDS = {"partitioner": "partitions"}  # read only together with that other setting
@@ -420,6 +421,13 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
         bad(f"--batch-size must be at least 1, got {s.batch_size}.")
     if s.loader_workers < 0:
         bad(f"--loader-workers must be >= 0, got {s.loader_workers}.")
+    if s.feature_cache is not None:
+        from gnnpar.data.prepared import parse_cache_size
+
+        try:
+            parse_cache_size(s.feature_cache)
+        except ValueError as e:
+            bad(str(e))
     if s.timeout_s <= 0:
         bad(f"--timeout must be positive seconds, got {s.timeout_s}.")
     if not MIN_TIMEOUT_S <= s.timeout_s <= MAX_TIMEOUT_S:

@@ -667,3 +667,84 @@ def load_graph(folder: str | os.PathLike):
 def _brief(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+# ----------------------------------------------------------------------- the feature cache
+CACHE_SHARE = 0.25  # default cache: this share of the memory the run may use
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_cache_size(text: str) -> tuple[int | None, float | None]:
+    """``--feature-cache``: ``(bytes, None)`` for "512M", "2G", "1000000" (an integer is bytes;
+    "0" turns the cache off); ``(None, fraction)`` for "0.25", "1.0" (a share of the feature
+    array, written with its decimal point). ValueError with the message otherwise."""
+    t = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    why = (
+        f"--feature-cache {text}: give bytes (512M, 2G, 1000000) or a fraction of the "
+        "features from 0 to 1 (0.25)."
+    )
+    if t[-1:] in _UNITS and t[-1:]:
+        try:
+            v = float(t[:-1])
+        except ValueError:
+            raise ValueError(why) from None
+        if not 0 <= v < 2**50 or v != v:
+            raise ValueError(why)
+        return int(v * _UNITS[t[-1]]), None
+    if t.isdigit():  # an integer: bytes ("0" turns the cache off)
+        return int(t), None
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(why) from None
+    if "." not in t or not 0 <= v <= 1:  # a fraction is written with its point: 0.25, 1.0
+        raise ValueError(why)
+    return None, v
+
+
+def cache_rows(p: Prepared, setting: str | None, available: int | None) -> int:
+    """How many feature rows the cache holds: ``--feature-cache`` as bytes or a fraction of the
+    features; without it, :data:`CACHE_SHARE` of ``available`` (the memory the run may use),
+    or no cache when that is unknown. Never more than the graph's rows."""
+    n, f = p.num_nodes, int(p.manifest["num_features"])
+    row = max(1, f * p.array("features").dtype.itemsize)
+    if setting is None:
+        budget = int(CACHE_SHARE * available) if available else 0
+    else:
+        size, fraction = parse_cache_size(setting)
+        budget = size if size is not None else int(fraction * n * row)
+    return max(0, min(n, budget // row))
+
+
+def hot_rows(p: Prepared, k: int) -> np.ndarray:
+    """The ``k`` nodes a neighbour sampler reaches most: the most frequent sources in the CSR
+    (out-degree; ties by node id), counted chunk by chunk (O(nodes) memory)."""
+    n = p.num_nodes
+    counts = np.zeros(n, dtype=np.int64)
+    idx = p.array("indices")
+    step = CHUNK_BYTES // idx.dtype.itemsize
+    for i in range(0, len(idx), step):
+        counts += np.bincount(idx[i : i + step], minlength=n)
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    top = np.argpartition(-counts, k - 1)[:k] if k else np.empty(0, dtype=np.int64)
+    return np.sort(top)
+
+
+def write_feature_cache(p: Prepared, k: int, path: str) -> None:
+    """The cache file every local process maps: ``torch.save`` of ``{"slot": int32 [N] (the
+    row's place in ``rows``, -1 when not cached), "rows": [k, F] in the stored dtype}``, written
+    to ``path + ".tmp"`` and renamed. Read by :func:`gnnpar.data.sampling.loader.gather_rows`."""
+    import torch
+
+    nodes = hot_rows(p, k)
+    slot = torch.full((p.num_nodes,), -1, dtype=torch.int32)
+    slot[torch.from_numpy(nodes)] = torch.arange(len(nodes), dtype=torch.int32)
+    x = p.tensor("features")
+    rows = torch.empty((len(nodes), x.size(1)), dtype=x.dtype)
+    step = max(1, CHUNK_BYTES // max(1, x.size(1) * x.element_size()))
+    ids = torch.from_numpy(nodes)
+    for i in range(0, len(nodes), step):  # ascending ids: the file is read front to back
+        rows[i : i + step] = torch.index_select(x, 0, ids[i : i + step])
+    torch.save({"slot": slot, "rows": rows}, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)

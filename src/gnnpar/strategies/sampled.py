@@ -170,6 +170,7 @@ SPEC = StrategySpec(
     degrees=data_parallel,
     reads={
         **reads("fanouts", "batch-size", "loader-workers"),
+        **reads("feature-cache", kinds=("graph",)),
         **STRAGGLERS,
         **STEP_CHECKPOINTS,
     },

@@ -245,12 +245,14 @@ class SampledSource(BaseSource):
         self.device = ctx.device
         t0 = time.perf_counter()
         path, self.fd = share_graph(ds, ctx)
+        cache, self.cache_fd = share_feature_cache(ds, ctx, s.feature_cache)
         self.setup_s = time.perf_counter() - t0
         self.per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
         self.steps = min(steps, r.max_steps or steps)
         batches = SampledBatches(
-            path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps
-        )
+            path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps,
+            cache_path=cache,
+        )  # fmt: skip
         self.batches, self.epochs, self.workers = batches, r.epochs, s.loader_workers
         # what share_graph wrote, so what every batch is rows of (a prepared graph's rows are
         # read from its folder: not marked, so its features are never widened in memory)
@@ -303,9 +305,40 @@ class SampledSource(BaseSource):
     def close(self) -> None:
         """Stop the workers; drop the shared graph (already unlinked: freed with the last map)."""
         self._it = self.loader = None
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        for name in ("fd", "cache_fd"):
+            if getattr(self, name) is not None:
+                os.close(getattr(self, name))
+                setattr(self, name, None)
+
+
+def _shm_file(tag: str) -> str:
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(folder, f"gnnpar-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
+
+
+def share_feature_cache(ds, ctx: DistContext, setting: str | None) -> tuple[str | None, int | None]:
+    """A prepared graph's hottest feature rows, written once per machine by local rank 0 to
+    shared memory (unlinked at once, reached through ``/proc/<pid>/fd``, as :func:`share_graph`
+    does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
+    share of the memory the run may use (gnnpar.data.prepared.cache_rows). (path or None,
+    the fd to close on local rank 0 or None)."""
+    if not ds.info.get("prepared"):
+        return None, None
+    path, fd = None, None
+    if ctx.local_rank == 0:
+        from gnnpar.data.prepared import cache_rows, open_prepared, write_feature_cache
+        from gnnpar.runtime.footprint import available_bytes
+
+        p = open_prepared(ds.info["prepared"])
+        k = cache_rows(p, setting, available_bytes(torch.device("cpu")))
+        if k > 0:
+            name = _shm_file("features")
+            write_feature_cache(p, k, name)
+            fd = os.open(name, os.O_RDONLY)
+            os.unlink(name)
+            path = f"/proc/{os.getpid()}/fd/{fd}"
+    paths = collectives.gather_to_all(path)
+    return paths[ctx.rank - ctx.local_rank], fd
 
 
 def share_graph(ds, ctx: DistContext) -> tuple[str, int | None]:

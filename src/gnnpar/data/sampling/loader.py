@@ -93,6 +93,7 @@ class SampledBatches(torch.utils.data.Dataset):
         seed: int,
         steps: int,
         replace: bool = False,
+        cache_path: str | None = None,
     ) -> None:
         self.graph_path = graph_path
         self.train_idx = train_idx
@@ -103,6 +104,7 @@ class SampledBatches(torch.utils.data.Dataset):
         self.seed = seed
         self.steps = steps
         self.replace = replace
+        self.cache_path = cache_path  # a prepared graph's hot feature rows (shared memory)
         self.owner_pid = os.getpid()  # the training process; workers end when it is gone
         self._state: dict | None = None  # mapped graph + sampler, per process
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
@@ -119,6 +121,8 @@ class SampledBatches(torch.utils.data.Dataset):
                 g = open_graph_folder(self.graph_path)
             else:
                 g = torch.load(self.graph_path, mmap=True, weights_only=True)
+            if self.cache_path is not None:
+                g.update(torch.load(self.cache_path, mmap=True, weights_only=True))
             csr = CSRGraph(g["rowptr"], g["col"])
             g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
             self._state = g
@@ -136,7 +140,8 @@ class SampledBatches(torch.utils.data.Dataset):
         gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
         b: SampledBatch = g["sampler"].sample(seeds, gen)
         if g.get("on_disk"):
-            b.x, b.y = gather_rows(g["x"], b.n_id), g["y"][seeds].long()
+            b.x = gather_rows(g["x"], b.n_id, g.get("slot"), g.get("rows"))
+            b.y = g["y"][seeds].long()
         else:
             # index_select, not x[n_id]: the same rows, ~2x faster on CPU (23K x 602: 8 vs 16 ms)
             b.x, b.y = torch.index_select(g["x"], 0, b.n_id), g["y"][seeds]
@@ -158,14 +163,27 @@ def open_graph_folder(folder: str) -> dict:
     }
 
 
-def gather_rows(x: torch.Tensor, n_id: torch.Tensor) -> torch.Tensor:
-    """``x[n_id]`` as float32, read from a memory-mapped ``x`` in ascending row order (the
-    file is read front to back, so neighbouring rows share pages and the kernel reads ahead)
-    and put back in ``n_id``'s order: the same values as ``index_select``, bit for bit."""
-    order = torch.argsort(n_id)
-    rows = torch.index_select(x, 0, n_id[order])
+def gather_rows(
+    x: torch.Tensor,
+    n_id: torch.Tensor,
+    slot: torch.Tensor | None = None,
+    cached: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x[n_id]`` as float32: the rows held by the feature cache (``slot[v]``: the place of
+    row v in ``cached``, -1 when not held) from shared memory, the others read from the
+    memory-mapped ``x`` in ascending row order (the file is read front to back, so neighbouring
+    rows share pages and the kernel reads ahead), all put back in ``n_id``'s order: the same
+    values as ``index_select(x, 0, n_id)``, bit for bit."""
     out = torch.empty((n_id.numel(), x.size(1)), dtype=torch.float32)
-    out[order] = rows.float()
+    where = torch.arange(n_id.numel())
+    if slot is not None and cached is not None and cached.size(0):
+        s = slot[n_id]
+        hit = s >= 0
+        out[hit] = cached[s[hit].long()].float()
+        miss = ~hit
+        n_id, where = n_id[miss], where[miss]
+    order = torch.argsort(n_id)
+    out[where[order]] = torch.index_select(x, 0, n_id[order]).float()
     return out
 
 
