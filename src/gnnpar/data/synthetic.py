@@ -199,6 +199,13 @@ def generate_graph(r: GraphRecipe, scale: float, seed: int) -> tuple[dict, dict[
     (:func:`stream_graph`, read back into memory); synthetic-reddit is drawn here."""
     if r.name in STREAMED:
         return streamed_in_memory(r, scale, seed)
+    return generate_in_memory(r, scale, seed)
+
+
+def generate_in_memory(r: GraphRecipe, scale: float, seed: int) -> tuple[dict, dict[str, Any]]:
+    """The ``sbm-2`` generator, all in memory: synthetic-reddit's, and the earlier
+    synthetic-amazon and synthetic-papers100m (kept as the baseline of
+    benchmarks/memory/prepared_format.py: it holds every edge key at once)."""
     g = torch.Generator().manual_seed(seed)
     n, m = graph_size(r, scale)
     c, f = r.num_classes, r.num_features
