@@ -318,3 +318,13 @@ def test_streamed_generator_prepares_the_in_memory_graph(tmp_path):
     m = prepared.read_manifest(out)
     assert m["made"]["generator"] == "sbm-stream-1" and m["edge_index_order"] == "source"
     assert prepared.verify(out).num_nodes == mem.num_nodes
+
+
+def test_train_on_a_damaged_folder_is_refused_before_any_rank(tmp_path, cora_folder, capsys):
+    bad = _copy(cora_folder, tmp_path / "bad")
+    with open(bad / "indptr.npy", "r+b") as fh:
+        fh.truncate(64)
+    args = ["train", "--dataset", str(bad), "--strategy", "allreduce", "--workers", "2"]
+    assert main([*args, "--model", "sage", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "indptr.npy has 64 bytes" in err and "Prepare it again" in err

@@ -200,6 +200,10 @@ def dataset_kind(name: str) -> tuple[str, bool]:
 
     if user.is_user_source(name):
         user.check_source(name)
+        from gnnpar.data import prepared
+
+        if prepared.is_prepared(name):  # damaged or of another version: said before any rank
+            prepared.open_prepared(name)
         return "graph", False  # a user's own graph: a graph, not generated
     raise UsageError(unknown_dataset(name, "--dataset", user.FORMS))
 
