@@ -545,6 +545,52 @@ ROWS = [
     ),
     Row("bench unknown suite", ["bench", "nope"], 2, "Unknown bench suite 'nope'"),
     Row("bench out a file", ["bench", "--out", "{tmp}/f"], 2, "is a file", files={"f": ""}),
+    # prepared folders (gnnpar prepare): a manifest that is not one, arrays that lie
+    Row(
+        "prepared manifest garbage",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "manifest.json cannot be read",
+        files={"g/manifest.json": "\x00{nope"},
+    ),
+    Row(
+        "prepared manifest of another format",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "not a gnnpar prepared-graph manifest",
+        files={"g/manifest.json": '{"format": "dgl"}'},
+    ),
+    Row(
+        "prepared manifest without arrays",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "lacks what a prepared graph records",
+        files={"g/manifest.json": '{"format": "gnnpar-prepared", "format_version": 1}'},
+    ),
+    Row(
+        "prepare feature dtype fp8",
+        ["prepare", "--dataset", "cora", "--out", "{tmp}/p", "--feature-dtype", "fp8"],
+        2,
+        "--feature-dtype fp8",
+    ),
+    Row(
+        "prepare out a file",
+        ["prepare", "--dataset", "cora", "--out", "{tmp}/f"],
+        2,
+        "already exists",
+        files={"f": ""},
+    ),
+    Row(
+        "prepare graphbolt path escapes",
+        ["prepare", "--dataset", "{tmp}/gb", "--out", "{tmp}/p"],
+        2,
+        "leaves the folder",
+        files={
+            "gb/metadata.yaml": "graph:\n  nodes:\n    - num: 2\n  edges:\n"
+            "    - format: numpy\n      path: ../../../etc/passwd\n"
+        },
+    ),
+    Row("feature cache garbage", train(*SAMPLED, "--feature-cache", "lots"), 2, "--feature-cache"),
 ]
 
 
