@@ -6,7 +6,8 @@ Every measurement runs in a fresh process; its peak RSS is the kernel's ``ru_max
 process tree (``os.wait4``). Figures:
 
 - ``prepare``: ``gnnpar prepare --dataset synthetic-papers100m --scale S`` (the stream), at each
-  ``--scales``: seconds, peak RSS, the folder's bytes;
+  ``--scales``: seconds, CPU seconds (user + system: the figure to compare on a shared
+  machine), peak RSS, the folder's bytes;
 - ``baseline``: the earlier all-in-memory generator (``synthetic.generate_in_memory``, version
   sbm-2) at ``--baseline-scale``, skipped when the machine has less memory available than it
   needs (~6 GiB per 0.01 of scale);
@@ -38,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DATASET = "synthetic-papers100m"
 
 
-def peak_of(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]:
-    """(seconds, peak RSS in GiB, stdout) of ``cmd``, run under a wrapper process whose
+def peak_of(cmd: list[str], env: dict | None = None) -> tuple[float, float, float, str]:
+    """(seconds, CPU seconds, peak RSS in GiB, stdout) of ``cmd``, run under a wrapper process whose
     RUSAGE_CHILDREN high-water mark is that of ``cmd``'s process tree alone."""
     wrapper = (
         "import json, resource, subprocess, sys, time\n"
@@ -47,6 +48,7 @@ def peak_of(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]
         "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
         "ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
         "print(json.dumps({'rc': p.returncode, 'seconds': time.perf_counter() - t0,\n"
+        "    'cpu_s': ru.ru_utime + ru.ru_stime,\n"
         "    'peak_gib': ru.ru_maxrss / 2**20, 'out': p.stdout, 'err': p.stderr[-2000:]}))\n"
     )
     full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
@@ -56,7 +58,7 @@ def peak_of(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]
     r = json.loads(p.stdout)
     if r["rc"] != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r['rc']}): {r['err']}")
-    return r["seconds"], r["peak_gib"], r["out"]
+    return r["seconds"], r["cpu_s"], r["peak_gib"], r["out"]
 
 
 def available_gib() -> float:
@@ -74,11 +76,12 @@ def prepare(tmp: Path, scale: float) -> dict:
     out = tmp / f"papers-{scale:g}"
     cmd = [sys.executable, "-m", "gnnpar", "prepare", "--dataset", DATASET]
     cmd += ["--scale", str(scale), "--out", str(out), "--quiet"]
-    seconds, peak, _ = peak_of(cmd)
+    seconds, cpu, peak, _ = peak_of(cmd)
     m = json.loads((out / "manifest.json").read_text())
     return {
         "scale": scale,
         "seconds": seconds,
+        "cpu_s": cpu,
         "peak_rss_gib": peak,
         "folder_gib": folder_gib(out),
         "nodes": m["num_nodes"],
@@ -93,8 +96,14 @@ def baseline(scale: float) -> dict:
         f"t, _ = synthetic.generate_in_memory(synthetic.PAPERS100M, {scale}, 0)\n"
         "print(t['edge_index'].size(1))\n"
     )
-    seconds, peak, out = peak_of([sys.executable, "-c", code])
-    return {"scale": scale, "seconds": seconds, "peak_rss_gib": peak, "edges": int(out)}
+    seconds, cpu, peak, out = peak_of([sys.executable, "-c", code])
+    return {
+        "scale": scale,
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "peak_rss_gib": peak,
+        "edges": int(out),
+    }
 
 
 def epoch(dataset: str, root: Path, out: Path, args, scale: float | None) -> dict:
@@ -107,11 +116,12 @@ def epoch(dataset: str, root: Path, out: Path, args, scale: float | None) -> dic
         cmd += ["--scale", str(scale)]
     if args.max_steps:
         cmd += ["--max-steps", str(args.max_steps)]
-    seconds, peak, _ = peak_of(cmd)
+    seconds, cpu, peak, _ = peak_of(cmd)
     r = json.loads((out / "result.json").read_text())
     shutil.rmtree(out, ignore_errors=True)
     return {
         "wall_s": seconds,
+        "cpu_s": cpu,
         "train_time_s": r["train_time_s"],
         "peak_rss_gib": peak,
         "loss_curve": r["loss_curve"],
@@ -174,7 +184,7 @@ def main() -> None:
         med = {
             side: {
                 k: statistics.median(r[k] for r in rs)
-                for k in ("train_time_s", "wall_s", "peak_rss_gib")
+                for k in ("train_time_s", "wall_s", "cpu_s", "peak_rss_gib")
             }
             for side, rs in sides.items()
         }
