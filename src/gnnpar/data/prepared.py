@@ -117,7 +117,7 @@ class Array:
         self.fh = open(self.path, "wb")  # noqa: SIM115 (closed in finish)
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False}
         header["shape"] = self.shape
-        np.lib.format.write_array_header_2_0(_Hashing(self.fh, self.sha), header)
+        np.lib.format.write_array_header_1_0(_Hashing(self.fh, self.sha), header)
 
     def write(self, chunk: np.ndarray) -> None:
         chunk = np.ascontiguousarray(chunk, dtype=self.dtype)
@@ -228,6 +228,14 @@ class Writer:
             os.fsync(fh.fileno())
         os.rename(self.tmp, self.out)
         self.tmp = None
+        try:  # the rename itself on disk, not only in the page cache
+            fd = os.open(self.out.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
         return self.out
 
 
