@@ -47,6 +47,7 @@ RUN = (
     "gnnpar predict runs/mine",
     'python -c "\nimport gnnpar, torch; from torch_geometric.datasets import KarateClub',
     "cat > mymodels.py <<'PY'",
+    "gnnpar prepare --dataset synthetic-papers100m --scale 0.001 --out papers-0001",
 )
 WRITES = {
     'printf \'dataset = "cora"': ("run.toml",),
@@ -60,6 +61,10 @@ WRITES = {
     ),
     "gnnpar predict runs/mine": ("runs/mine/predictions.csv", "runs/mine/predictions.pt"),
     "cat > mymodels.py <<'PY'": ("mymodels.py",),
+    "gnnpar prepare --dataset synthetic-papers100m --scale 0.001 --out papers-0001": (
+        "papers-0001/manifest.json",
+        "papers-0001/features.npy",
+    ),
 }
 SKIP = (
     "make ",
@@ -75,6 +80,7 @@ PARSED = (
     ["gnnpar", "bench"],
     ["gnnpar", "predict"],
     ["gnnpar", "datasets"],
+    ["gnnpar", "prepare"],
 )
 
 
