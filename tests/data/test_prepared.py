@@ -345,3 +345,29 @@ def test_the_memory_benchmark_runs(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["epoch"]["same_loss_curve"] and r["prepare"][0]["peak_rss_gib"] > 0
+
+
+def test_module_function_and_ogb_folder_prepare_to_the_in_memory_graph(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mygraphs_prep.py").write_text(
+        "import torch\nfrom torch_geometric.data import Data\n"
+        "def build():\n"
+        "    g = torch.Generator().manual_seed(1)\n"
+        "    return Data(x=torch.randn(30, 4, generator=g),\n"
+        "                edge_index=torch.randint(0, 30, (2, 90), generator=g),\n"
+        "                y=torch.arange(30) % 3)\n"
+    )
+    ogb = tmp_path / "ogbish"
+    (ogb / "raw").mkdir(parents=True)
+    edges = "".join(f"{i},{(i * 7 + 1) % 20}\n" for i in range(20))
+    feats = "".join(f"{i * 0.1},{1 - i * 0.05}\n" for i in range(20))
+    for name, text in (("edge", edges), ("node-feat", feats)):
+        (ogb / f"raw/{name}.csv.gz").write_bytes(gzip.compress(text.encode()))
+    labels = "".join(f"{i % 2}\n" for i in range(20))
+    (ogb / "raw/node-label.csv.gz").write_bytes(gzip.compress(labels.encode()))
+    for i, source in enumerate(("mygraphs_prep:build", str(ogb))):
+        out = _prepare(tmp_path, source, f"p{i}", seed="2")
+        mem = load_dataset(source, tmp_path / "root", seed=2)
+        _same_graph(mem.data, load_dataset(str(out), tmp_path / "root").data)
