@@ -46,8 +46,8 @@ RUN = (
     "gnnpar train --dataset my_graph.pt --model gcn --strategy allreduce --workers 2",
     "gnnpar predict runs/mine",
     'python -c "\nimport gnnpar, torch; from torch_geometric.datasets import KarateClub',
-    "cat > mymodels.py <<'PY'",
     "gnnpar prepare --dataset synthetic-papers100m --scale 0.001 --out papers-0001",
+    "cat > mymodels.py <<'PY'",
 )
 WRITES = {
     'printf \'dataset = "cora"': ("run.toml",),
