@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 
 import pytest
 import torch
 
+from gnnpar.data import synthetic
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.synthetic import (
     AMAZON,
@@ -16,8 +19,18 @@ from gnnpar.data.synthetic import (
     generate_cifar,
     generate_graph,
     graph_size,
+    reddit_header,
+    reddit_nodes,
+    reddit_stubs,
+    reddit_weights,
 )
 from helpers import run_cli
+
+
+@functools.cache
+def _reddit_001():
+    """synthetic-reddit at scale 0.01, seed 0, made once for the tests that only read it."""
+    return generate_graph(REDDIT, 0.01, seed=0)[0], reddit_header(REDDIT, 0.01, 0)
 
 
 def test_full_size_matches_study_003_table_3_1():
@@ -82,16 +95,77 @@ def test_graph_shapes_dtypes_splits(recipe, scale):
 
 
 def test_graph_is_homophilous():
-    t, _ = generate_graph(REDDIT, 0.01, seed=0)
+    t, h = _reddit_001()
     y, ei = t["y"], t["edge_index"]
     same = float((y[ei[0]] == y[ei[1]]).float().mean())
     assert same > 0.6  # vs 1/41 for a graph that ignores the classes
+    block = h.block
+    inside = float((block[ei[0]] == block[ei[1]]).float().mean())
+    # the recipe's share of the draws (0.756 with chance hits), less the repeats dropped, which
+    # fall mostly inside the blocks (0.71 here)
+    assert 0.65 < inside < REDDIT.homophily + 0.01
 
 
-def test_same_seed_same_data_other_seed_other_data():
-    a, _ = generate_graph(AMAZON, 0.001, seed=5)
-    b, _ = generate_graph(AMAZON, 0.001, seed=5)
-    c, _ = generate_graph(AMAZON, 0.001, seed=6)
+def test_reddit_has_a_ceiling_below_one():
+    """4.5% of the posts carry a label other than their community, which neither their features
+    nor their neighbours show: no model scores much above 0.955 (the real Reddit's GraphSAGE
+    scores 0.95), so strategies and frameworks can differ in accuracy, as on the real graph."""
+    t, h = _reddit_001()
+    block = h.block
+    agree = float((t["y"] == block).double().mean())
+    assert abs(agree - (1 - REDDIT.label_noise)) < 0.015
+    test = t["test_mask"]  # the oracle that knows each node's community
+    assert float((t["y"][test] == block[test]).double().mean()) < 0.985
+
+
+def test_reddit_chunks_are_made_alone(monkeypatch):
+    """Every chunk of nodes draws from its own streams (seed, purpose, chunk), so a streaming
+    writer can make chunk j from the header alone: its rows equal the whole graph's, and its
+    edge draws are the graph's edges (bar the few dropped as repeats or as the surplus)."""
+    monkeypatch.setattr(synthetic, "NODE_CHUNK", 150)
+    t, meta = generate_graph(REDDIT, 0.002, seed=4)
+    n = meta["num_nodes"]
+    h = reddit_header(REDDIT, 0.002, 4)
+    keys = t["edge_index"][0] * n + t["edge_index"][1]
+    drawn = []
+    for j in range(-(-n // 150)):  # every chunk, the last one shorter
+        lo, hi = j * 150, min(j * 150 + 150, n)
+        x, y = reddit_nodes(REDDIT, h, 4, j)
+        assert torch.equal(x, t["x"][lo:hi]) and torch.equal(y, t["y"][lo:hi])
+        assert torch.equal(reddit_weights(REDDIT, 4, lo + 7, hi), h.weight[lo + 7 : hi])
+        drawn.append(reddit_stubs(REDDIT, h, 4, j))
+    drawn = torch.cat(drawn)
+    assert drawn.numel() > 0.8 * int(h.stubs.sum())  # loops are rare
+    assert float(torch.isin(drawn, keys).double().mean()) > 0.9
+    assert int(h.stubs.sum()) == meta["num_edges"] // 2  # the draws' count is the edge count
+
+
+# sha256 (first 16 hex digits) of each tensor of synthetic-reddit at scale 0.002, seed 3. Integer
+# draws, a table of normal quantiles and element-wise float32 arithmetic make these the same on
+# every x86-64 CPU and at every ATen CPU capability (default, avx2, avx512 checked on AMD EPYC
+# with AVX-512, 2026-11-28); torch.randn's float32 kernel is not (other bits at "default").
+# A change of the generator changes them: bump synthetic.VERSION and re-pin, saying why.
+REDDIT_DIGESTS = {
+    "x": "dd1f7a8298f0ada8",
+    "edge_index": "1993774fdb6845fd",
+    "y": "2f4a4134ae8728e9",
+    "train_mask": "589239b00ee06eec",
+    "val_mask": "83674aa248408aa9",
+    "test_mask": "166503e6caeb9cb7",
+}
+
+
+def test_reddit_tensors_are_pinned_bit_for_bit():
+    t, _ = generate_graph(REDDIT, 0.002, seed=3)
+    got = {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()[:16] for k, v in t.items()}
+    assert got == REDDIT_DIGESTS
+
+
+@pytest.mark.parametrize("recipe,scale", [(AMAZON, 0.001), (REDDIT, 0.002)])
+def test_same_seed_same_data_other_seed_other_data(recipe, scale):
+    a, _ = generate_graph(recipe, scale, seed=5)
+    b, _ = generate_graph(recipe, scale, seed=5)
+    c, _ = generate_graph(recipe, scale, seed=6)
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert not torch.equal(a["x"], c["x"]) and not torch.equal(a["edge_index"], c["edge_index"])
@@ -125,7 +199,7 @@ def _neighbour_mean(x, ei):
 
 @pytest.mark.parametrize("recipe,scale,floor", [(REDDIT, 0.01, 0.8), (AMAZON, 0.002, 0.6)])
 def test_labels_learnable_from_features_and_graph(recipe, scale, floor):
-    t, _ = generate_graph(recipe, scale, seed=0)
+    t = _reddit_001()[0] if recipe is REDDIT else generate_graph(recipe, scale, seed=0)[0]
     x, ei, y = t["x"], t["edge_index"], t["y"]
     args = (y, t["train_mask"], t["test_mask"], recipe.num_classes, recipe.multilabel)
     feat = _fit_linear(x, *args)
@@ -194,4 +268,6 @@ def test_sage_learns_synthetic_reddit_at_scale_001(tmp_path):
     assert r.returncode == 0, r.stderr
     result = json.loads((out / "result.json").read_text())
     assert result["score_name"] == "accuracy"
-    assert result["test_score"] > 0.5  # chance is about 1/41
+    # chance is about 1/41 and features alone score ~0.2 at this scale; 5 full-batch steps of
+    # study 003's sage reach 0.92 (seed 0); the label noise keeps every model below ~0.96
+    assert 0.75 < result["test_score"] < 0.98
