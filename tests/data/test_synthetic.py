@@ -159,13 +159,15 @@ def test_reddit_tensors_are_pinned_bit_for_bit():
     t, _ = generate_graph(REDDIT, 0.002, seed=3)
     got = {k: hashlib.sha256(v.numpy().tobytes()).hexdigest()[:16] for k, v in t.items()}
     assert got == REDDIT_DIGESTS
+    other, _ = generate_graph(REDDIT, 0.002, seed=4)  # another seed, other data
+    assert not torch.equal(other["x"], t["x"]) and not torch.equal(other["y"], t["y"])
+    assert not torch.equal(other["edge_index"], t["edge_index"])
 
 
-@pytest.mark.parametrize("recipe,scale", [(AMAZON, 0.001), (REDDIT, 0.002)])
-def test_same_seed_same_data_other_seed_other_data(recipe, scale):
-    a, _ = generate_graph(recipe, scale, seed=5)
-    b, _ = generate_graph(recipe, scale, seed=5)
-    c, _ = generate_graph(recipe, scale, seed=6)
+def test_same_seed_same_data_other_seed_other_data():
+    a, _ = generate_graph(AMAZON, 0.001, seed=5)
+    b, _ = generate_graph(AMAZON, 0.001, seed=5)
+    c, _ = generate_graph(AMAZON, 0.001, seed=6)
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert not torch.equal(a["x"], c["x"]) and not torch.equal(a["edge_index"], c["edge_index"])
@@ -269,5 +271,5 @@ def test_sage_learns_synthetic_reddit_at_scale_001(tmp_path):
     result = json.loads((out / "result.json").read_text())
     assert result["score_name"] == "accuracy"
     # chance is about 1/41 and features alone score ~0.2 at this scale; 5 full-batch steps of
-    # study 003's sage reach 0.92 (seed 0); the label noise keeps every model below ~0.96
+    # study 003's sage reach 0.91 (seed 0); the label noise keeps every model below ~0.96
     assert 0.75 < result["test_score"] < 0.98
