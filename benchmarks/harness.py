@@ -39,7 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-TOPICS = ("frameworks", "kernels", "comm", "advise", "memory", "robustness")
+TOPICS = ("frameworks", "kernels", "comm", "advise", "memory", "robustness", "datasets")
 # The peer libraries' interpreters (plain PyG, plain DGL: environments of their own, so gnnpar
 # never imports them); GNNPAR_PEER_PYG / GNNPAR_PEER_DGL point elsewhere. A script skips a peer
 # whose interpreter is missing, with a message.

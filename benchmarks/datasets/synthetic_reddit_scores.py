@@ -6,7 +6,7 @@ with the studies' settings (the defaults ``gnnpar train`` picks for that model a
 * ``sage-sampled``: study 002 table 1 (GraphSAGE 3 x 256, dropout 0.5, Adam 5e-3, wd 5e-4),
   neighbour sampling 25,10,10, batch 1024, 20 epochs;
 * ``features-only``: the same loop, optimiser, batches and epochs, with an MLP of the same shape
-  that ignores the edges (``benchmarks/datasets/features_only.py``): what the features alone carry;
+  that ignores the edges (``benchmarks/datasets/_features_only.py``): what the features alone carry;
 * ``gat3-sampled``: study 002's GAT (3 x 16, 1 head, dropout 0.6), and the same at dropout 0.2
   (``gat3-sampled-d0.2``; at 0.6 the model stays at chance, BENCHMARKS.md "Why gat3 stays at
   chance");
@@ -22,19 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import harness
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNS: dict[str, list[str]] = {
     "sage-sampled": ["--model", "sage", "--strategy", "sampled"],
     "features-only": [
         "--model",
-        "benchmarks.datasets.features_only:mlp",
+        "benchmarks.datasets._features_only:mlp",
         "--strategy",
         "sampled",
         "--lr",
@@ -49,16 +50,6 @@ RUNS: dict[str, list[str]] = {
     "gcn-cluster": ["--model", "gcn", "--partitions", "40"],
     "sage-cluster": ["--model", "sage", "--partitions", "40"],
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def run_one(name: str, scale: float, args: argparse.Namespace, data_root: Path) -> dict:
@@ -106,19 +97,14 @@ def main() -> None:
     p.add_argument("--out", default="", help="write the rows as JSON here")
     p.add_argument("--smoke", action="store_true", help="one run at scale 0.002, 1 epoch")
     args = p.parse_args()
-    if args.smoke:
-        args.scales, args.runs, args.epochs = "0.002", "sage-sampled,features-only", 1
+    if args.smoke:  # the graph-free model's factory path: the GNN runs have tests of their own
+        args.scales, args.runs, args.epochs = "0.002", "features-only", 1
     names = args.runs.split(",")
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         p.error(f"unknown runs {unknown}; known: {', '.join(RUNS)}")
-    header = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "loadavg_before": os.getloadavg(),
-    }
-    print(json.dumps(header), flush=True)
+    header = harness.machine(args.threads or None)
+    print(harness.header(args.threads or None), flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gnnpar-data-") as tmp:
         data_root = Path(args.data_root or tmp)
@@ -128,7 +114,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({**header, "rows": rows}, indent=1) + "\n")
+        harness.write_json(args.out, {**header, "rows": rows})
     print("\n| run | scale | epochs | val | test |\n|---|---|---|---|---|")
     for r in rows:
         if "error" in r:

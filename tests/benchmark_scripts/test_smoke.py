@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPICS = ("frameworks", "kernels", "comm", "advise", "memory", "robustness")
+TOPICS = ("frameworks", "kernels", "comm", "advise", "memory", "robustness", "datasets")
 
 
 def scripts() -> list[Path]:

@@ -1,4 +1,4 @@
-"""A graph-free baseline for ``gnnpar train --model benchmarks.datasets.features_only:mlp``: an
+"""A graph-free baseline for ``gnnpar train --model benchmarks.datasets._features_only:mlp``: an
 MLP of the shape of study 002's GraphSAGE (``--layers`` linear layers of ``--hidden`` units,
 ReLU, dropout before each) that reads each node's features and ignores ``edge_index``, so it
 scores what the features alone carry, trained by the same loop, optimiser and evaluation as the
