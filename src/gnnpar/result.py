@@ -109,6 +109,8 @@ LOOP: dict[str, str] = {
     "cuda_peak_bytes": "per rank: peak CUDA allocation (only on CUDA)",
     "step_times_s": "every step's time, in order (the first includes warm-up)",
     "per_worker_step_time_s": "per rank: summarize() of its own step times",
+    "framework": "a run trained by another framework's loop on gnnpar's parts: {name, version, "
+    "strategy} (gnnpar.lightning.RunRecord; absent from gnnpar train's runs)",
 }
 RANK_INFO: dict[str, str] = {
     "pool_log": "gossip (PoolSource), per rank: [epoch, subgraph] in the order taken",

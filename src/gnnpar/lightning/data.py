@@ -1,0 +1,536 @@
+"""gnnpar's data loading as a ``LightningDataModule``: :class:`GraphDataModule`.
+
+    dm = GraphDataModule(dataset="cora", batch_size=256, fanouts=[25, 10], loader_workers=2)
+    dm.setup()                       # Trainer.fit calls it on every rank
+    dm.num_features, dm.num_classes  # for the model
+    for batch in dm.train_dataloader():
+        out = model(batch.x, batch.edge_index)[: batch.batch_size]
+        loss = F.cross_entropy(out, batch.y[: batch.batch_size])
+
+Settings are ``gnnpar train``'s flag names (dashes or underscores), parsed and checked by gnnpar's
+own config code, so a misspelt or out-of-range one gives the same message as on the command line.
+The data module reads the data settings only (:data:`DATA_KEYS`); the model, optimiser and run
+settings belong to the ``LightningModule`` and the ``Trainer``.
+
+Batches
+-------
+Neighbour-sampled (the default; ``fanouts``, ``batch_size``, ``loader_workers``): gnnpar's
+sampler (:mod:`gnnpar.data.sampling`, its compiled kernel), each batch a PyG ``Data`` laid out as
+PyG's ``NeighborLoader`` yields it: ``n_id`` (global ids, the ``batch_size`` seed nodes first),
+``x`` and ``y`` of every node of ``n_id``, ``edge_index`` local to the batch (source -> target),
+``num_sampled_nodes``/``num_sampled_edges`` per hop. The loss is taken on ``out[:batch_size]``.
+
+Cluster-GCN (``partitions=N``, ``partitioner``): one induced subgraph per batch (gnnpar's
+partitioning and its cache), relabelled so that the split's nodes come first, with
+``batch_size`` their number: the same ``out[:batch_size]`` loss works for both kinds. Subgraphs
+that hold no node of the split are left out of that split's loader.
+
+Ranks
+-----
+Under Lightning's DDP every rank trains its own block of each epoch's seeded shuffle of the
+training nodes, exactly as ``gnnpar train --strategy sampled`` does
+(:func:`gnnpar.data.sampling.loader.epoch_seeds`): each training node at most once per epoch
+across the ranks, the ``num_train % ranks`` left at the end of that epoch's shuffle (fewer than
+the ranks, a different few each epoch) skipped so that every rank runs the same number of
+steps; batch ``i`` is made from ``(seed, epoch, rank, step)`` alone, so the batches are the
+same for any number of loader workers and in a resumed run. The epoch is the one Lightning
+passes to the sampler's ``set_epoch``. Cluster-GCN: each epoch's seeded shuffle of the
+subgraphs dealt round-robin, ``partitions // ranks`` per rank. Validation and test loaders
+cover every node of their split once across the ranks, in the same number of batches on every
+rank. Under :class:`~gnnpar.lightning.strategies.GossipStrategy` the training batches come from
+gnnpar's shared work pool instead: every batch of the epoch once, taken by whichever rank is
+free, so a faster rank trains more of them.
+
+The graph is written once per machine to shared memory (``/dev/shm``, unlinked at once) and
+mapped by every rank and loader worker (:func:`gnnpar.training.sources.share_graph`); workers
+start from a fork server that has no threads, exit with their rank, and a batch that does not
+come within ``timeout`` seconds is an error, not a hang (:mod:`gnnpar.data.sampling.loader`).
+
+Resuming
+--------
+The training loader is stateful (``state_dict``/``load_state_dict``, which Lightning keeps in
+its checkpoints): resumed from a checkpoint written in the middle of an epoch, it yields the
+rest of that epoch's batches, the same ones the uninterrupted run trains.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+import gnnpar
+from gnnpar import UsageError
+from gnnpar.config.parse import apply
+from gnnpar.config.schema import Config
+from gnnpar.config.validate import dataset_kind, resolve, validate
+from gnnpar.lightning.batches import (
+    EvalBatches,
+    PartBatches,
+    PoolBatches,
+    eval_batches,
+    parts_with,
+    seeded_perm,
+)
+
+# the settings of `gnnpar train` that the data module reads (flag names)
+DATA_KEYS = (
+    "dataset",
+    "data-root",
+    "scale",
+    "partitions",
+    "partitioner",
+    "fanouts",
+    "batch-size",
+    "loader-workers",
+    "seed",
+    "timeout",
+    "max-steps",
+)
+SAMPLED_ONLY = ("fanouts", "batch-size", "loader-workers")
+WHERE = "GraphDataModule(...)"
+SPLITS = ("train", "val", "test")
+
+
+def data_config(dataset: Any, settings: dict[str, Any]) -> Config:
+    """The data settings as gnnpar's checked ``Config``: parsed by :func:`gnnpar.config.parse.
+    apply` (an unknown or mistyped key is the command line's message) and checked by
+    :func:`gnnpar.config.validate.validate` as the run of the matching ``gnnpar train``
+    (``--strategy sampled``, or ``allreduce`` with ``partitions``) would be."""
+    if isinstance(dataset, Path):
+        dataset = str(dataset)
+    if not isinstance(dataset, str):
+        raise UsageError(
+            f"{WHERE}: dataset must be a name gnnpar reads (see `gnnpar datasets`), a .pt file, "
+            f"an OGB folder or 'module:function', got {type(dataset).__name__}."
+        )
+    cfg, given = Config(), {}
+    apply(cfg, {"dataset": dataset, **settings}, WHERE, given)
+    other = [k for k in given if k not in DATA_KEYS]
+    if other:
+        raise UsageError(
+            f"{WHERE}: '{other[0]}' is a setting of `gnnpar train` that does not choose the "
+            "data: set it in your LightningModule or Trainer. The data module reads: "
+            f"{', '.join(k.replace('-', '_') for k in DATA_KEYS)}."
+        )
+    kind, _ = dataset_kind(cfg.data.dataset)
+    if kind != "graph":
+        raise UsageError(f"{WHERE}: dataset '{cfg.data.dataset}' holds images, not a graph.")
+    if cfg.data.partitions is not None:
+        mixed = [k for k in SAMPLED_ONLY if k in given]
+        if mixed:
+            raise UsageError(
+                f"{WHERE}: partitions={cfg.data.partitions} gives Cluster-GCN batches (one "
+                f"subgraph each); {', '.join(k.replace('-', '_') for k in mixed)} set "
+                "neighbour-sampled batches. Drop one or the other."
+            )
+        cfg.strategy.name = "allreduce"
+    else:
+        cfg.strategy.name = "sampled"
+    cfg.model.name = "sage"  # the study-002 model whose defaults the sampled run takes
+    resolve(cfg)
+    validate(cfg, given)
+    return cfg
+
+
+def _ranks(trainer: pl.Trainer | None) -> SimpleNamespace:
+    if trainer is not None:
+        return SimpleNamespace(
+            rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank
+        )
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        return SimpleNamespace(rank=rank, world_size=dist.get_world_size(), local_rank=local)
+    return SimpleNamespace(rank=0, world_size=1, local_rank=0)
+
+
+# ------------------------------------------------------------------------------ samplers
+class EpochSampler(DistributedSampler):
+    """Batch indices ``epoch * steps + [done, steps)`` of this rank's plan for the epoch set by
+    ``set_epoch`` (a ``DistributedSampler``, so Lightning leaves it in place). ``done`` is 0 but
+    in an epoch resumed midway (:meth:`resume`). Read when iteration begins, not before."""
+
+    def __init__(self, steps: int, rank: int, world_size: int, seed: int) -> None:
+        # no super().__init__: the plan is gnnpar's, not a split of a sized dataset
+        self.steps, self.rank, self.num_replicas, self.seed = steps, rank, world_size, seed
+        self.epoch, self.shuffle, self.drop_last = 0, True, True
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resume(self, epoch: int, done: int) -> None:
+        if done >= self.steps:  # saved at the end of that epoch: the next one begins
+            epoch, done = epoch + 1, 0
+        self.epoch, self._resume = epoch, (epoch, done)
+
+    def __iter__(self) -> Iterator[int]:
+        done = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            done = self._resume[1]
+        self._resume = None
+        base = self.epoch * self.steps
+        yield from range(base + done, base + self.steps)
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+class FixedSampler(EpochSampler):
+    """Evaluation: the same batches ``0 .. steps-1`` every epoch."""
+
+    def __iter__(self) -> Iterator[int]:
+        yield from range(self.steps)
+
+
+class PoolSampler(DistributedSampler):
+    """Gossip: the next item of gnnpar's shared work pool (:class:`gnnpar.parallel.gossip.
+    WorkPool`) whenever this rank asks, until the pool moves on to the next epoch. An item of a
+    later epoch is kept for that epoch. No length: a rank trains what it takes."""
+
+    def __init__(self, pool, rank: int, world_size: int) -> None:
+        self.pool, self.rank, self.num_replicas = pool, rank, world_size
+        self.epoch, self.shuffle, self.drop_last = 0, True, False
+        self.taken: list[list[int]] = []  # [epoch, item] in the order taken
+        self._next: tuple[int, int, int] | None = None
+        self._empty = False
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self.epoch
+        while not self._empty:
+            item = self._next if self._next is not None else self.pool.take()
+            self._next = None
+            if item is None:
+                self._empty = True
+                return
+            _, e, idx = item
+            if e > epoch:  # the pool moved on: this belongs to our next epoch
+                self._next = item
+                return
+            self.taken.append([e, idx])
+            yield e * self.pool.size + idx
+
+    def __len__(self) -> int:
+        raise TypeError("a rank's share of the work pool has no length: it trains what it takes")
+
+
+# ------------------------------------------------------------------------------ loaders
+class GraphLoader(DataLoader):
+    """A DataLoader whose items become PyG ``Data`` batches in the training process."""
+
+    def __init__(self, dataset, sampler, convert: Callable[[Any], Any], **kwargs: Any) -> None:
+        super().__init__(dataset, batch_size=None, sampler=sampler, **kwargs)
+        self.convert = convert
+        self.yielded = 0  # batches of the current epoch handed out
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.sampler
+        start = 0
+        if isinstance(sampler, EpochSampler) and sampler._resume is not None:
+            if sampler._resume[0] == sampler.epoch:
+                start = sampler._resume[1]
+        self.yielded = start
+        for item in super().__iter__():
+            self.yielded += 1
+            yield self.convert(item)
+
+
+class ResumableLoader(GraphLoader):
+    """The training loader: ``state_dict`` is (epoch, batches trained in it), which Lightning
+    saves in its checkpoints and gives back through ``load_state_dict`` before iterating."""
+
+    trainer: pl.Trainer | None = None
+
+    def _trained(self) -> int:
+        """Batches of the epoch trained: Lightning's count where a Trainer runs (the loader has
+        handed out more: Lightning fetches one ahead, workers prefetch), else those yielded."""
+        if self.trainer is not None:
+            return int(self.trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        return self.yielded
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.sampler
+        return {
+            "format": "gnnpar-loader-1",
+            "epoch": s.epoch,
+            "done": self._trained(),
+            "steps": s.steps,
+            "world_size": s.num_replicas,
+            "seed": s.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        s = self.sampler
+        if state.get("format") != "gnnpar-loader-1":
+            raise UsageError("The checkpoint's data loader state is not a GraphDataModule's.")
+        theirs = (state["steps"], state["world_size"], state["seed"])
+        if theirs != (s.steps, s.num_replicas, s.seed):
+            raise UsageError(
+                f"The checkpoint was written by a run of {state['world_size']} ranks, "
+                f"{state['steps']} steps per epoch and seed {state['seed']}; this one has "
+                f"{s.num_replicas}, {s.steps} and {s.seed}: its batches would differ. Resume "
+                "with the same devices, batch_size, max_steps and seed."
+            )
+        s.resume(int(state["epoch"]), int(state["done"]))
+
+
+def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
+    """What ``gnnpar train``'s loader gives its workers (:func:`gnnpar.data.sampling.loader.
+    build_loader`): a fork server that imported torch and the sampler only, one thread each,
+    exit with the training process, a bounded wait for every batch."""
+    if workers == 0:
+        return {}
+    from gnnpar.data.sampling import loader
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", loader.__name__])
+    with gnnpar.ranks_sleep_at_once():
+        multiprocessing.forkserver.ensure_running()
+    return {
+        "num_workers": workers,
+        "persistent_workers": True,
+        "multiprocessing_context": ctx,
+        "worker_init_fn": loader._worker_init,
+        "timeout": timeout_s,
+        "prefetch_factor": 2,
+    }
+
+
+# ------------------------------------------------------------------------------ data module
+class GraphDataModule(pl.LightningDataModule):
+    """gnnpar's graphs and mini-batches for ``Trainer.fit`` (see the module docstring).
+
+    ``dataset``: what ``gnnpar train --dataset`` takes (a name from ``gnnpar datasets``, a
+    ``.pt`` file, an OGB folder, ``module:function``). ``settings``: ``gnnpar train``'s data
+    flags by name (:data:`DATA_KEYS`, dashes or underscores): ``fanouts``, ``batch_size``,
+    ``loader_workers``, ``partitions``, ``partitioner``, ``scale``, ``seed``, ``timeout``,
+    ``max_steps``, ``data_root``.
+    """
+
+    def __init__(self, dataset: Any = "cora", **settings: Any) -> None:
+        super().__init__()
+        self.cfg = data_config(dataset, settings)
+        self.dataset_name = self.cfg.data.dataset
+        self.ds = None  # the loaded gnnpar GraphDataset (loaded once per process)
+        self.setup_s = 0.0  # loading, partitioning and sharing the graph
+        self.partition_time_s = 0.0
+        self._graph_path: str | None = None
+        self._fd: int | None = None
+        self._parts = None
+        self._ranks_at_setup: SimpleNamespace | None = None
+
+    @property
+    def sampled(self) -> bool:
+        return self.cfg.data.partitions is None
+
+    def load(self):
+        """The graph (gnnpar's ``GraphDataset``), loaded on first use in this process through
+        gnnpar's loader and cache (``gnnpar train --dataset``'s)."""
+        if self.ds is None:
+            from gnnpar.data.datasets import load_dataset
+
+            d, r, s = self.cfg.data, self.cfg.run, self.cfg.strategy
+            ds = load_dataset(d.dataset, d.data_root, d.scale, r.seed, s.timeout_s)
+            if ds.kind != "graph":  # a module:function may return images
+                raise UsageError(f"{WHERE}: dataset '{d.dataset}' holds images, not a graph.")
+            self.ds = ds
+        return self.ds
+
+    @property
+    def num_features(self) -> int:
+        """Input features per node (loads the graph if needed: usable before ``setup``)."""
+        return self.load().num_features
+
+    @property
+    def num_classes(self) -> int:
+        return self.load().num_classes
+
+    @property
+    def multilabel(self) -> bool:
+        return self.load().multilabel
+
+    # -------------------------------------------------------------- setup
+    def setup(self, stage: str | None = None) -> None:
+        """Load the graph, then share it (neighbour sampling: one shared-memory file per
+        machine, written by its local rank 0) or partition it (Cluster-GCN). ``Trainer.fit``
+        calls it on every rank once the process group exists."""
+        ranks = _ranks(getattr(self, "trainer", None))
+        if self._ranks_at_setup is not None and vars(ranks) == vars(self._ranks_at_setup):
+            return
+        t0 = time.perf_counter()
+        ds = self.load()
+        self.close()
+        if self.sampled:
+            from gnnpar.training.sources import share_graph
+
+            self._graph_path, self._fd = share_graph(ds, ranks)
+        elif self._parts is None:
+            from gnnpar.data.partition import load_partitions
+
+            self._parts, self.partition_time_s, _ = load_partitions(self.cfg, ds)
+        self._ranks_at_setup = ranks
+        self.setup_s = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Drop this process's hold on the shared graph (the file is unlinked already)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def _need_setup(self) -> SimpleNamespace:
+        ranks = _ranks(getattr(self, "trainer", None))
+        if self._ranks_at_setup is None or vars(ranks) != vars(self._ranks_at_setup):
+            self.setup()  # not run yet, or for other ranks (Trainer.fit calls it)
+        return ranks
+
+    def split_index(self, split: str) -> torch.Tensor:
+        return self.ds.data[f"{split}_mask"].nonzero().view(-1)
+
+    def _convert(self):
+        from gnnpar.csr import mark_rows
+
+        features, labels = self.ds.data.x, self.ds.data.y
+
+        def convert(b):  # a SampledBatch -> the PyG Data NeighborLoader gives
+            data = b.to_data()
+            data.y = labels[b.n_id]
+            mark_rows(data.x, features, data.n_id)  # gnnpar's models reuse the graph's CSR plan
+            return data
+
+        return convert
+
+    def _trainer_strategy(self):
+        trainer = getattr(self, "trainer", None)
+        return None if trainer is None else trainer.strategy
+
+    # -------------------------------------------------------------- loaders
+    def train_dataloader(self) -> GraphLoader:
+        ranks = self._need_setup()
+        from gnnpar.lightning.strategies import GossipStrategy
+
+        strategy = self._trainer_strategy()
+        if isinstance(strategy, GossipStrategy):
+            return self._pool_loader(strategy, ranks)
+        s, r = self.cfg.strategy, self.cfg.run
+        if self.sampled:
+            from gnnpar.data.sampling.loader import shard_plan
+
+            from gnnpar.data.sampling.loader import SampledBatches
+
+            train_idx = self.split_index("train")
+            if train_idx.numel() < ranks.world_size:
+                raise UsageError(
+                    f"Dataset '{self.dataset_name}' has {train_idx.numel()} training nodes, "
+                    f"fewer than the {ranks.world_size} ranks: every rank needs at least one."
+                )
+            _, steps = shard_plan(train_idx.numel(), ranks.world_size, s.batch_size)
+            steps = min(steps, r.max_steps or steps)
+            dataset = SampledBatches(
+                self._graph_path,
+                train_idx,
+                s.fanouts,
+                s.batch_size,
+                ranks.rank,
+                ranks.world_size,
+                r.seed,
+                steps,
+            )
+            kwargs, convert = _worker_kwargs(s.loader_workers, s.timeout_s), self._convert()
+        else:
+            parts = self._parts_with("train")
+            if len(parts) < ranks.world_size:
+                raise UsageError(
+                    f"{len(parts)} of the {self.cfg.data.partitions} subgraphs hold training "
+                    f"nodes, fewer than the {ranks.world_size} ranks: use more partitions."
+                )
+            steps = len(parts) // ranks.world_size
+            steps = min(steps, r.max_steps or steps)
+            rank, world, seed = ranks.rank, ranks.world_size, r.seed
+
+            def plan(epoch: int, step: int) -> int:
+                order = seeded_perm(len(parts), seed, epoch, 0xC1)
+                return parts[int(order[rank + step * world])]
+
+            dataset = PartBatches(self._parts, plan, steps, "train")
+            kwargs, convert = {}, _identity
+        loader = ResumableLoader(
+            dataset, EpochSampler(steps, ranks.rank, ranks.world_size, r.seed), convert, **kwargs
+        )
+        loader.trainer = getattr(self, "trainer", None)
+        return loader
+
+    def _parts_with(self, split: str) -> list[int]:
+        return parts_with(self._parts, f"{split}_mask")
+
+    def _pool_loader(self, strategy, ranks: SimpleNamespace) -> GraphLoader:
+        s, r = self.cfg.strategy, self.cfg.run
+        epochs = self.trainer.max_epochs
+        if epochs is None or epochs < 0:
+            raise UsageError("GossipStrategy's work pool needs Trainer(max_epochs=N).")
+        if self.sampled:
+            train_idx = self.split_index("train")
+            size = math.ceil(train_idx.numel() / s.batch_size)
+            dataset = PoolBatches(
+                self._graph_path, train_idx, s.fanouts, s.batch_size, r.seed, size
+            )
+            kwargs, convert = _worker_kwargs(s.loader_workers, s.timeout_s), self._convert()
+        else:
+            parts = self._parts_with("train")
+            size = len(parts)
+            dataset = PartBatches(self._parts, lambda e, j: parts[j], size, "train")
+            kwargs, convert = {}, _identity
+        pool = strategy.work_pool(size, epochs, r.seed, start_epoch=self.trainer.current_epoch)
+        return GraphLoader(dataset, PoolSampler(pool, ranks.rank, ranks.world_size), convert, **kwargs)
+
+    def _eval_loader(self, split: str) -> GraphLoader:
+        ranks = self._need_setup()
+        s, r = self.cfg.strategy, self.cfg.run
+        tag = SPLITS.index(split) + 0xE0
+        if self.sampled:
+            seeds = eval_batches(
+                self.split_index(split), ranks.rank, ranks.world_size, s.batch_size
+            )
+            dataset = EvalBatches(self._graph_path, seeds, s.fanouts, r.seed, tag, ranks.rank)
+            steps = len(seeds)
+            kwargs, convert = _worker_kwargs(s.loader_workers, s.timeout_s), self._convert()
+        else:
+            mine = self._parts_with(split)[ranks.rank :: ranks.world_size]
+            dataset = PartBatches(self._parts, lambda e, j: mine[j], len(mine), split)
+            steps, kwargs, convert = len(mine), {}, _identity
+        sampler = FixedSampler(steps, ranks.rank, ranks.world_size, r.seed)
+        return GraphLoader(dataset, sampler, convert, **kwargs)
+
+    def val_dataloader(self) -> GraphLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> GraphLoader:
+        return self._eval_loader("test")
+
+    def teardown(self, stage: str | None = None) -> None:
+        pass  # the shared graph stays for later fit/validate/test calls; close() drops it
+
+
+def _identity(x):
+    return x

@@ -1,0 +1,256 @@
+"""gnnpar's averaging strategies as Lightning strategies, on Lightning's ``DDPStrategy``.
+
+    trainer = L.Trainer(strategy=PeriodicAverageStrategy(sync_every=4), devices=2, ...)
+    trainer = L.Trainer(strategy=GossipStrategy(sync_every=1), devices=2, max_epochs=5, ...)
+
+Both keep what ``DDPStrategy`` does (process launch, process group, device placement, broadcast
+of the initial weights, checkpoint I/O, ``reduce``/``barrier``) but do not wrap the model in
+``DistributedDataParallel``: between averagings every rank steps on its own gradients, and the
+averaging is one of gnnpar's sync policies, the same objects ``gnnpar train`` runs:
+
+- :class:`PeriodicAverageStrategy` (``--strategy allreduce``): every ``sync_every`` steps the
+  gradients are replaced by their mean over the ranks before the optimizer steps
+  (``average="grads"``, :class:`gnnpar.training.sync.GradAllReduce`; K = 1 is DDP's maths), or
+  the parameters are averaged after it (``average="params"``, local SGD:
+  :class:`gnnpar.training.sync.ParamAverage`, torch's ``PeriodicModelAverager``).
+- :class:`GossipStrategy` (``--strategy gossip``): every ``sync_every`` steps a rank averages
+  with one random free partner (:mod:`gnnpar.parallel.gossip`: the claim protocol checked by its
+  SPIN model, exchanges bounded by ``timeout`` that name the partner that stopped answering).
+  With :class:`~gnnpar.lightning.data.GraphDataModule` the batches come from gnnpar's work pool:
+  every batch of an epoch once, taken by whichever rank is free, so a straggler holds nobody
+  up. Before any collective Lightning runs (checkpoints, ``sync_dist`` logging, the end) a rank
+  finishes its pending exchange and serves the claims on it (gnnpar's quiescence), so a rank
+  waiting in a collective is never picked; it is available again at its next training batch.
+
+Lightning's order of operations: the gradient policy runs in ``post_backward`` (inside the
+optimizer's closure, after backward, before ``optimizer.step``) and the parameter policies
+after ``optimizer.step``, where gnnpar's loop calls them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import random
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+
+from gnnpar import UsageError
+from gnnpar.config.schema import AVERAGE_MODES
+
+
+def _check(sync_every: int, average: str, timeout: float) -> None:
+    if not isinstance(sync_every, int) or sync_every < 1:
+        raise UsageError(f"sync_every must be at least 1 (average every K steps), got {sync_every}.")
+    if average not in AVERAGE_MODES:
+        raise UsageError(f"Unknown average '{average}'. Choose one of: {', '.join(AVERAGE_MODES)}.")
+    if not 0 < timeout <= 7 * 24 * 3600:
+        raise UsageError(f"timeout must be positive seconds (at most a week), got {timeout}.")
+
+
+class _LocalSteps(DDPStrategy):
+    """DDPStrategy whose ranks step on their own gradients; ``self.sync`` (a gnnpar sync policy)
+    averages between steps."""
+
+    def __init__(
+        self, sync_every: int = 1, average: str = "params", timeout: float = 120.0, **kwargs: Any
+    ) -> None:
+        _check(sync_every, average, timeout)
+        kwargs.setdefault("timeout", datetime.timedelta(seconds=timeout))
+        super().__init__(**kwargs)
+        self.sync_every, self.average, self.timeout_s = sync_every, average, float(timeout)
+        self.sync = None  # the policy, from setup() on
+
+    def configure_ddp(self) -> None:
+        """No DistributedDataParallel: the same initial weights on every rank (rank 0's, as the
+        DDP wrapper would broadcast them), then local steps."""
+        if dist.is_initialized():
+            with torch.no_grad():
+                for t in itertools.chain(self.model.parameters(), self.model.buffers()):
+                    dist.broadcast(t.data, 0)
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+            self.sync = self._make_sync(params)
+
+    def _make_sync(self, params):  # pragma: no cover - each subclass has its own
+        raise NotImplementedError
+
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        super().post_backward(closure_loss)
+        if self.sync is not None:
+            self.sync.after_backward(True)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
+        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self.sync is not None:
+            self.sync.after_step(True)
+        return out
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds this rank spent blocked on other ranks in averaging."""
+        return 0.0 if self.sync is None else self.sync.wait_s
+
+    @property
+    def exchanges(self) -> int:
+        return 0 if self.sync is None else self.sync.exchanges
+
+
+class PeriodicAverageStrategy(_LocalSteps):
+    """Average over all ranks every ``sync_every`` steps: the gradients before the optimizer
+    step (``average="grads"``) or the parameters after it (``average="params"``, local SGD with
+    torch's ``PeriodicModelAverager``). ``timeout``: seconds any collective may wait."""
+
+    def __init__(
+        self, sync_every: int = 1, average: str = "grads", timeout: float = 120.0, **kwargs: Any
+    ) -> None:
+        super().__init__(sync_every, average, timeout, **kwargs)
+
+    def _make_sync(self, params):
+        from gnnpar.training.sync import GradAllReduce, ParamAverage
+
+        cls = GradAllReduce if self.average == "grads" else ParamAverage
+        return cls(params, self.sync_every)
+
+
+class GossipStrategy(_LocalSteps):
+    """Gossip averaging with one random free partner every ``sync_every`` steps (gnnpar's
+    :mod:`~gnnpar.parallel.gossip`), parameters by default (ranks out of step would let
+    averaged gradients drift). ``timeout``: seconds an exchange or a claim may wait before the
+    run ends with an error naming the partner. ``seed``: the partner choice's generator."""
+
+    def __init__(
+        self,
+        sync_every: int = 1,
+        average: str = "params",
+        timeout: float = 120.0,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(sync_every, average, timeout, **kwargs)
+        self.seed = seed
+        self.store = None
+        self.pools = 0
+        self._paused = False
+        self._finished = False
+
+    # -------------------------------------------------------------- set-up
+    def _make_store(self) -> dist.Store:
+        """A key-value store of this run's own (the gossip claims and the work pool's counter):
+        rank 0 serves it on a free port that every rank learns through the process group."""
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        host = self.cluster_environment.main_address
+        if self.global_rank == 0:
+            store = dist.TCPStore(host, 0, None, True, timeout, wait_for_workers=False)
+            port = [store.port]
+        else:
+            port = [None]
+        dist.broadcast_object_list(port, 0)
+        if self.global_rank != 0:
+            store = dist.TCPStore(host, port[0], None, False, timeout)
+        return dist.PrefixStore("gnnpar-lightning", store)
+
+    def _make_sync(self, params):
+        from gnnpar.parallel.gossip import AnyPeer, GossipSync, Pairing
+
+        self.store = self._make_store() if dist.is_initialized() else dist.HashStore()
+        rank, world = self.global_rank, self.world_size
+        rng = random.Random(self.seed * 7919 + rank)
+        pairing = Pairing(self.store, "gossip", AnyPeer(rank, world), rng, self.timeout_s)
+        pairing.open()
+        if dist.is_initialized():
+            dist.barrier()  # every rank's state key exists before anybody claims
+        return GossipSync(pairing, params, self.average, self.sync_every, self.timeout_s)
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        self._paused = self._finished = False
+        # Lightning broadcasts a SIGTERM flag from rank 0 before every training batch, which
+        # would hold every rank to rank 0's pace and hang ranks that run different numbers of
+        # steps (the work pool's point). Gossip ranks are never in step: each rank handles its
+        # own SIGTERM instead (Lightning still checks it on every rank).
+        loop = trainer.fit_loop.epoch_loop
+        if hasattr(loop, "_broadcast_sigterm_tensor"):
+            loop._broadcast_sigterm_tensor = _own_sigterm(trainer)
+
+    def work_pool(self, size: int, epochs: int, seed: int, start_epoch: int = 0):
+        """gnnpar's shared work pool of ``size`` items per epoch (each once per epoch, to
+        whichever rank takes it). A run resumed at ``start_epoch`` starts the pool there. Every
+        rank calls this, in the same order (the data module's ``train_dataloader``)."""
+        from gnnpar.parallel.gossip import WorkPool
+
+        if self.store is None:
+            raise RuntimeError("GossipStrategy.work_pool() before the strategy's setup()")
+        self.pools += 1
+        pool = WorkPool(self.store, f"pool/{self.pools}", size, epochs, seed)
+        if start_epoch and self.global_rank == 0:
+            pool.restore(start_epoch * size)
+        if dist.is_initialized():
+            dist.barrier()
+        return pool
+
+    # -------------------------------------------------------------- out of step
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        if self.sync is None or self._finished:
+            return
+        if self._paused:
+            self.sync.unpause()
+            self._paused = False
+        if batch_idx == 0:
+            self.sync.start_epoch()
+
+    def _quiesce(self) -> None:
+        """Finish our pick and serve the claims on us before a collective (gnnpar's pause)."""
+        if self.sync is not None and not self._paused and not self._finished:
+            self.sync.pause()
+            self._paused = True
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        self._quiesce()
+        super().barrier(*args, **kwargs)
+
+    def broadcast(self, obj, src: int = 0):
+        self._quiesce()
+        return super().broadcast(obj, src)
+
+    def reduce(self, tensor, group=None, reduce_op="mean"):
+        self._quiesce()
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def all_gather(self, tensor, group=None, sync_grads: bool = False):
+        self._quiesce()
+        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        self._quiesce()
+        return super().reduce_boolean_decision(decision, all=all)
+
+    def on_train_end(self) -> None:
+        """The study's clean-up: finish our pick, serve the claims left, wait for every rank."""
+        if self.sync is not None and not self._finished:
+            self._paused = False
+            self.sync.finish()
+            self._finished = True
+        super().on_train_end()
+
+    @property
+    def exchange_log(self) -> list:
+        return [] if self.sync is None else self.sync.log
+
+
+def _own_sigterm(trainer):
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    def check() -> None:
+        if getattr(trainer, "received_sigterm", False):
+            raise SIGTERMException()
+
+    return check
