@@ -37,7 +37,9 @@ def eval_batches(idx: torch.Tensor, rank: int, world: int, batch_size: int) -> l
 class EvalBatches(SampledBatches):
     """Fixed seed batches (one split's, this rank's share), the same every epoch."""
 
-    def __init__(self, path: str, seeds: list[torch.Tensor], fanouts, seed: int, tag: int, rank: int):
+    def __init__(
+        self, path: str, seeds: list[torch.Tensor], fanouts, seed: int, tag: int, rank: int
+    ):
         super().__init__(path, torch.empty(0, dtype=torch.long), fanouts, 1, rank, 1, seed, 1)
         self.seed_batches, self.tag = seeds, tag
 
@@ -54,7 +56,9 @@ class PoolBatches(SampledBatches):
     """Batch ``epoch * size + j``: the j-th ``batch_size`` slice of the epoch's seeded shuffle of
     every training node (the gossip work pool's items: each node once per epoch)."""
 
-    def __init__(self, path: str, train_idx: torch.Tensor, fanouts, batch_size: int, seed: int, size: int):
+    def __init__(
+        self, path: str, train_idx: torch.Tensor, fanouts, batch_size: int, seed: int, size: int
+    ):
         super().__init__(path, train_idx, fanouts, batch_size, 0, 1, seed, size)
 
     def __getitem__(self, i: int):

@@ -68,7 +68,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import gnnpar
@@ -235,6 +235,9 @@ class GraphLoader(DataLoader):
     """A DataLoader whose items become PyG ``Data`` batches in the training process."""
 
     def __init__(self, dataset, sampler, convert: Callable[[Any], Any], **kwargs: Any) -> None:
+        # the iterator's base seed from a generator of its own: a new epoch's iterator leaves
+        # the global generator (the model's dropout masks) as it was
+        kwargs.setdefault("generator", torch.Generator().manual_seed(0))
         super().__init__(dataset, batch_size=None, sampler=sampler, **kwargs)
         self.convert = convert
         self.yielded = 0  # batches of the current epoch handed out
@@ -435,9 +438,7 @@ class GraphDataModule(pl.LightningDataModule):
             return self._pool_loader(strategy, ranks)
         s, r = self.cfg.strategy, self.cfg.run
         if self.sampled:
-            from gnnpar.data.sampling.loader import shard_plan
-
-            from gnnpar.data.sampling.loader import SampledBatches
+            from gnnpar.data.sampling.loader import SampledBatches, shard_plan
 
             train_idx = self.split_index("train")
             if train_idx.numel() < ranks.world_size:
@@ -502,7 +503,9 @@ class GraphDataModule(pl.LightningDataModule):
             dataset = PartBatches(self._parts, lambda e, j: parts[j], size, "train")
             kwargs, convert = {}, _identity
         pool = strategy.work_pool(size, epochs, r.seed, start_epoch=self.trainer.current_epoch)
-        return GraphLoader(dataset, PoolSampler(pool, ranks.rank, ranks.world_size), convert, **kwargs)
+        return GraphLoader(
+            dataset, PoolSampler(pool, ranks.rank, ranks.world_size), convert, **kwargs
+        )
 
     def _eval_loader(self, split: str) -> GraphLoader:
         ranks = self._need_setup()

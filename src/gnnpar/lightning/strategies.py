@@ -45,7 +45,9 @@ from gnnpar.config.schema import AVERAGE_MODES
 
 def _check(sync_every: int, average: str, timeout: float) -> None:
     if not isinstance(sync_every, int) or sync_every < 1:
-        raise UsageError(f"sync_every must be at least 1 (average every K steps), got {sync_every}.")
+        raise UsageError(
+            f"sync_every must be at least 1 (average every K steps), got {sync_every}."
+        )
     if average not in AVERAGE_MODES:
         raise UsageError(f"Unknown average '{average}'. Choose one of: {', '.join(AVERAGE_MODES)}.")
     if not 0 < timeout <= 7 * 24 * 3600:
