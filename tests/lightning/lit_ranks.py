@@ -19,8 +19,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lit_ranks_config import DATA, config
 
-from gnnpar.config.validate import build_config
 from gnnpar.lightning import (
     GossipStrategy,
     GraphDataModule,
@@ -32,25 +32,6 @@ from gnnpar.models import build_model
 from gnnpar.training.losses import seed_loss
 from gnnpar.training.optim import build_optimizer
 from gnnpar.training.seeding import seed_everything
-
-# `gnnpar train` flags of the runs compared with these (tests/lightning/test_lightning_ranks.py)
-FLAGS = {
-    "dataset": "cora",
-    "model": "sage",
-    "strategy": "sampled",
-    "workers": 2,
-    "layers": 2,
-    "hidden": 16,
-    "fanouts": "5,5",
-    "batch_size": 16,
-    "epochs": 2,
-    "seed": 0,
-}
-DATA = {"batch_size": 16, "fanouts": [5, 5], "seed": 0}
-
-
-def config(dropout: float):
-    return build_config(None, {**FLAGS, "dropout": dropout})
 
 
 class GnnparSage(pl.LightningModule):

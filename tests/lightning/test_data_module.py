@@ -1,0 +1,168 @@
+"""GraphDataModule in one process (quick lane): settings through gnnpar's config, batches as
+PyG's NeighborLoader gives them, every seed once per epoch, resuming mid-epoch, Cluster-GCN
+batches; and ``import gnnpar.lightning`` without Lightning installed."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from gnnpar import UsageError
+
+pytest.importorskip("lightning", reason="gnnpar.lightning needs the lightning extra")
+
+from gnnpar.lightning import GraphDataModule  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cora():
+    dm = GraphDataModule(dataset="cora", batch_size=32, fanouts=[4, 3], seed=3)
+    dm.setup()
+    return dm
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"bach_size": 3}, "Unknown setting 'bach_size' in GraphDataModule(...)"),
+        ({"lr": 0.1}, "'lr' is a setting of `gnnpar train` that does not choose the data"),
+        ({"partitions": 4, "fanouts": [3]}, "partitions=4 gives Cluster-GCN batches"),
+        ({"batch_size": 0}, "--batch-size must be at least 1, got 0."),
+        ({"fanouts": "3,x"}, "fanouts"),
+        ({"scale": 0.5}, "--scale"),  # read by synthetic-* datasets only (gnnpar's own message)
+    ],
+)
+def test_settings_are_checked_as_gnnpar_train_checks_them(settings, message):
+    with pytest.raises(UsageError) as err:
+        GraphDataModule(dataset="cora", **settings)
+    assert message in str(err.value)
+
+
+def test_a_dataset_gnnpar_cannot_read_is_its_usage_error():
+    with pytest.raises(UsageError, match="Unknown --dataset .no-such-graph."):
+        GraphDataModule(dataset="no-such-graph")
+    with pytest.raises(UsageError, match="holds images"):
+        GraphDataModule(dataset="synthetic-cifar10")
+
+
+def test_sizes_and_batches_as_neighbor_loader_gives_them(cora):
+    ds = cora.ds
+    assert (cora.num_features, cora.num_classes) == (1433, 7)
+    batch = next(iter(cora.train_dataloader()))
+    bs = batch.batch_size
+    assert bs == 32 and batch.n_id.unique().numel() == batch.n_id.numel()
+    assert torch.equal(batch.x, ds.data.x[batch.n_id])
+    assert torch.equal(batch.y, ds.data.y[batch.n_id])  # every node's label, seeds first
+    assert bool(ds.data.train_mask[batch.n_id[:bs]].all())
+    assert int(batch.edge_index.max()) < batch.n_id.numel()
+    assert batch.num_sampled_nodes[0] == bs and sum(batch.num_sampled_nodes) == batch.num_nodes
+    # every sampled edge is an edge of the graph, source -> target
+    edges = set(map(tuple, ds.data.edge_index.t().tolist()))
+    src, dst = batch.n_id[batch.edge_index]
+    assert all((int(s), int(d)) in edges for s, d in zip(src, dst))
+    # in-degree at most the fan-out for the seeds
+    seeds_in = torch.bincount(batch.edge_index[1], minlength=batch.n_id.numel())[:bs]
+    assert int(seeds_in.max()) <= 4
+
+
+def test_every_seed_once_per_epoch_and_a_seeded_reshuffle(cora):
+    loader = cora.train_dataloader()
+    train = set(cora.split_index("train").tolist())
+    epochs = []
+    for epoch in (0, 1, 0):
+        loader.sampler.set_epoch(epoch)
+        seeds = torch.cat([b.n_id[: b.batch_size] for b in loader])
+        assert sorted(seeds.tolist()) == sorted(train)
+        epochs.append(seeds)
+    assert not torch.equal(epochs[0], epochs[1])
+    assert torch.equal(epochs[0], epochs[2])  # the same epoch, the same batches
+
+
+def test_resume_mid_epoch_yields_the_rest_of_the_epoch(cora):
+    loader = cora.train_dataloader()
+    loader.sampler.set_epoch(1)
+    whole = [b.n_id for b in loader]
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["done"]) == (1, 2)
+    fresh = cora.train_dataloader()
+    fresh.load_state_dict(state)
+    rest = [b.n_id for b in fresh]
+    assert len(rest) == len(whole) - 2 and len(fresh) == len(whole)
+    assert all(torch.equal(a, b) for a, b in zip(whole[2:], rest))
+    wrong = dict(state, world_size=4)
+    with pytest.raises(UsageError, match="4 ranks"):
+        cora.train_dataloader().load_state_dict(wrong)
+
+
+def test_a_checkpoint_at_an_epoch_end_resumes_at_the_next_epoch(cora):
+    loader = cora.train_dataloader()
+    loader.sampler.set_epoch(0)
+    list(loader)
+    fresh = cora.train_dataloader()
+    fresh.load_state_dict(loader.state_dict())
+    loader.sampler.set_epoch(1)
+    assert all(torch.equal(a.n_id, b.n_id) for a, b in zip(loader, fresh))
+
+
+def test_validation_and_test_loaders_cover_their_split_once(cora):
+    for split, loader in (("val", cora.val_dataloader()), ("test", cora.test_dataloader())):
+        seeds = torch.cat([b.n_id[: b.batch_size] for b in loader])
+        assert sorted(seeds.tolist()) == cora.split_index(split).tolist()
+        again = torch.cat([b.n_id for b in loader])
+        assert torch.equal(again, torch.cat([b.n_id for b in loader]))  # fixed batches
+
+
+def test_eval_batches_are_equal_in_number_on_every_rank():
+    from gnnpar.lightning.batches import eval_batches
+
+    idx = torch.arange(101)
+    shares = [eval_batches(idx, r, 3, 10) for r in range(3)]
+    assert len({len(s) for s in shares}) == 1
+    assert sorted(torch.cat([torch.cat(s) for s in shares]).tolist()) == idx.tolist()
+    assert all(b.numel() > 0 for s in shares for b in s)
+
+
+def test_cluster_gcn_batches_put_the_split_first():
+    dm = GraphDataModule(dataset="cora", partitions=6, seed=1)
+    dm.setup()
+    batches = list(dm.train_dataloader())
+    assert len(batches) == 6  # every subgraph holds training nodes here
+    seen = torch.cat([b.n_id for b in batches])
+    assert sorted(seen.tolist()) == list(range(dm.ds.num_nodes))  # each subgraph once
+    for b in batches:
+        bs = b.batch_size
+        assert bool(b.train_mask[:bs].all()) and not bool(b.train_mask[bs:].any())
+        assert torch.equal(b.x, dm.ds.data.x[b.n_id]) and torch.equal(b.y, dm.ds.data.y[b.n_id])
+    test = list(dm.test_dataloader())
+    assert sum(b.batch_size for b in test) == int(dm.ds.data.test_mask.sum())
+
+
+def test_import_without_lightning_says_how_to_install_it():
+    """Lightning absent (a meta-path finder refuses it): one line naming the extra."""
+
+    class NoLightning:
+        def find_spec(self, name, path=None, target=None):
+            if name == "lightning" or name.startswith("lightning."):
+                raise ModuleNotFoundError(f"No module named '{name}'")
+            return None
+
+    saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "lightning"}
+    saved |= {k: v for k, v in sys.modules.items() if k.startswith("gnnpar.lightning")}
+    for k in saved:
+        del sys.modules[k]
+    blocker = NoLightning()
+    sys.meta_path.insert(0, blocker)
+    try:
+        with pytest.raises(ImportError) as err:
+            importlib.import_module("gnnpar.lightning")
+        message = str(err.value)
+        assert "\n" not in message and 'pip install "gnnpar[lightning]"' in message
+        importlib.import_module("gnnpar.cli")  # gnnpar itself imports
+    finally:
+        sys.meta_path.remove(blocker)
+        sys.modules.update(saved)
