@@ -117,7 +117,8 @@ def data_config(dataset: Any, settings: dict[str, Any]) -> Config:
             f"an OGB folder or 'module:function', got {type(dataset).__name__}."
         )
     cfg, given = Config(), {}
-    apply(cfg, {"dataset": dataset, **settings}, WHERE, given)
+    given_settings = {k: v for k, v in settings.items() if v is not None}  # None: not given
+    apply(cfg, {"dataset": dataset, **given_settings}, WHERE, given)
     other = [k for k in given if k not in DATA_KEYS]
     if other:
         raise UsageError(
@@ -199,7 +200,10 @@ class FixedSampler(EpochSampler):
 class PoolSampler(DistributedSampler):
     """Gossip: the next item of gnnpar's shared work pool (:class:`gnnpar.parallel.gossip.
     WorkPool`) whenever this rank asks, until the pool moves on to the next epoch. An item of a
-    later epoch is kept for that epoch. No length: a rank trains what it takes."""
+    later epoch is kept for that epoch. No length: a rank trains what it takes. A rank holds at
+    most ``loader_workers + 1`` items it has taken but not trained yet (Lightning fetches one
+    batch ahead, each loader worker makes one), which the others wait for at an epoch's end:
+    epochs of many more batches than that keep the pool's balance."""
 
     def __init__(self, pool, rank: int, world_size: int) -> None:
         self.pool, self.rank, self.num_replicas = pool, rank, world_size
@@ -497,6 +501,8 @@ class GraphDataModule(pl.LightningDataModule):
                 self._graph_path, train_idx, s.fanouts, s.batch_size, r.seed, size
             )
             kwargs, convert = _worker_kwargs(s.loader_workers, s.timeout_s), self._convert()
+            if kwargs:  # each worker makes one batch ahead: taken, not yet trained, items
+                kwargs["prefetch_factor"] = 1
         else:
             parts = self._parts_with("train")
             size = len(parts)

@@ -1,0 +1,415 @@
+"""Study 002's GraphSAGE under PyTorch Lightning, the same ``LightningModule`` fed by gnnpar's
+``GraphDataModule`` or by PyG's ``NeighborLoader``, on 1 and 2 ranks; and gnnpar's
+``GossipStrategy`` against Lightning's DDP with rank 1 three times slower.
+
+    python benchmarks/frameworks/lightning_loaders.py                       # the figures
+    python benchmarks/frameworks/lightning_loaders.py --smoke               # a few seconds
+    python benchmarks/frameworks/lightning_loaders.py --peer-path DIR       # where pyg-lib is
+
+What is measured, per run (one ``Trainer.fit`` in fresh processes, Lightning's DDP on CPU with
+gloo, ``torch.set_num_threads(cores // ranks)``):
+
+* ``data_wait_s``: the seconds the training loop waits for batches, summed over an epoch, from
+  the end of one step (``on_train_batch_end``) to the start of the next (``on_train_batch_start``:
+  Lightning has fetched the batch), the slowest rank's;
+* ``epoch_s``: an epoch end to end (``on_train_epoch_start`` to ``on_train_epoch_end``), the
+  slowest rank's. The first epoch (workers starting, caches warming) is reported apart; the
+  figures are medians over the later epochs and the repetitions, sides alternating.
+
+The sides (each as its own Lightning example writes it; the model, optimiser and loss are the
+same code): gnnpar, ``GraphDataModule(dataset, batch_size=1024, fanouts=[25, 10, 10],
+loader_workers=W)``; PyG, ``NeighborLoader(data, input_nodes=train_idx, num_neighbors=[25, 10,
+10], batch_size=1024, shuffle=True, num_workers=W, persistent_workers=W > 0)`` in a
+``LightningDataModule`` (Lightning gives it a ``DistributedSampler`` under DDP), sampling with
+pyg-lib (the anchors' wheels, /work/shared/anchors; never a dependency of gnnpar: ``--peer-path``
+is a folder they are installed in, e.g. ``pip install --no-deps --target DIR wheels/*.whl``, put
+on that side's ``PYTHONPATH`` only; the side is skipped with a message where pyg-lib is missing).
+DGL is not measured here: its environment has torch 2.2.1, for which neither Lightning's nor
+gnnpar's current releases are built.
+
+Straggler: ``Trainer(strategy="ddp")`` and ``GossipStrategy(sync_every=1)`` on gnnpar's data
+module (batches of ``--straggler-batch`` seeds: an epoch of many batches, which gossip's work
+pool shares out by speed), ``Slowdown({1: 3})`` on both; ``train_s`` is the whole fit's training time (the
+slowest rank's summed epochs) and ``test_acc`` the final model's accuracy on the test nodes
+(each rank its share; gossip: each rank's own model, averaged by ``sync_dist``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[2]
+FANOUTS = [25, 10, 10]
+BATCH = 1024
+
+
+# ------------------------------------------------------------------------------ one side
+def side_main(args: argparse.Namespace) -> None:
+    """One Trainer.fit (Lightning starts rank 1 by running this again with the same argv)."""
+    import lightning.pytorch as pl
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch_geometric.nn import SAGEConv
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
+
+    class SAGE(pl.LightningModule):
+        """Study 002's GraphSAGE: 3 x 256, mean, dropout 0.5; Adam 5e-3, weight decay 5e-4."""
+
+        def __init__(self, in_dim: int, num_classes: int, hidden: int = 256) -> None:
+            super().__init__()
+            dims = [in_dim, hidden, hidden, num_classes]
+            self.convs = torch.nn.ModuleList(
+                SAGEConv(a, b, aggr="mean") for a, b in zip(dims, dims[1:])
+            )
+
+        def forward(self, x, edge_index):
+            for i, conv in enumerate(self.convs):
+                x = conv(x, edge_index)
+                if i < len(self.convs) - 1:
+                    x = F.dropout(F.relu(x), 0.5, self.training)
+            return x
+
+        def training_step(self, batch, batch_idx):
+            out = self(batch.x, batch.edge_index)[: batch.batch_size]
+            return F.cross_entropy(out, batch.y[: batch.batch_size])
+
+        def test_step(self, batch, batch_idx):
+            out = self(batch.x, batch.edge_index)[: batch.batch_size]
+            acc = (out.argmax(-1) == batch.y[: batch.batch_size]).float().mean()
+            self.log("test_acc", acc, batch_size=batch.batch_size, sync_dist=True)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=5e-3, weight_decay=5e-4)
+
+    class Times(pl.Callback):
+        def __init__(self) -> None:
+            self.epochs: list[dict] = []
+            self.t_last = self.t_epoch = 0.0
+            self.wait = 0.0
+            self.steps = 0
+
+        def on_train_epoch_start(self, trainer, pl_module) -> None:
+            self.t_epoch = self.t_last = time.perf_counter()
+            self.wait, self.steps = 0.0, 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.wait += time.perf_counter() - self.t_last
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.t_last = time.perf_counter()
+            self.steps += 1
+
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            now = time.perf_counter()
+            self.epochs.append(
+                {"epoch_s": now - self.t_epoch, "data_wait_s": self.wait, "steps": self.steps}
+            )
+
+    if args.side == "gnnpar":
+        from gnnpar.lightning import GossipStrategy, GraphDataModule, Slowdown
+
+        dm = GraphDataModule(
+            dataset=args.dataset,
+            scale=args.scale if args.dataset.startswith("synthetic-") else None,
+            batch_size=args.batch_size,
+            fanouts=FANOUTS,
+            loader_workers=args.workers,
+            seed=0,
+        )
+        in_dim, classes = dm.num_features, dm.num_classes
+    else:
+        from torch_geometric.data import Data
+        from torch_geometric.loader import NeighborLoader
+
+        graph = torch.load(args.graph, weights_only=True)
+        data = Data(x=graph["x"], edge_index=graph["edge_index"], y=graph["y"])
+        in_dim, classes = data.num_features, int(graph["num_classes"])
+        kw = {"num_workers": args.workers, "persistent_workers": args.workers > 0}
+
+        class PyGData(pl.LightningDataModule):
+            def train_dataloader(self):
+                return NeighborLoader(
+                    data,
+                    input_nodes=graph["train_idx"],
+                    num_neighbors=FANOUTS,
+                    batch_size=args.batch_size,
+                    shuffle=True,
+                    **kw,
+                )
+
+            def test_dataloader(self):
+                return NeighborLoader(
+                    data,
+                    input_nodes=graph["test_idx"],
+                    num_neighbors=FANOUTS,
+                    batch_size=args.batch_size,
+                    **kw,
+                )
+
+        dm = PyGData()
+
+    times = Times()
+    callbacks = [times]
+    if args.slowdown:
+        from gnnpar.lightning import Slowdown
+
+        callbacks.append(Slowdown(args.slowdown))
+    if args.strategy == "gossip":
+        strategy = GossipStrategy(sync_every=1)
+    else:
+        strategy = "ddp" if args.ranks > 1 else "auto"
+    pl.seed_everything(0, verbose=False)
+    model = SAGE(in_dim, classes)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=args.ranks,
+        strategy=strategy,
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, datamodule=dm)
+    acc = None
+    if args.test:
+        trainer.test(model, datamodule=dm, verbose=False)
+        acc = float(trainer.callback_metrics["test_acc"])
+    ranks = [times.epochs]
+    if dist.is_initialized():
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, times.epochs)
+    if trainer.global_rank == 0:
+        epochs = [
+            {k: max(r[e][k] for r in ranks) for k in ("epoch_s", "data_wait_s")}
+            | {"steps": [r[e]["steps"] for r in ranks]}
+            for e in range(min(len(r) for r in ranks))
+        ]
+        Path(args.result).write_text(json.dumps({"epochs": epochs, "test_acc": acc}))
+
+
+# ------------------------------------------------------------------------------ the driver
+def run_side(args, side: str, ranks: int, graph: Path, folder: Path, **extra) -> dict | None:
+    result = folder / f"{side}-{ranks}-{time.monotonic_ns()}.json"
+    cmd = [
+        sys.executable,
+        str(HERE),
+        "--side",
+        side,
+        "--ranks",
+        str(ranks),
+        "--graph",
+        str(graph),
+        "--result",
+        str(result),
+        "--dataset",
+        args.dataset,
+        "--scale",
+        str(args.scale),
+        "--epochs",
+        str(args.epochs),
+        "--workers",
+        str(args.workers),
+    ]
+    if "batch_size" not in extra:
+        extra["batch_size"] = args.batch_size
+    for key, value in extra.items():
+        flag = f"--{key.replace('_', '-')}"
+        cmd += [flag] if value is True else [flag, str(value)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if side == "pyg":
+        env["PYTHONPATH"] = os.pathsep.join([args.peer_path, str(ROOT / "src")])
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=str(folder), timeout=3000
+    )
+    if proc.returncode != 0:
+        sys.exit(f"{side} x{ranks} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(result.read_text())
+
+
+def peer_ready(path: str) -> bool:
+    env = {**os.environ, "PYTHONPATH": path}
+    check = "import torch_geometric.typing as t; assert t.WITH_PYG_LIB"
+    return (
+        subprocess.run([sys.executable, "-c", check], env=env, capture_output=True).returncode == 0
+    )
+
+
+def save_graph(args, folder: Path) -> Path:
+    """The graph gnnpar loads, saved for the PyG side (the same tensors on both sides)."""
+    import torch
+
+    from gnnpar.data.datasets import load_dataset
+
+    ds = load_dataset(args.dataset, os.environ.get("GNNPAR_DATA") or _root(), args.scale, 0)
+    d = ds.data
+    path = folder / "graph.pt"
+    torch.save(
+        {
+            "x": d.x,
+            "edge_index": d.edge_index,
+            "y": d.y,
+            "train_idx": d.train_mask.nonzero().view(-1),
+            "test_idx": d.test_mask.nonzero().view(-1),
+            "num_classes": ds.num_classes,
+        },
+        path,
+    )
+    print(
+        f"graph: {args.dataset} scale {args.scale}: {ds.num_nodes:,} nodes, "
+        f"{d.edge_index.size(1):,} edges, {int(d.train_mask.sum()):,} training nodes"
+    )
+    return path
+
+
+def _root() -> str:
+    from gnnpar.config.parse import default_data_root
+
+    return str(default_data_root())
+
+
+def later(runs: list[dict], key: str) -> float:
+    """Median of ``key`` over every epoch but the first, over the repetitions."""
+    xs = [e[key] for r in runs for e in r["epochs"][1:]] or [
+        e[key] for r in runs for e in r["epochs"]
+    ]
+    return statistics.median(xs)
+
+
+def driver(args: argparse.Namespace) -> None:
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="gnnpar-lightning-bench-"))
+    graph = save_graph(args, folder)
+    sides = ["gnnpar"]
+    if peer_ready(args.peer_path):
+        sides.append("pyg")
+    else:
+        print(f"pyg side skipped: pyg-lib not importable from --peer-path {args.peer_path!r}")
+    rank_counts = [1] if args.smoke else [1, 2]
+    loaders: dict[str, dict] = {}
+    for ranks in rank_counts:
+        runs: dict[str, list] = {s: [] for s in sides}
+        for rep in range(args.reps):
+            for side in sides if rep % 2 == 0 else sides[::-1]:
+                runs[side].append(run_side(args, side, ranks, graph, folder))
+        for side in sides:
+            loaders[f"{side} x{ranks}"] = {
+                "data_wait_s": later(runs[side], "data_wait_s"),
+                "epoch_s": later(runs[side], "epoch_s"),
+                "first_epoch_s": statistics.median(r["epochs"][0]["epoch_s"] for r in runs[side]),
+                "runs": runs[side],
+            }
+            print(
+                f"{side} x{ranks}: wait {loaders[f'{side} x{ranks}']['data_wait_s']:.3f} s, "
+                f"epoch {loaders[f'{side} x{ranks}']['epoch_s']:.3f} s"
+            )
+    straggler: dict[str, dict] = {}
+    if not args.smoke:
+        kinds = ["ddp", "gossip"]
+        runs = {k: [] for k in kinds}
+        for rep in range(args.reps):
+            for kind in kinds if rep % 2 == 0 else kinds[::-1]:
+                runs[kind].append(
+                    run_side(
+                        args,
+                        "gnnpar",
+                        2,
+                        graph,
+                        folder,
+                        strategy=kind,
+                        slowdown="1=3",
+                        test=True,
+                        batch_size=args.straggler_batch,
+                    )
+                )
+        for kind in kinds:
+            train = [sum(e["epoch_s"] for e in r["epochs"]) for r in runs[kind]]
+            straggler[kind] = {
+                "train_s": statistics.median(train),
+                "test_acc": statistics.median(r["test_acc"] for r in runs[kind]),
+                "runs": runs[kind],
+            }
+            print(
+                f"{kind} with rank 1 at 3x: train {straggler[kind]['train_s']:.2f} s, "
+                f"test acc {straggler[kind]['test_acc']:.4f}"
+            )
+    record = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "python": platform.python_version(),
+        "settings": vars(args),
+        "loaders": loaders,
+        "straggler": straggler,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.out}")
+
+
+def _cpu() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if "Model name" in line
+        )
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--smoke", action="store_true", help="Cora, 1 rank, 2 short epochs, 1 repetition"
+    )
+    p.add_argument("--dataset", default="synthetic-reddit")
+    p.add_argument("--scale", type=float, default=0.02)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--workers", type=int, default=1, help="loader workers per rank, both sides")
+    p.add_argument("--batch-size", type=int, default=BATCH, help="seed nodes per batch (study 002)")
+    p.add_argument(
+        "--straggler-batch",
+        type=int,
+        default=128,
+        help="batch of the straggler runs: an epoch of many batches, for the work pool to share",
+    )
+    p.add_argument("--peer-path", default="/tmp/pygpeer", help="folder holding pyg-lib (PyG side)")
+    p.add_argument("--out", default=None, help="JSON record (default: none)")
+    # one side (internal)
+    p.add_argument("--side", choices=("gnnpar", "pyg"))
+    p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--graph")
+    p.add_argument("--result")
+    p.add_argument("--strategy", choices=("ddp", "gossip"), default="ddp")
+    p.add_argument("--slowdown", default="")
+    p.add_argument("--test", action="store_true")
+    args = p.parse_args()
+    if args.side:
+        side_main(args)
+        return
+    if args.smoke:
+        args.dataset, args.scale, args.epochs, args.reps, args.workers = "cora", 1.0, 2, 1, 0
+    driver(args)
+
+
+if __name__ == "__main__":
+    main()
