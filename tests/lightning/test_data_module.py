@@ -166,3 +166,19 @@ def test_import_without_lightning_says_how_to_install_it():
     finally:
         sys.meta_path.remove(blocker)
         sys.modules.update(saved)
+
+
+def test_strategy_and_callback_settings_are_checked():
+    from gnnpar.lightning import GossipStrategy, PeriodicAverageStrategy, Slowdown
+
+    with pytest.raises(UsageError, match="sync_every must be at least 1"):
+        PeriodicAverageStrategy(sync_every=0)
+    with pytest.raises(UsageError, match="Unknown average 'mean'"):
+        GossipStrategy(average="mean")
+    with pytest.raises(UsageError, match="timeout must be positive"):
+        GossipStrategy(timeout=0)
+    with pytest.raises(UsageError, match="factors >= 1"):
+        Slowdown({1: 0.5})
+    assert Slowdown("1=3,2=1.5").slowdown == {1: 3.0, 2: 1.5}
+    s = PeriodicAverageStrategy(sync_every=4, average="params")
+    assert (s.sync_every, s.average, s.timeout_s) == (4, "params", 120.0)
