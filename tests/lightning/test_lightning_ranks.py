@@ -162,6 +162,8 @@ def test_gossip_strategy_pool_gives_every_batch_once_per_epoch(runs):
         assert [s["epoch"] for s in run["steps"]] == [e for e, _ in log[rank]]
         assert run["exchanges"] >= 1
     assert result["per_worker_delay_s"][0] == 0.0 < result["per_worker_delay_s"][1]
+    final0, final1 = load(runs, "gossip", 0)["final"], load(runs, "gossip", 1)["final"]
+    assert all(torch.equal(v, final1[k]) for k, v in final0.items())  # final="average"
     assert result["strategy"] == "gossip" and result["slowdown"] == {"1": 3.0}
     assert result["framework"]["name"] == "lightning"
     # the gossip exchanges pair the two ranks: every exchange is logged on both sides

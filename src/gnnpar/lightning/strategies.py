@@ -126,7 +126,9 @@ class GossipStrategy(_LocalSteps):
     """Gossip averaging with one random free partner every ``sync_every`` steps (gnnpar's
     :mod:`~gnnpar.parallel.gossip`), parameters by default (ranks out of step would let
     averaged gradients drift). ``timeout``: seconds an exchange or a claim may wait before the
-    run ends with an error naming the partner. ``seed``: the partner choice's generator."""
+    run ends with an error naming the partner. ``seed``: the partner choice's generator.
+    ``final``: ``"average"`` (at the end of ``fit`` every rank takes the ranks' average model)
+    or ``"local"`` (each rank keeps its own; Lightning's checkpoints hold rank 0's)."""
 
     def __init__(
         self,
@@ -134,10 +136,13 @@ class GossipStrategy(_LocalSteps):
         average: str = "params",
         timeout: float = 120.0,
         seed: int = 0,
+        final: str = "average",
         **kwargs: Any,
     ) -> None:
         super().__init__(sync_every, average, timeout, **kwargs)
-        self.seed = seed
+        if final not in ("average", "local"):
+            raise UsageError(f"final must be 'average' or 'local', got {final!r}.")
+        self.seed, self.final = seed, final
         self.store = None
         self.pools = 0
         self._paused = False
@@ -236,11 +241,18 @@ class GossipStrategy(_LocalSteps):
         return super().reduce_boolean_decision(decision, all=all)
 
     def on_train_end(self) -> None:
-        """The study's clean-up: finish our pick, serve the claims left, wait for every rank."""
+        """The study's clean-up (finish our pick, serve the claims left, wait for every rank),
+        then, with ``final="average"``, every rank's model becomes the ranks' average (gnnpar's
+        "average" candidate), so that testing and saving see one model."""
         if self.sync is not None and not self._finished:
             self._paused = False
             self.sync.finish()
             self._finished = True
+            if self.final == "average" and dist.is_initialized():
+                from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+                with torch.no_grad():
+                    average_parameters(iter(self.sync.params), dist.group.WORLD)
         super().on_train_end()
 
     @property
