@@ -31,7 +31,10 @@ Straggler: ``Trainer(strategy="ddp")`` and ``GossipStrategy(sync_every=1)`` on g
 module (batches of ``--straggler-batch`` seeds: an epoch of many batches, which gossip's work
 pool shares out by speed), ``Slowdown({1: 3})`` on both; ``train_s`` is the whole fit's training time (the
 slowest rank's summed epochs) and ``test_acc`` the final model's accuracy on the test nodes
-(each rank its share; gossip: each rank's own model, averaged by ``sync_dist``).
+(each rank its share of the test nodes, the scores averaged by ``sync_dist``; gossip's final
+model is the ranks' average). In these runs the straggler's sleep comes after the step's end
+as the timing callback sees it, so their raw ``data_wait_s`` includes it: only ``epoch_s`` (and
+``train_s``, their sum) is read from them.
 """
 
 from __future__ import annotations
@@ -294,6 +297,7 @@ def later(runs: list[dict], key: str) -> float:
 def driver(args: argparse.Namespace) -> None:
     import tempfile
 
+    load_start = os.getloadavg()
     folder = Path(tempfile.mkdtemp(prefix="gnnpar-lightning-bench-"))
     graph = save_graph(args, folder)
     sides = ["gnnpar"]
@@ -353,7 +357,8 @@ def driver(args: argparse.Namespace) -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": _cpu(),
         "cores": os.cpu_count(),
-        "load_before": os.getloadavg(),
+        "load_start": load_start,
+        "load_end": os.getloadavg(),
         "python": platform.python_version(),
         "settings": vars(args),
         "loaders": loaders,
