@@ -382,9 +382,7 @@ def _cpu() -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--smoke", action="store_true", help="Cora, 1 rank, 2 short epochs, 1 repetition"
-    )
+    p.add_argument("--smoke", action="store_true", help="Cora, 1 rank, 1 epoch, 1 repetition")
     p.add_argument("--dataset", default="synthetic-reddit")
     p.add_argument("--scale", type=float, default=0.02)
     p.add_argument("--epochs", type=int, default=3)
@@ -412,7 +410,7 @@ def main() -> None:
         side_main(args)
         return
     if args.smoke:
-        args.dataset, args.scale, args.epochs, args.reps, args.workers = "cora", 1.0, 2, 1, 0
+        args.dataset, args.scale, args.epochs, args.reps, args.workers = "cora", 1.0, 1, 1, 0
     driver(args)
 
 
