@@ -62,6 +62,7 @@ from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
 from gnnpar.data import safe_load
 from gnnpar.models.presets import USER_KINDS, model_kind
+from gnnpar.runtime import resources
 from gnnpar.strategies import registry
 from gnnpar.training.metrics import score_name, summarize
 
@@ -328,8 +329,14 @@ def write_result(result: dict[str, Any], out_dir: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "result.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=False, default=_jsonable))
-    tmp.replace(path)
+    text = json.dumps(result, indent=2, sort_keys=False, default=_jsonable)
+    with resources.writing(path, len(text.encode())):  # a full disk: one message, exit 2
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return path
 
 
@@ -350,13 +357,26 @@ def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary name, fsync, rename: a reader sees the old file or the new."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with resources.writing(path, _tensor_bytes(obj)):  # a full disk: one message, exit 2
+            with open(tmp, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in ``obj`` (dicts, lists, tuples): what torch.save writes,
+    less its few KiB of pickled structure."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def save_model(path: Path, model: nn.Module, cfg, ds, result: dict[str, Any]) -> Path:

@@ -43,14 +43,18 @@ def test_a_vig_batch_that_fits_only_with_recompute_gets_it(monkeypatch, capsys):
     lean = sum(footprint.estimate_bytes(cfg, ds, 1).values())
     cfg.model.recompute = False
     assert without > 40 * footprint.GIB and lean < 8 * footprint.GIB
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: 12 * footprint.GIB)
+    monkeypatch.setattr(
+        footprint, "memory_budget", lambda device: footprint.MemoryBudget(12 * footprint.GIB, None)
+    )
     footprint.check_memory(cfg, ds, 1, torch.device("cpu"))
     assert cfg.model.recompute  # turned on, said in one line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--recompute is on" in err[0] and "12.0 GiB are available" in err[0]
     # enough memory: left as asked
     cfg2 = _vig_cfg(1000)
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: 100 * footprint.GIB)
+    monkeypatch.setattr(
+        footprint, "memory_budget", lambda device: footprint.MemoryBudget(100 * footprint.GIB, None)
+    )
     footprint.check_memory(cfg2, ds, 1, torch.device("cpu"))
     assert not cfg2.model.recompute and capsys.readouterr().err == ""
 
@@ -59,7 +63,9 @@ def test_a_vig_batch_that_fits_in_neither_way_is_refused_with_both_figures(monke
     import torch
 
     cfg, ds = _vig_cfg(1000), _images(1000)
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: 2 * footprint.GIB)
+    monkeypatch.setattr(
+        footprint, "memory_budget", lambda device: footprint.MemoryBudget(2 * footprint.GIB, None)
+    )
     with pytest.raises(UsageError, match=r"needs at least .* Even with --recompute it needs"):
         footprint.check_memory(cfg, ds, 1, torch.device("cpu"))
     assert not cfg.model.recompute

@@ -308,12 +308,16 @@ def test_check_ranks_counts_processes_as_they_are_started(monkeypatch, method):
     monkeypatch.setenv("GNNPAR_START_METHOD", method)
     base, forked = launch_module.RANK_BASELINE_BYTES, launch_module.FORKED_RANK_BYTES
     need = {"forkserver": base + 8 * forked, "spawn": 8 * base}[method]
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: need)
+    monkeypatch.setattr(
+        footprint, "memory_budget", lambda device: footprint.MemoryBudget(need, None)
+    )
     launch_module.check_ranks(8)  # exactly enough
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: need - 1)
+    monkeypatch.setattr(
+        footprint, "memory_budget", lambda device: footprint.MemoryBudget(need - 1, None)
+    )
     with pytest.raises(UsageError, match="--workers 8 starts .* GiB available"):
         launch_module.check_ranks(8)
-    monkeypatch.setattr(footprint, "available_bytes", lambda device: None)  # unknown: no check
+    monkeypatch.setattr(footprint, "memory_budget", lambda device: None)  # unknown: no check
     launch_module.check_ranks(10**6)
 
 

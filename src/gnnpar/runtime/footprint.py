@@ -36,19 +36,21 @@ refuses N whose bare processes alone exceed the available memory (:func:`availab
 Left out, so the real need is higher: layer inputs and messages, attention coefficients,
 sampled neighbourhoods, the dataset itself, and the ~0.3 GiB that Python, torch and PyG take
 per process. A refused run cannot fit; a run that passes may still run out of memory. The
-figure compared against is the kernel's ``MemAvailable`` (/proc/meminfo) or, on a GPU, the free
-device memory; where neither can be read the check is skipped.
+figure compared against is the kernel's ``MemAvailable`` (/proc/meminfo), or the headroom under
+the memory cgroup's limit where that is smaller (a container's, SLURM's ``--mem``:
+:mod:`gnnpar.runtime.resources`; the refusal then names the limit), or, on a GPU, the free
+device memory; where none can be read the check is skipped.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
+from gnnpar.runtime.resources import MemoryBudget, available_memory
 
 FLOAT_BYTES = 4
 GIB = 2**30
@@ -147,18 +149,31 @@ def vig_activation_bytes(images: int, pixels: int, m, recompute: bool) -> int:
     return VIG_STEP_BYTES + knn + inputs + piece_bytes
 
 
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory the run can use: free GPU memory, or the kernel's MemAvailable; None if
-    unknown."""
+def memory_budget(device: torch.device) -> MemoryBudget | None:
+    """What the run may still allocate on ``device``, and where the figure comes from: free GPU
+    memory; on the host the smaller of the kernel's MemAvailable and the memory cgroup's
+    headroom (:func:`gnnpar.runtime.resources.available_memory`: a container's or SLURM's
+    limit, v1 or v2); None if unknown."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return MemoryBudget(int(torch.cuda.mem_get_info(device)[0]), None)
+    return available_memory()
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory the run can use (:func:`memory_budget`), in bytes; None if unknown. The one
+    figure every footprint check, cache size and prediction of the run's memory reads."""
+    budget = memory_budget(device)
+    return None if budget is None else budget.free
+
+
+def where_available(budget: MemoryBudget, device: torch.device) -> str:
+    """Words for what a refused run was compared against: ``this GPU has 3.1 GiB available``,
+    ``this machine has 20.1 GiB available`` or ``the memory cgroup's limit of 3.0 GiB leaves
+    2.7 GiB available``."""
+    if budget.limit is not None:
+        return f"{budget.limit.words()} leaves {budget.free / GIB:.1f} GiB available"
+    where = "this GPU" if device.type == "cuda" else "this machine"
+    return f"{where} has {budget.free / GIB:.1f} GiB available"
 
 
 def check_memory(
@@ -167,9 +182,10 @@ def check_memory(
     """UsageError when the estimate of :func:`estimate_bytes` exceeds the free memory. A ViG run
     that would fit only with ``--recompute`` gets it (``cfg.model.recompute`` set; one line on
     stderr where ``announce``)."""
-    free = available_bytes(device)
-    if free is None:
+    budget = memory_budget(device)
+    if budget is None:
         return
+    free = budget.free
     stages = cfg.strategy.stages if cfg.strategy.name in ("pipeline", "hybrid") else 1
     replicas = 1 if device.type == "cuda" else max(1, local_world // stages)
     need = estimate_bytes(cfg, ds, replicas)
@@ -193,14 +209,13 @@ def check_memory(
                     flush=True,
                 )
             return
-    where = "this GPU" if device.type == "cuda" else "this machine"
     copies = f" for {replicas} local ranks" if replicas > 1 else ""
     raise UsageError(
         f"--model {m.name} --hidden {m.hidden} --layers {m.layers}"
         + (f" --heads {m.heads}" if m.name.startswith("gat") else "")
         + f" on '{ds.name}' needs at least {total / GIB:.1f} GiB{copies} (model state "
         f"{need['state'] / GIB:.1f} GiB, activations {need['activations'] / GIB:.1f} GiB), but "
-        f"{where} has {free / GIB:.1f} GiB available. Use a smaller --hidden or --layers"
+        f"{where_available(budget, device)}. Use a smaller --hidden or --layers"
         + (", more --partitions" if cfg.data.partitions else "")
         + (", a smaller --batch-size" if cfg.strategy.name == "sampled" or m.name == "vig" else "")
         + (" or fewer --workers." if replicas > 1 else ".")

@@ -42,6 +42,7 @@ from typing import Any
 
 import gnnpar
 from gnnpar import RankFailedError, UsageError
+from gnnpar.runtime import resources
 
 _USAGE_PREFIX = "UsageError: "
 _COLLECTIVE_PREFIX = "CollectiveFailedError: "  # dist.CollectiveFailedError, as @record writes it
@@ -158,7 +159,8 @@ def check_ranks(nprocs: int) -> None:
 
     from gnnpar.runtime import footprint
 
-    free = footprint.available_bytes(torch.device("cpu"))
+    budget = footprint.memory_budget(torch.device("cpu"))
+    free = None if budget is None else budget.free
     if start_method() == "forkserver":
         need = RANK_BASELINE_BYTES + nprocs * FORKED_RANK_BYTES
         what = (
@@ -173,8 +175,9 @@ def check_ranks(nprocs: int) -> None:
         )
     if free is not None and need > free:
         raise UsageError(
-            f"--workers {nprocs} starts {what}, but this machine has {free / GIB:.1f} GiB "
-            "available. Use fewer --workers, or torchrun across several machines."
+            f"--workers {nprocs} starts {what}, but "
+            f"{footprint.where_available(budget, torch.device('cpu'))}. Use fewer --workers, "
+            "or torchrun across several machines."
         )
 
 
@@ -382,6 +385,7 @@ def launch(
     for lg in loggers:  # the agent's records of a failed rank and of a restart, told in one line
         lg.addHandler(notes)
     entry, entry_args = fn, (*args, log_dir)
+    oom_before = resources.oom_kills()  # a rank killed by SIGKILL: was it the OOM killer?
     try:
         # several ranks share this host's cores: their idle OpenMP threads sleep at once
         with _ranks_ignore_ctrl_c(nprocs), gnnpar.ranks_sleep_at_once():
@@ -390,6 +394,9 @@ def launch(
                 _start_fork_server(",".join((fn.__module__, *warm)))
             outputs = elastic_launch(launch_cfg, entry)(*entry_args)
     except ChildFailedError as e:
+        oom = _killed_for_memory(e, oom_before)
+        if oom is not None:
+            raise oom from None
         error = _describe(e, log_dir)
         keep_logs = log_dir in str(error)  # "Traceback: <log_dir>/rank1.traceback.txt"
         raise error from None
@@ -552,6 +559,28 @@ def _spawned_children() -> list[int]:
         elif b"resource_tracker" not in cmdline:
             pids.append(pid)
     return pids
+
+
+def _killed_for_memory(e: Any, before: dict) -> Exception | None:
+    """A :class:`~gnnpar.UsageError` (exit 2) naming the rank that the kernel's OOM
+    killer killed (SIGKILL, while its count of kills in this process's memory cgroups, or the
+    machine's, went up since ``before``: :func:`gnnpar.runtime.resources.oom_kills`) and the
+    limit it enforced; None when no rank died of SIGKILL or the OOM killer killed nobody."""
+    killed = sorted(
+        (f.timestamp, rank)
+        for rank, f in e.failures.items()
+        if getattr(f, "exitcode", None) == -signal.SIGKILL
+    )
+    if not killed:
+        return None
+    words = resources.killed_by_memory_limit(before, resources.oom_kills())
+    if words is None:
+        return None
+    rank = killed[0][1]
+    return UsageError(
+        f"rank {rank} was killed by {words}: it needed more memory than that. Use a smaller "
+        "--batch-size or --hidden, fewer --workers, or run where the limit is higher."
+    )
 
 
 def _error_files(log_dir: str) -> dict[int, tuple[int, Any]]:

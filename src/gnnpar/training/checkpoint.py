@@ -70,6 +70,7 @@ from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data import safe_load
 from gnnpar.parallel.collectives import barrier, gather_to_all
+from gnnpar.runtime import resources
 from gnnpar.runtime.heartbeat import local_address, machine_id
 
 KEEP = 2
@@ -467,12 +468,21 @@ def _sha256(data: bytes) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temporary file, fsynced, then renamed. A disk without room
+    for it ends in one message naming the path and the bytes needed and free (exit 2), with
+    the temporary file removed: the checkpoints written before stay as they were."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with resources.writing(path, len(data)):
+        resources.check_space(path.parent, len(data))
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gnnpar import UsageError
+from gnnpar.runtime import resources
 from gnnpar.training.metrics import peak_memory
 
 
@@ -149,13 +151,20 @@ class MetricsLog:
 
     def __exit__(self, *exc: object) -> None:
         if self.file is not None:
-            self.file.close()
+            try:
+                with resources.writing(self.path):  # the last buffered line, on a full disk
+                    self.file.close()
+            except UsageError:
+                if exc[0] is None:  # else the error already on its way explains the run
+                    raise
         if self.tb is not None:
             self.tb.close()
 
     def write(self, record: dict) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
+            line = json.dumps(record) + "\n"
+            with resources.writing(self.path, len(line)):  # a full disk: one message, exit 2
+                self.file.write(line)
 
     def step(self, epoch: int, step: int, loss: float | None, seconds: float) -> None:
         self.write({"event": "step", "epoch": epoch, "step": step, "loss": loss, "time_s": seconds})
