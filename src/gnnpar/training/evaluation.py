@@ -8,9 +8,14 @@ for the first one.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch_geometric.nn import GCNConv, MessagePassing
@@ -48,8 +53,12 @@ def graph_logits(
     edge_index: torch.Tensor,
     limit: int = MESSAGE_BYTES_LIMIT,
     cache: EvalGraphCache | None = None,
+    targets: torch.Tensor | None = None,
+    budget: int | None = None,
+    spill_dir: str | os.PathLike | None = None,
 ) -> torch.Tensor:
-    """The model's output for every node of a whole graph, exact, in bounded memory.
+    """The model's output for every node of a whole graph (or, where ``targets`` is given, for
+    those nodes, in their order: the rows of the result), exact, in bounded memory.
 
     Small graphs: one plain forward pass. Large graphs, chosen because every node must be
     scored exactly as full-graph inference would (scoring on the Cluster-GCN subgraphs would drop
@@ -64,6 +73,16 @@ def graph_logits(
       depends only on its own features and its incoming edges (attention is normalised over
       them).
 
+    Both large-graph paths run layer by layer (GCN's sparse product apart: one pass of the
+    whole model) and score only ``targets`` at the last layer. A layer's hidden states (N x
+    width floats, 2.2 GB per layer for synthetic-papers100m at scale 0.02 and width 256) are
+    kept in memory while the two of them (a layer's input and output) fit in half of
+    ``budget`` (bytes; default the memory the run may use,
+    :func:`gnnpar.runtime.footprint.available_bytes`: a cgroup's limit where there is one),
+    else in a disk-backed array (numpy memmap) in a temporary folder in ``spill_dir`` (default
+    ``$GNNPAR_SPILL_DIR``, else the system's temporary folder), removed when done. The scores
+    are the same bit for bit on either side (tests/training/test_evaluation_memory.py).
+
     Runs in the caller's precision (the loop's autocast under ``--precision bf16``; ``gnnpar
     predict`` enters the same) and returns fp32 logits. The sparse product path runs in fp32
     even then: CPU has no bfloat16 CSR product, and fp32 there is exact on every device.
@@ -72,8 +91,11 @@ def graph_logits(
     # Widest feature a message can carry (SAGEConv aggregates its input before projecting).
     width = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
     if edge_index.size(1) * width * 4 <= limit or not convs:
-        return model(x, edge_index).float()
+        out = model(x, edge_index).float()
+        return out if targets is None else out[targets]
     n = x.size(0)
+    rows = _rowwise(model)
+    store = HiddenStore(n, width, budget, spill_dir)
     fused = all(
         type(c).message_and_aggregate is not MessagePassing.message_and_aggregate for c in convs
     )
@@ -82,7 +104,7 @@ def graph_logits(
         # the caller's graph (before any edit below) identifies the adjacency for the cache
         cache_key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version, n, gcn)
         if cache is not None and cache.key == cache_key:
-            return _fp32(model, x, cache.adj_t)
+            return _fused(model, x, cache.adj_t, targets, rows, store)
         if gcn:
             # GCNConv adds self-loops to a sparse adjacency unconditionally but only the missing
             # ones to an edge_index; dropping existing ones first makes the two agree.
@@ -98,9 +120,29 @@ def graph_logits(
             del key, counts
             if cache is not None:
                 cache.key, cache.adj_t = cache_key, adj_t
-            return _fp32(model, x, adj_t)  # row = destination: PyG's transposed adjacency
+            return _fused(model, x, adj_t, targets, rows, store)  # row = destination (PyG's)
         del key, counts
-    return _layerwise_chunked(model, x, edge_index, max(1, limit // (width * 4))).float()
+    with store:
+        return _layerwise_chunked(
+            model, x, edge_index, max(1, limit // (width * 4)), targets, store
+        ).float()
+
+
+def _fused(
+    model: nn.Module,
+    x: torch.Tensor,
+    adj_t: torch.Tensor,
+    targets: torch.Tensor | None,
+    rows: bool,
+    store: HiddenStore,
+) -> torch.Tensor:
+    """The sparse-product path: layer by layer on row blocks of ``adj_t`` where every block
+    takes a bipartite input (:func:`_rowwise`), else the whole model at once."""
+    if not rows:
+        out = _fp32(model, x, adj_t)
+        return out if targets is None else out[targets]
+    with store, torch.autocast(x.device.type, enabled=False):
+        return _layerwise_rows(model, x, adj_t, targets, store).float()
 
 
 def _fp32(model: nn.Module, x: torch.Tensor, adj_t: torch.Tensor) -> torch.Tensor:
@@ -110,26 +152,195 @@ def _fp32(model: nn.Module, x: torch.Tensor, adj_t: torch.Tensor) -> torch.Tenso
 
 
 def _layerwise_chunked(
-    model: nn.Module, x: torch.Tensor, edge_index: torch.Tensor, edges_per_chunk: int
+    model: nn.Module,
+    x: torch.Tensor,
+    edge_index: torch.Tensor,
+    edges_per_chunk: int,
+    targets: torch.Tensor | None = None,
+    store: HiddenStore | None = None,
 ) -> torch.Tensor:
+    """Each block on chunks of destination nodes with their in-neighbours (a local graph), the
+    chunks' outputs written into the layer's hidden states (``store``: in memory or on disk);
+    the last block for ``targets`` only (every node where None), in their order."""
     n = x.size(0)
+    store = store if store is not None else HiddenStore(n, 1, None, None, in_memory=True)
     dst_sorted, order = torch.sort(edge_index[1], stable=True)
     src_sorted = edge_index[0][order]
+    del order
     ptr = indptr(dst_sorted, n)
-    # Chunk boundaries: consecutive destination ranges holding about edges_per_chunk edges.
-    marks = torch.arange(0, int(ptr[-1]) + 1, edges_per_chunk)
-    bounds = torch.unique(torch.cat([torch.searchsorted(ptr, marks), torch.tensor([0, n])]))
     h = model.stem(x)
-    for block in model.blocks:
-        outs = []
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            src, dst = src_sorted[ptr[a] : ptr[b]], dst_sorted[ptr[a] : ptr[b]]
-            nodes = torch.unique(torch.cat([torch.arange(a, b), src]))  # sorted
+    last = len(model.blocks) - 1
+    for i, block in enumerate(model.blocks):
+        dests = targets if i == last and targets is not None else None
+        out = None
+        for pos, dst_ids in _chunks(ptr, dests, n, edges_per_chunk):
+            starts, ends = ptr[dst_ids], ptr[dst_ids + 1]
+            sel = _ranges(starts, ends)
+            src, dst = src_sorted[sel], dst_sorted[sel]
+            nodes = torch.unique(torch.cat([dst_ids, src]))  # sorted
             local = torch.stack([torch.searchsorted(nodes, src), torch.searchsorted(nodes, dst)])
-            out = block(h[nodes], local)
-            outs.append(out[torch.searchsorted(nodes, torch.arange(a, b))])
-        h = torch.cat(outs)
+            o = block(h[nodes], local)[torch.searchsorted(nodes, dst_ids)]
+            if out is None:
+                rows = n if dests is None else dests.numel()
+                out = store.layer(rows, o.size(1), o.dtype, in_memory=i == last)
+            out[pos : pos + o.size(0)] = o
+        h = store.advance(out)
     return model.head(h)
+
+
+def _layerwise_rows(
+    model: nn.Module,
+    x: torch.Tensor,
+    adj_t: torch.Tensor,
+    targets: torch.Tensor | None,
+    store: HiddenStore,
+) -> torch.Tensor:
+    """Each block ``block((h, h[rows]), adj_t[rows])`` on blocks of destination rows (the same
+    sums, row by row, as the whole model on ``adj_t``); the last block for ``targets`` only."""
+    n = x.size(0)
+    crow, col, val = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
+    h = model.stem(x)
+    last = len(model.blocks) - 1
+    for i, block in enumerate(model.blocks):
+        dests = targets if i == last and targets is not None else None
+        out = None
+        for pos, dst_ids in _chunks(crow, dests, n, ROW_CHUNK_EDGES):
+            sel = _ranges(crow[dst_ids], crow[dst_ids + 1])
+            sub_crow = torch.zeros(dst_ids.numel() + 1, dtype=crow.dtype)
+            torch.cumsum(crow[dst_ids + 1] - crow[dst_ids], 0, out=sub_crow[1:])
+            with warnings.catch_warnings():  # "sparse CSR support is in beta"
+                warnings.simplefilter("ignore", UserWarning)
+                sub = torch.sparse_csr_tensor(
+                    sub_crow, col[sel], val[sel], (dst_ids.numel(), n), check_invariants=False
+                )
+            o = block((h, h[dst_ids]), sub)
+            if out is None:
+                rows = n if dests is None else dests.numel()
+                out = store.layer(rows, o.size(1), o.dtype, in_memory=i == last)
+            out[pos : pos + o.size(0)] = o
+        h = store.advance(out)
+    return model.head(h)
+
+
+# Destination rows per block of the row-wise path: about this many edges (and at most
+# ROW_CHUNK_ROWS rows), so that a block's transients stay ~100 MB at width 256.
+ROW_CHUNK_EDGES = 2_000_000
+ROW_CHUNK_ROWS = 65_536
+
+
+def _chunks(ptr: torch.Tensor, dests: torch.Tensor | None, n: int, edges: int):
+    """(position in the layer's output, destination ids) of consecutive blocks of ``dests``
+    (every node where None) holding about ``edges`` edges and at most ROW_CHUNK_ROWS rows."""
+    if dests is None:
+        marks = torch.arange(0, int(ptr[-1]) + 1, max(1, edges))
+        cuts = torch.searchsorted(ptr, marks)
+        cuts = torch.cat([cuts, torch.arange(0, n, ROW_CHUNK_ROWS), torch.tensor([0, n])])
+        bounds = torch.unique(cuts.clamp(0, n)).tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            yield a, torch.arange(a, b)
+        return
+    deg = ptr[dests + 1] - ptr[dests]
+    ends = torch.cumsum(deg, 0)
+    marks = torch.arange(0, int(ends[-1]) + 1 if ends.numel() else 1, max(1, edges))
+    cuts = torch.searchsorted(ends, marks, right=True)
+    m = dests.numel()
+    cuts = torch.cat([cuts, torch.arange(0, m, ROW_CHUNK_ROWS), torch.tensor([0, m])])
+    bounds = torch.unique(cuts.clamp(0, m)).tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        yield a, dests[a:b]
+
+
+def _ranges(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """The concatenation of ``arange(s, e)`` for each pair, in order."""
+    lengths = ends - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return torch.zeros(0, dtype=torch.long)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    return torch.arange(total) - torch.repeat_interleave(offsets - starts, lengths)
+
+
+def _rowwise(model: nn.Module) -> bool:
+    """Whether every block of ``model`` takes ``((x_src, x_dst), adjacency rows)`` and returns
+    the rows' outputs: gnnpar's GraphSAGE blocks (PyG's SAGEConv takes a bipartite input)."""
+    from gnnpar.models.sage import SAGEBlock
+
+    blocks = getattr(model, "blocks", None)
+    return (
+        bool(blocks)
+        and all(type(b) is SAGEBlock for b in blocks)
+        and (isinstance(getattr(model, "stem", None), nn.Identity))
+    )
+
+
+class HiddenStore:
+    """The hidden states of the layer being computed and of the one before: torch tensors in
+    memory while two layers of ``n`` x ``width`` floats fit in half of ``budget`` (bytes;
+    default :func:`gnnpar.runtime.footprint.available_bytes`), else numpy memmaps in a
+    temporary folder inside ``spill_dir`` (``$GNNPAR_SPILL_DIR``, else the system's
+    temporary folder), removed as each layer is done and with the store."""
+
+    def __init__(
+        self,
+        n: int,
+        width: int,
+        budget: int | None,
+        spill_dir: str | os.PathLike | None,
+        in_memory: bool | None = None,
+    ) -> None:
+        if in_memory is None:
+            if budget is None:
+                from gnnpar.runtime.footprint import available_bytes
+
+                budget = available_bytes(torch.device("cpu"))
+            in_memory = budget is None or 2 * n * width * 4 <= budget // 2
+        self.in_memory = in_memory
+        self.spill_dir = spill_dir or os.environ.get(SPILL_DIR_ENV) or tempfile.gettempdir()
+        self.folder: Path | None = None
+        self.current: Path | None = None  # the file of the layer being read
+        self.pending: Path | None = None  # and of the one being written
+        self.layers = 0
+
+    def __enter__(self) -> HiddenStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    def layer(
+        self, rows: int, width: int, dtype: torch.dtype, in_memory: bool = False
+    ) -> torch.Tensor:
+        """A new layer's ``rows`` x ``width`` hidden states, to be filled (in memory where
+        ``in_memory``: the last layer's, the model's output)."""
+        self.pending = None
+        if self.in_memory or in_memory:
+            return torch.empty(rows, width, dtype=dtype)
+        from gnnpar.runtime import resources
+
+        if self.folder is None:
+            Path(self.spill_dir).mkdir(parents=True, exist_ok=True)
+            self.folder = Path(tempfile.mkdtemp(prefix="gnnpar-eval-", dir=self.spill_dir))
+        self.layers += 1
+        path = self.folder / f"layer{self.layers}.npy"
+        need = rows * width * torch.empty(0, dtype=dtype).element_size()
+        resources.check_space(path, need)
+        with resources.writing(path, need):
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            arr = np.lib.format.open_memmap(path, mode="w+", dtype=np_dtype, shape=(rows, width))
+        self.pending = path
+        return torch.from_numpy(arr)
+
+    def advance(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` becomes the input of the next layer; the layer before it is removed."""
+        if self.current is not None:
+            self.current.unlink(missing_ok=True)
+        self.current, self.pending = self.pending, None
+        return out
+
+
+SPILL_DIR_ENV = "GNNPAR_SPILL_DIR"
 
 
 @torch.no_grad()
@@ -142,11 +353,22 @@ def evaluate_graph(
     data = ds.data
     device = next(model.parameters()).device  # no copy when the data is already there
     x, edge_index = data.x.to(device), data.edge_index.to(device)
-    out = graph_logits(model, x, edge_index, cache=cache).to(data.y.device)
-    scores = {
-        split: score(out[data[f"{split}_mask"]], data.y[data[f"{split}_mask"]], ds.multilabel)
-        for split in ("train", "val", "test")
-    }
+    masks = {split: data[f"{split}_mask"] for split in ("train", "val", "test")}
+    # only the nodes a split needs are scored at the last layer (papers100M labels 1.4%)
+    needed = torch.zeros(data.num_nodes, dtype=torch.bool)
+    for m in masks.values():
+        needed |= m.cpu()
+    targets = needed.nonzero().flatten()
+    if targets.numel() == 0:  # no split: every node (the scores of empty splits as before)
+        targets = torch.arange(data.num_nodes)
+    out = graph_logits(model, x, edge_index, cache=cache, targets=targets.to(device))
+    out = out.to(data.y.device)
+    row = torch.full((data.num_nodes,), -1, dtype=torch.long)
+    row[targets] = torch.arange(targets.numel())
+    scores = {}
+    for split, m in masks.items():
+        ids = m.cpu().nonzero().flatten()
+        scores[split] = score(out[row[ids].to(out.device)], data.y[m], ds.multilabel)
     model.train()
     return scores, time.perf_counter() - t0
 
