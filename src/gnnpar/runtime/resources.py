@@ -54,11 +54,13 @@ ResourceError = UsageError
 
 
 def size_words(n: int | float) -> str:
-    """Bytes in GiB (one decimal) from 1 GiB on, else MiB, else bytes."""
+    """Bytes in GiB (one decimal) from 1 GiB on, else MiB, KiB, bytes."""
     if n >= GIB:
         return f"{n / GIB:.1f} GiB"
     if n >= MIB:
         return f"{n / MIB:.1f} MiB"
+    if n >= 2**10:
+        return f"{n / 2**10:.1f} KiB"
     return f"{int(n)} bytes"
 
 
@@ -379,3 +381,77 @@ def writing(path: str | os.PathLike, need: int | None = None) -> Iterator[None]:
         if isinstance(e, UsageError) or not is_disk_full(e):
             raise
         raise disk_full(path, need) from None
+
+
+# ------------------------------------------------------------------- a cgroup for tests/benches
+
+
+class CgroupUnavailable(RuntimeError):
+    """A memory cgroup cannot be made here (not root, no writable memory controller)."""
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int, root: str | os.PathLike = "/") -> Iterator[Path]:
+    """A new memory cgroup limited to ``limit`` bytes (no swap where the kernel counts it),
+    made inside this process's own memory cgroup (v1's memory controller, else v2 where this
+    process's cgroup may have children with the memory controller), and removed afterwards
+    (once the processes put in it have ended). Yields its folder: put a process in it with
+    :func:`in_cgroup`. For the tests and benchmarks that run gnnpar under a limit; raises
+    :class:`CgroupUnavailable` with the reason where none can be made."""
+    import uuid
+
+    if os.geteuid() != 0:
+        raise CgroupUnavailable("making a cgroup needs root")
+    tried = []
+    for version, folder, _top in _memory_folders(Path(root)):
+        child = folder / f"gnnpar-{uuid.uuid4().hex[:10]}"
+        try:
+            if version == 2:
+                ctl = (folder / "cgroup.subtree_control").read_text().split()
+                if "memory" not in ctl:
+                    (folder / "cgroup.subtree_control").write_text("+memory")
+            child.mkdir()
+        except OSError as e:
+            tried.append(f"v{version} {folder}: {e.strerror or e}")
+            continue
+        try:
+            if version == 1:
+                (child / "memory.limit_in_bytes").write_text(str(limit))
+                with contextlib.suppress(OSError):  # no swap accounting: nothing to limit
+                    (child / "memory.memsw.limit_in_bytes").write_text(str(limit))
+            else:
+                (child / "memory.max").write_text(str(limit))
+                with contextlib.suppress(OSError):
+                    (child / "memory.swap.max").write_text("0")
+        except OSError as e:
+            _remove_cgroup(child)
+            tried.append(f"v{version} {child}: {e.strerror or e}")
+            continue
+        try:
+            yield child
+        finally:
+            _remove_cgroup(child)
+        return
+    raise CgroupUnavailable("; ".join(tried) or "no memory cgroup controller is mounted")
+
+
+def in_cgroup(folder: Path, argv: list[str]) -> list[str]:
+    """``argv`` run inside the cgroup ``folder`` (a shell puts itself there, then execs)."""
+    import shlex
+
+    procs = shlex.quote(str(folder / "cgroup.procs"))
+    return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
+
+
+def _remove_cgroup(folder: Path) -> None:
+    """rmdir ``folder`` once its processes are gone (a few seconds at most)."""
+    import time
+
+    for _ in range(50):
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)

@@ -48,6 +48,7 @@ which checkpoints before numpy's state was kept as a list held), only after its 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -318,7 +319,12 @@ def write_part(folder: Path, rank: int, part: dict[str, Any], meta: dict[str, An
     buf = io.BytesIO()
     torch.save(part, buf)
     data = buf.getvalue()
-    _write_atomic(folder / data_name, data)
+    try:
+        _write_atomic(folder / data_name, data)
+    except UsageError:  # a full disk: no empty folder of a checkpoint that never was
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        raise
     manifest = {"format": FORMAT, "rank": rank, **meta}
     manifest["file"] = {"name": data_name, "bytes": len(data), "sha256": _sha256(data)}
     _write_atomic(folder / manifest_name, json.dumps(manifest, indent=1, default=str).encode())
@@ -473,7 +479,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     the temporary file removed: the checkpoints written before stay as they were."""
     tmp = path.with_name(f".{path.name}.tmp")
     with resources.writing(path, len(data)):
-        resources.check_space(path.parent, len(data))
+        resources.check_space(path, len(data))
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)

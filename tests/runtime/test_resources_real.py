@@ -1,0 +1,128 @@
+"""Resources that run out, for real: gnnpar in a memory cgroup that it cannot fit (refused before
+it starts, exit 2, both figures), a rank killed by its cgroup's limit (named as that), and a
+full disk (a 2 MiB tmpfs) while writing a checkpoint (one message, exit 2, the checkpoint
+before intact). The parsing of the cgroup files themselves: tests/runtime/test_resources.py.
+
+Needs root (cgroups, mount); skipped with the reason otherwise, and a failure instead of a skip
+when ``GNNPAR_REQUIRE_CGROUP=1`` (CI sets it: it runs as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gnnpar.runtime import resources
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow
+GIB = 2**30
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("GNNPAR_REQUIRE_CGROUP") == "1":
+        pytest.fail(f"GNNPAR_REQUIRE_CGROUP=1 but {reason}")
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def cgroup(limit: int) -> Iterator[Path]:
+    try:
+        with resources.memory_cgroup(limit) as folder:
+            yield folder
+    except resources.CgroupUnavailable as e:
+        unavailable(f"a memory cgroup cannot be made here: {e}")
+
+
+def gnnpar_in(folder: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    argv = resources.in_cgroup(folder, [sys.executable, "-m", "gnnpar", *args])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("GNNPAR_MEMORY_LIMIT", None)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_a_run_that_cannot_fit_its_cgroup_is_refused_before_it_starts(tmp_path):
+    """A model of ~9 GiB in a 1 GiB cgroup on a 24 GiB machine: refused with both figures and
+    the limit's source, exit 2, before anything is trained (today: 'fits', then killed)."""
+    with cgroup(GIB) as folder:
+        p = gnnpar_in(
+            folder, "train", "--dataset", "karate", "--model", "gcn", "--hidden", str(2**24),
+            "--epochs", "1", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("gnnpar: error: --model gcn --hidden 16777216"), err
+    assert "needs at least " in err and "but the memory cgroup's limit of 1.0 GiB leaves" in err
+    assert "Traceback" not in p.stderr and not (tmp_path / "run" / "result.json").exists()
+
+
+def test_a_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
+    """A user model that takes 256 MiB more at every step, on two ranks in a 1.5 GiB cgroup:
+    the kernel's OOM killer kills one; the run ends naming the rank and the limit, exit 2
+    (today: 'rank 1 failed: Signal 9 (SIGKILL) received by PID ...')."""
+    with cgroup(3 * GIB // 2) as folder:
+        p = gnnpar_in(
+            folder, "train", "--dataset", "karate", "--model", "tests.runtime.memory_hog:hog",
+            "--strategy", "allreduce", "--workers", "2", "--partitions", "2", "--epochs", "100",
+            "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert "was killed by the memory limit of 1.5 GiB (the memory cgroup's limit)" in err, err
+    assert err.startswith("gnnpar: error: rank ") and "Signal 9" not in err
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        unavailable("mounting a small file system (tmpfs) needs root")
+    folder.mkdir()
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if p.returncode != 0:
+        unavailable(f"a tmpfs cannot be mounted here: {p.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_disk_while_checkpointing_ends_in_one_message_and_keeps_the_last_one(tmp_path):
+    """Checkpoints of 1.4 MiB on a 2 MiB disk: the first fits, the second does not. One message
+    naming the file, the bytes needed and free, exit 2; the first checkpoint verifies."""
+    from gnnpar.training.checkpoint import checkpoint_folders, verify_part
+
+    with small_disk(tmp_path / "disk", "2m") as disk:
+        out = disk / "run"
+        p = subprocess.run(
+            [sys.executable, "-m", "gnnpar", "train", "--dataset", "karate", "--model", "gcn",
+             "--hidden", "3000", "--epochs", "6", "--checkpoint-every", "1", "--out", str(out)],
+            capture_output=True, text=True, timeout=240, cwd=ROOT,
+        )  # fmt: skip
+        assert p.returncode == 2, p.stderr
+        err = p.stderr.strip().splitlines()[-1]
+        second = out / "checkpoints" / "epoch-000002-step-00000000" / "rank0.pt"
+        assert err.startswith(f"gnnpar: error: the disk is full: writing {second} failed"), err
+        assert "(1.4 MiB needed, " in err and " KiB free on its file system)" in err
+        assert "Traceback" not in p.stderr
+        folders = checkpoint_folders(out)
+        assert [f.name for f in folders] == ["epoch-000001-step-00000000"]
+        manifest, why = verify_part(folders[0], 0)
+        assert manifest is not None, why
+        assert not list(disk.rglob(".*.tmp"))  # no half-written file left behind
+        # a result.json and a model.pt that do not fit: the same message, for their paths
+        import torch
+
+        from gnnpar.result import atomic_save
+
+        with pytest.raises(resources.ResourceError, match="model.pt failed"):
+            atomic_save({"w": torch.zeros(2**20)}, out / "model.pt")
+        assert not (out / "model.pt").exists() and not list(out.glob(".model.pt.tmp*"))
