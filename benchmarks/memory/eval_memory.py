@@ -1,0 +1,181 @@
+"""Memory: a sampled GraphSAGE run's final evaluation, with and without a memory limit (issue 41).
+
+Runs ``gnnpar train`` (sampled GraphSAGE 3 x 256, fan-outs 15-10-5, batch 1024, 3 steps, then
+the final full-graph evaluation) on ``synthetic-papers100m --scale 0.02`` (2.2M nodes, 32M
+columns, 128 features) as a fresh process, the dataset's cache built first by a warm-up run that
+is not measured, and records per side:
+
+* peak RSS of the run's process (``ru_maxrss`` of the child: the kernel's high-water mark,
+  which counts the memory-mapped dataset's resident pages too);
+* for a side inside a memory cgroup (``--limit``, v1 or v2, made for the run and removed
+  after; needs root), the cgroup's own peak where the kernel keeps one (v1
+  ``memory.max_usage_in_bytes``; v2 ``memory.peak``, Linux 5.19+), page cache included;
+* the exit status, the last line on stderr, the wall time, the evaluation's seconds (the
+  epoch line's train time subtracted from the wall time is not taken: result.json's scores and
+  ``train_time_s`` are recorded instead) and the scores.
+
+Sides alternate over ``--reps`` rounds (``nolimit``, ``limit``); figures are the medians.
+``--src PATH`` (repeatable) runs that tree's ``src`` instead of this one's (e.g. the main
+checkout's, for the figures before a change); ``--sides limit`` runs only the limited side.
+
+    .venv/bin/python benchmarks/memory/eval_memory.py                      # 3 GiB cgroup
+    .venv/bin/python benchmarks/memory/eval_memory.py --limit 1.5G --reps 3
+    .venv/bin/python benchmarks/memory/eval_memory.py --smoke              # seconds, 22k nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from gnnpar.runtime import resources  # noqa: E402
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def train_args(a: argparse.Namespace, out: Path) -> list[str]:
+    return [
+        "train", "--dataset", a.dataset, "--scale", str(a.scale), "--data-root", a.data_root,
+        "--strategy", "sampled", "--model", "sage", "--hidden", "256", "--layers", "3",
+        "--fanouts", a.fanouts, "--batch-size", str(a.batch_size), "--epochs", "1",
+        "--max-steps", str(a.steps), "--out", str(out),
+    ]  # fmt: skip
+
+
+# runs its arguments as a child and writes the child's peak RSS (KiB) to $GNNPAR_BENCH_PEAK
+WRAP = (
+    "import os, resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[1:]).returncode\n"
+    "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "open(os.environ['GNNPAR_BENCH_PEAK'], 'w').write(str(peak))\n"
+    "sys.exit(code)\n"
+)
+
+
+def run_side(a: argparse.Namespace, src: str, limit: int | None, out: Path) -> dict:
+    """One ``gnnpar train`` in a fresh process (inside a new memory cgroup when ``limit``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    peak_file = out.parent / f"{out.name}.peak"
+    argv = [sys.executable, "-c", WRAP, sys.executable, "-m", "gnnpar", *train_args(a, out)]
+    env = {**os.environ, "PYTHONPATH": src, "PYTHONUNBUFFERED": "1"}
+    env["GNNPAR_BENCH_PEAK"] = str(peak_file)
+    env.pop("GNNPAR_MEMORY_LIMIT", None)
+    t0 = time.perf_counter()
+    peak_cgroup = None
+    if limit is None:
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=a.timeout)
+    else:
+        with resources.memory_cgroup(limit) as folder:
+            p = subprocess.run(
+                resources.in_cgroup(folder, argv),
+                capture_output=True, text=True, env=env, timeout=a.timeout,
+            )  # fmt: skip
+            for name in ("memory.max_usage_in_bytes", "memory.peak"):
+                try:
+                    peak_cgroup = int((folder / name).read_text())
+                    break
+                except (OSError, ValueError):
+                    continue
+    wall = time.perf_counter() - t0
+    peak = int(peak_file.read_text()) * 1024 if peak_file.exists() else None
+    result = out / "result.json"
+    r = json.loads(result.read_text()) if result.exists() else {}
+    err = [line for line in p.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    return {
+        "exit": p.returncode,
+        "wall_s": round(wall, 2),
+        "peak_rss_bytes": peak,  # the run's process (ru_maxrss, by the wrapper)
+        "cgroup_peak_bytes": peak_cgroup,
+        "train_time_s": r.get("train_time_s"),
+        "val_score": r.get("val_score"),
+        "test_score": r.get("test_score"),
+        "last_stderr": err[-1][:300] if err else "",
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", default="synthetic-papers100m")
+    ap.add_argument("--scale", type=float, default=0.02)
+    ap.add_argument("--data-root", default=str(Path.home() / ".cache" / "gnnpar"))
+    ap.add_argument("--fanouts", default="15,10,5")
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--limit", default="3G", help="the cgroup's limit (bytes, K/M/G)")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument(
+        "--src", action="append", default=[], help="a tree's src to run (default: this one's)"
+    )
+    ap.add_argument("--sides", default="nolimit,limit", help="which of nolimit, limit to run")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--no-warm", action="store_true", help="the dataset's cache exists: no warm-up")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--smoke", action="store_true", help="22k nodes, 1 step, a 1 GiB cgroup")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.dataset, a.scale, a.steps, a.batch_size = "synthetic-papers100m", 0.0002, 1, 64
+        a.fanouts, a.limit, a.no_warm = "2,2,2", "1G", True
+        a.data_root = a.data_root if "--data-root" in (argv or sys.argv) else tempfile.mkdtemp()
+    limit = resources.parse_bytes(a.limit)
+    srcs = a.src or [str(ROOT / "src")]
+    wanted = a.sides.split(",")
+    with tempfile.TemporaryDirectory(prefix="gnnpar-evalmem-") as tmp:
+        if not a.no_warm:
+            run_side(a, srcs[0], None, Path(tmp) / "warm")  # builds the dataset's cache
+        sides: dict[str, list[dict]] = {}
+        for rep in range(a.reps):
+            for src in srcs:
+                for name, lim in (("nolimit", None), ("limit", limit)):
+                    if name not in wanted:
+                        continue
+                    key = f"{src}:{name}"
+                    try:
+                        r = run_side(a, src, lim, Path(tmp) / f"{key}-{rep}".replace(":", "-"))
+                    except resources.CgroupUnavailable as e:
+                        r = {"skipped": f"no cgroup: {e}"}
+                    sides.setdefault(key, []).append(r)
+                    print(key, json.dumps(r), flush=True)
+    load = os.getloadavg()
+    report = {
+        "what": "sampled sage 3x256 then final evaluation: peak RSS, exit, in and out of a cgroup",
+        "dataset": a.dataset,
+        "scale": a.scale,
+        "limit_bytes": limit,
+        "srcs": srcs,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_after": [round(x, 2) for x in load],
+        "sides": sides,
+        "median_peak_rss_gib": {
+            k: round(statistics.median(x["peak_rss_bytes"] for x in v) / 2**30, 2)
+            for k, v in sides.items()
+            if all(x.get("peak_rss_bytes") for x in v)
+        },
+    }
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
