@@ -126,3 +126,27 @@ def test_a_full_disk_while_checkpointing_ends_in_one_message_and_keeps_the_last_
         with pytest.raises(resources.ResourceError, match="model.pt failed"):
             atomic_save({"w": torch.zeros(2**20)}, out / "model.pt")
         assert not (out / "model.pt").exists() and not list(out.glob(".model.pt.tmp*"))
+
+
+def test_evaluation_spilling_to_a_full_disk_ends_in_one_message(tmp_path, monkeypatch, capsys):
+    """Hidden states spilled to a 1 MiB tmpfs that cannot hold a layer (5000 x 64 floats): one
+    message naming the layer's file and the bytes, and a word that a tmpfs is memory."""
+    import torch
+
+    from gnnpar.config.schema import ModelConfig
+    from gnnpar.models import build_model
+    from gnnpar.training import evaluation as ev
+
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        monkeypatch.setenv("GNNPAR_SPILL_DIR", str(disk))
+        g = torch.Generator().manual_seed(0)
+        x, ei = torch.randn(5000, 16, generator=g), torch.randint(0, 5000, (2, 20000), generator=g)
+        mc = ModelConfig()
+        mc.name, mc.hidden, mc.layers, mc.dropout, mc.heads = "gat", 32, 2, 0.0, 2
+        model = build_model(mc, 16, 3, False).eval()
+        with pytest.raises(resources.ResourceError) as e:
+            ev.graph_logits(model, x, ei, limit=4000 * 64 * 4, budget=1)
+        assert "the disk is full: writing " in str(e.value) and "layer1.npy" in str(e.value)
+        assert "1.2 MiB needed" in str(e.value)
+        assert "a tmpfs (memory, not disk)" in capsys.readouterr().err
+        assert list(disk.iterdir()) == []  # its folder removed

@@ -340,6 +340,26 @@ def free_disk_bytes(path: str | os.PathLike) -> int | None:
     return None
 
 
+def filesystem_type(path: str | os.PathLike, root: str | os.PathLike = "/") -> str | None:
+    """The type of the file system that holds ``path`` (``ext4``, ``tmpfs``, ...) from
+    ``root/proc/self/mounts`` (the longest mount point above it), or None."""
+    p = str(Path(path).absolute())
+    best, kind = -1, None
+    try:
+        lines = (Path(root) / "proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = p == point or p.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, kind = len(point), fields[2]
+    return kind
+
+
 def disk_full(path: str | os.PathLike, need: int | None) -> ResourceError:
     """The error for a write to ``path`` of ``need`` bytes that found its disk full."""
     free = free_disk_bytes(path)

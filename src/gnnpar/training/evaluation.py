@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -23,6 +24,7 @@ from torch_geometric.utils import remove_self_loops
 
 from gnnpar.csr import indptr
 from gnnpar.data.types import GraphDataset, ImageDataset
+from gnnpar.runtime import resources
 from gnnpar.training.metrics import score
 from gnnpar.training.sources import image_batches
 
@@ -317,11 +319,17 @@ class HiddenStore:
         self.pending = None
         if self.in_memory or in_memory:
             return torch.empty(rows, width, dtype=dtype)
-        from gnnpar.runtime import resources
-
         if self.folder is None:
             Path(self.spill_dir).mkdir(parents=True, exist_ok=True)
             self.folder = Path(tempfile.mkdtemp(prefix="gnnpar-eval-", dir=self.spill_dir))
+            kind = resources.filesystem_type(self.folder)
+            if kind in ("tmpfs", "ramfs"):
+                print(
+                    f"gnnpar: evaluation writes its hidden states to {self.folder}, a {kind} "
+                    f"(memory, not disk): set ${SPILL_DIR_ENV} to a folder on a disk",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.layers += 1
         path = self.folder / f"layer{self.layers}.npy"
         need = rows * width * torch.empty(0, dtype=dtype).element_size()
@@ -329,6 +337,13 @@ class HiddenStore:
         with resources.writing(path, need):
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
             arr = np.lib.format.open_memmap(path, mode="w+", dtype=np_dtype, shape=(rows, width))
+            # its blocks reserved now: a disk that fills meanwhile is an error here, not a
+            # SIGBUS at the first write into a page that has no block
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
         self.pending = path
         return torch.from_numpy(arr)
 
