@@ -107,6 +107,13 @@ def graph_logits(
         cache_key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version, n, gcn)
         if cache is not None and cache.key == cache_key:
             return _fused(model, x, cache.adj_t, targets, rows, store)
+        if rows and not gcn and not store.adjacency_fits(edge_index.size(1)):
+            # the whole adjacency does not fit beside the hidden states: each block of rows
+            # builds its own from a pass over the edges (the same rows, so the same sums)
+            blocks = StreamedRows(edge_index, n, x.dtype)
+            if blocks.unique_edges() == edge_index.size(1):
+                with store, torch.autocast(x.device.type, enabled=False):
+                    return _layerwise_rows(model, x, blocks, targets, store).float()
         if gcn:
             # GCNConv adds self-loops to a sparse adjacency unconditionally but only the missing
             # ones to an edge_index; dropping existing ones first makes the two agree.
@@ -144,7 +151,7 @@ def _fused(
         out = _fp32(model, x, adj_t)
         return out if targets is None else out[targets]
     with store, torch.autocast(x.device.type, enabled=False):
-        return _layerwise_rows(model, x, adj_t, targets, store).float()
+        return _layerwise_rows(model, x, SlicedRows(adj_t), targets, store).float()
 
 
 def _fp32(model: nn.Module, x: torch.Tensor, adj_t: torch.Tensor) -> torch.Tensor:
@@ -193,29 +200,21 @@ def _layerwise_chunked(
 def _layerwise_rows(
     model: nn.Module,
     x: torch.Tensor,
-    adj_t: torch.Tensor,
+    adjacency: SlicedRows | StreamedRows,
     targets: torch.Tensor | None,
     store: HiddenStore,
 ) -> torch.Tensor:
-    """Each block ``block((h, h[rows]), adj_t[rows])`` on blocks of destination rows (the same
-    sums, row by row, as the whole model on ``adj_t``); the last block for ``targets`` only."""
+    """Each block ``block((h, h[rows]), adjacency rows)`` on blocks of destination rows (the
+    same sums, row by row, as the whole model on the whole adjacency); the last block for
+    ``targets`` only."""
     n = x.size(0)
-    crow, col, val = adj_t.crow_indices(), adj_t.col_indices(), adj_t.values()
     h = model.stem(x)
     last = len(model.blocks) - 1
     for i, block in enumerate(model.blocks):
         dests = targets if i == last and targets is not None else None
         out = None
-        for pos, dst_ids in _chunks(crow, dests, n, ROW_CHUNK_EDGES):
-            sel = _ranges(crow[dst_ids], crow[dst_ids + 1])
-            sub_crow = torch.zeros(dst_ids.numel() + 1, dtype=crow.dtype)
-            torch.cumsum(crow[dst_ids + 1] - crow[dst_ids], 0, out=sub_crow[1:])
-            with warnings.catch_warnings():  # "sparse CSR support is in beta"
-                warnings.simplefilter("ignore", UserWarning)
-                sub = torch.sparse_csr_tensor(
-                    sub_crow, col[sel], val[sel], (dst_ids.numel(), n), check_invariants=False
-                )
-            o = block((h, h[dst_ids]), sub)
+        for pos, dst_ids in _chunks(adjacency.ptr, dests, n, ROW_CHUNK_EDGES):
+            o = block((h, h[dst_ids]), adjacency.rows(dst_ids))
             if out is None:
                 rows = n if dests is None else dests.numel()
                 out = store.layer(rows, o.size(1), o.dtype, in_memory=i == last)
@@ -224,10 +223,72 @@ def _layerwise_rows(
     return model.head(h)
 
 
+def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> torch.Tensor:
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, val, shape, check_invariants=False)
+
+
+class SlicedRows:
+    """Blocks of rows of a whole CSR adjacency (destination rows, source columns)."""
+
+    def __init__(self, adj_t: torch.Tensor) -> None:
+        self.adj_t = adj_t
+        self.ptr = adj_t.crow_indices()
+
+    def rows(self, dst_ids: torch.Tensor) -> torch.Tensor:
+        crow, col, val = self.ptr, self.adj_t.col_indices(), self.adj_t.values()
+        sel = _ranges(crow[dst_ids], crow[dst_ids + 1])
+        sub_crow = torch.zeros(dst_ids.numel() + 1, dtype=crow.dtype)
+        torch.cumsum(crow[dst_ids + 1] - crow[dst_ids], 0, out=sub_crow[1:])
+        return _csr(sub_crow, col[sel], val[sel], (dst_ids.numel(), self.adj_t.size(1)))
+
+
+class StreamedRows:
+    """Blocks of rows of the adjacency of ``edge_index``, each built from one pass over the
+    edges when asked for, never the whole: O(N) integers (the in-degrees) plus one block's
+    edges, instead of the whole adjacency and its sort (~1.5 GB for 32M edges). A block's
+    rows are those the whole adjacency would have (columns ascending, a repeated edge one
+    entry holding its count), so the products are the same, bit for bit."""
+
+    def __init__(self, edge_index: torch.Tensor, n: int, dtype: torch.dtype) -> None:
+        self.edge_index, self.n, self.dtype = edge_index, n, dtype
+        # in-degrees: where the blocks of about ROW_CHUNK_EDGES edges cut (repeats counted)
+        self.ptr = torch.zeros(n + 1, dtype=torch.long)
+        torch.cumsum(torch.bincount(edge_index[1], minlength=n), 0, out=self.ptr[1:])
+
+    def _block(self, dst_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sorted unique keys ``row * n + source`` of the edges into ``dst_ids`` (row: the
+        position in ``dst_ids``), and their counts."""
+        pos = torch.full((self.n,), -1, dtype=torch.int32)
+        pos[dst_ids] = torch.arange(dst_ids.numel(), dtype=torch.int32)
+        keys = []
+        for a in range(0, self.edge_index.size(1), EDGE_SCAN):  # a slice of edges at a time
+            dst, src = self.edge_index[1, a : a + EDGE_SCAN], self.edge_index[0, a : a + EDGE_SCAN]
+            row = pos[dst]
+            hit = (row >= 0).nonzero().flatten()
+            keys.append(row[hit].long() * self.n + src[hit])
+        return torch.unique(torch.cat(keys), return_counts=True)
+
+    def unique_edges(self) -> int:
+        """The number of distinct edges (one pass, block by block)."""
+        return sum(
+            int(self._block(ids)[0].numel())
+            for _, ids in _chunks(self.ptr, None, self.n, 8 * ROW_CHUNK_EDGES)
+        )
+
+    def rows(self, dst_ids: torch.Tensor) -> torch.Tensor:
+        key, counts = self._block(dst_ids)
+        m = dst_ids.numel()
+        crow = indptr(key // self.n, m)
+        return _csr(crow, key % self.n, counts.to(self.dtype), (m, self.n))
+
+
 # Destination rows per block of the row-wise path: about this many edges (and at most
 # ROW_CHUNK_ROWS rows), so that a block's transients stay ~100 MB at width 256.
 ROW_CHUNK_EDGES = 2_000_000
 ROW_CHUNK_ROWS = 65_536
+EDGE_SCAN = 4_000_000  # edges read at a time by a streamed block's pass
 
 
 def _chunks(ptr: torch.Tensor, dests: torch.Tensor | None, n: int, edges: int):
@@ -296,6 +357,7 @@ class HiddenStore:
 
                 budget = available_bytes(torch.device("cpu"))
             in_memory = budget is None or 2 * n * width * 4 <= budget // 2
+        self.budget = budget
         self.in_memory = in_memory
         self.spill_dir = spill_dir or os.environ.get(SPILL_DIR_ENV) or tempfile.gettempdir()
         self.folder: Path | None = None
@@ -310,6 +372,11 @@ class HiddenStore:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+    def adjacency_fits(self, edges: int) -> bool:
+        """Whether the whole sparse adjacency of ``edges`` edges, and the sort that builds it
+        (~40 bytes an edge at its peak), fit in the other half of the budget."""
+        return self.budget is None or 40 * edges <= self.budget // 2
 
     def layer(
         self, rows: int, width: int, dtype: torch.dtype, in_memory: bool = False
