@@ -8,6 +8,7 @@ for the first one.
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import sys
@@ -411,6 +412,9 @@ class HiddenStore:
                 os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
             finally:
                 os.close(fd)
+        mm = getattr(arr, "_mmap", None)  # rows are read in no order: no read-ahead around
+        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            mm.madvise(mmap.MADV_RANDOM)  # each (it multiplied the reads ~30x under a limit)
         self.pending = path
         return torch.from_numpy(arr)
 
