@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
                         continue
                     key = f"{src}:{name}"
                     try:
-                        r = run_side(a, src, lim, Path(tmp) / f"{key}-{rep}".replace(":", "-"))
+                        name_ = f"{srcs.index(src)}-{name}-{rep}"  # a folder inside tmp
+                        r = run_side(a, src, lim, Path(tmp) / name_)
                     except resources.CgroupUnavailable as e:
                         r = {"skipped": f"no cgroup: {e}"}
                     sides.setdefault(key, []).append(r)
