@@ -128,3 +128,19 @@ def _force(init, in_memory: bool):
 
     wrapped.__wrapped__ = init
     return wrapped
+
+
+def test_a_killed_evaluations_spill_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A spill folder whose process is gone (killed mid-evaluation) is removed by the next
+    evaluation that spills there; a live process's is left alone."""
+    import os
+
+    dead = tmp_path / "gnnpar-eval-999999999-abc"  # no such pid
+    live = tmp_path / f"gnnpar-eval-{os.getpid()}-abc"
+    for f in (dead, live):
+        f.mkdir()
+        (f / "layer1.npy").write_bytes(b"x")
+    monkeypatch.setenv("GNNPAR_SPILL_DIR", str(tmp_path))
+    x, ei = _graph(n=300, e=2000)
+    ev.graph_logits(_model("sage", x.size(1)), x, ei, limit=1000, budget=1)
+    assert not dead.exists() and live.exists()

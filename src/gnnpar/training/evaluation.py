@@ -389,7 +389,10 @@ class HiddenStore:
             return torch.empty(rows, width, dtype=dtype)
         if self.folder is None:
             Path(self.spill_dir).mkdir(parents=True, exist_ok=True)
-            self.folder = Path(tempfile.mkdtemp(prefix="gnnpar-eval-", dir=self.spill_dir))
+            _remove_stale_spills(Path(self.spill_dir))
+            self.folder = Path(
+                tempfile.mkdtemp(prefix=f"gnnpar-eval-{os.getpid()}-", dir=self.spill_dir)
+            )
             kind = resources.filesystem_type(self.folder)
             if kind in ("tmpfs", "ramfs"):
                 print(
@@ -427,6 +430,16 @@ class HiddenStore:
 
 
 SPILL_DIR_ENV = "GNNPAR_SPILL_DIR"
+
+
+def _remove_stale_spills(folder: Path) -> None:
+    """Remove the spill folders (``gnnpar-eval-<pid>-*``) of evaluations whose process is gone
+    (killed before it could remove its own: a spilled layer is gigabytes)."""
+    for old in folder.glob("gnnpar-eval-*-*"):
+        pid = old.name.split("-")[2]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        shutil.rmtree(old, ignore_errors=True)
 
 
 @torch.no_grad()
