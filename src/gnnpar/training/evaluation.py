@@ -261,14 +261,23 @@ class StreamedRows:
     def _block(self, dst_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The sorted unique keys ``row * n + source`` of the edges into ``dst_ids`` (row: the
         position in ``dst_ids``), and their counts."""
-        pos = torch.full((self.n,), -1, dtype=torch.int32)
-        pos[dst_ids] = torch.arange(dst_ids.numel(), dtype=torch.int32)
+        m = dst_ids.numel()
+        lo, hi = (int(dst_ids[0]), int(dst_ids[-1]) + 1) if m else (0, 0)
+        pos = None
+        if hi - lo != m:  # not a range of rows (the targets of the last layer): a lookup
+            pos = torch.full((self.n,), -1, dtype=torch.int32)
+            pos[dst_ids] = torch.arange(m, dtype=torch.int32)
         keys = []
         for a in range(0, self.edge_index.size(1), EDGE_SCAN):  # a slice of edges at a time
             dst, src = self.edge_index[1, a : a + EDGE_SCAN], self.edge_index[0, a : a + EDGE_SCAN]
-            row = pos[dst]
-            hit = (row >= 0).nonzero().flatten()
-            keys.append(row[hit].long() * self.n + src[hit])
+            if pos is None:
+                hit = ((dst >= lo) & (dst < hi)).nonzero().flatten()
+                row = dst[hit] - lo
+            else:
+                row = pos[dst]
+                hit = (row >= 0).nonzero().flatten()
+                row = row[hit].long()
+            keys.append(row * self.n + src[hit])
         return torch.unique(torch.cat(keys), return_counts=True)
 
     def unique_edges(self) -> int:
