@@ -18,9 +18,9 @@ Sides alternate over ``--reps`` rounds (``nolimit``, ``limit``); figures are the
 ``--src PATH`` (repeatable) runs that tree's ``src`` instead of this one's (e.g. the main
 checkout's, for the figures before a change); ``--sides limit`` runs only the limited side.
 
-    .venv/bin/python benchmarks/memory/eval_memory.py                      # 3 GiB cgroup
-    .venv/bin/python benchmarks/memory/eval_memory.py --limit 1.5G --reps 3
-    .venv/bin/python benchmarks/memory/eval_memory.py --smoke              # seconds, 22k nodes
+    .venv/bin/python -m benchmarks.memory.eval_memory                      # 3 GiB cgroup
+    .venv/bin/python -m benchmarks.memory.eval_memory --limit 1.5G --reps 3
+    .venv/bin/python -m benchmarks.memory.eval_memory --smoke   # seconds, 22k nodes, no limit
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,17 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from benchmarks import harness  # noqa: E402
 from gnnpar.runtime import resources  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def train_args(a: argparse.Namespace, out: Path) -> list[str]:
@@ -112,8 +102,8 @@ def run_side(a: argparse.Namespace, src: str, limit: int | None, out: Path) -> d
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = harness.parser(__doc__)
     ap.add_argument("--dataset", default="synthetic-papers100m")
     ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--data-root", default=str(Path.home() / ".cache" / "gnnpar"))
@@ -129,12 +119,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--no-warm", action="store_true", help="the dataset's cache exists: no warm-up")
     ap.add_argument("--json", default=None, help="write the figures here")
-    ap.add_argument("--smoke", action="store_true", help="22k nodes, 1 step, a 1 GiB cgroup")
     a = ap.parse_args(argv)
     if a.smoke:
         a.dataset, a.scale, a.steps, a.batch_size = "synthetic-papers100m", 0.0002, 1, 64
-        a.fanouts, a.limit, a.no_warm = "2,2,2", "1G", True
-        a.data_root = a.data_root if "--data-root" in (argv or sys.argv) else tempfile.mkdtemp()
+        a.fanouts, a.limit, a.no_warm, a.sides = "2,2,2", "1G", True, "nolimit"
+        if "--data-root" not in (argv if argv is not None else sys.argv):
+            a.data_root = str(harness.smoke_root())
     limit = resources.parse_bytes(a.limit)
     srcs = a.src or [str(ROOT / "src")]
     wanted = a.sides.split(",")
@@ -155,17 +145,13 @@ def main(argv: list[str] | None = None) -> dict:
                         r = {"skipped": f"no cgroup: {e}"}
                     sides.setdefault(key, []).append(r)
                     print(key, json.dumps(r), flush=True)
-    load = os.getloadavg()
     report = {
         "what": "sampled sage 3x256 then final evaluation: peak RSS, exit, in and out of a cgroup",
+        "machine": harness.machine(),
         "dataset": a.dataset,
         "scale": a.scale,
         "limit_bytes": limit,
         "srcs": srcs,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "load_after": [round(x, 2) for x in load],
         "sides": sides,
         "median_peak_rss_gib": {
             k: round(statistics.median(x["peak_rss_bytes"] for x in v) / 2**30, 2)
@@ -174,8 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
         },
     }
     if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
-    return report
+        harness.write_json(a.json, report)
+    print(json.dumps(report["median_peak_rss_gib"]))
+    ran = [r for v in sides.values() for r in v if "skipped" not in r]
+    return 0 if not a.smoke or all(r["exit"] == 0 for r in ran) else 1
 
 
 if __name__ == "__main__":
