@@ -172,6 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--feature-dtype", dest="feature_dtype", default=None, help="fp32 (default), fp16 or bf16"
     )
     pp.add_argument("--data-root", dest="data_root", default=None, help=FLAG_HELP["data-root"])
+    pp.add_argument(
+        "--shards",
+        default=None,
+        metavar="H",
+        help="shard the graph across H hosts: FOLDER/shard-<h>/ per host, nodes renumbered",
+    )
+    pp.add_argument(
+        "--partitioner",
+        default=None,
+        help="with --shards: metis (default; the structure in memory), stream (LDG, one pass, "
+        "bounded memory) or random",
+    )
     pp.add_argument("--verify", default=None, metavar="FOLDER", help="check a prepared folder")
     pp.add_argument("--quiet", action="store_true", help="no progress display")
     d = sub.add_parser("datasets", help="list datasets and whether they are available offline")

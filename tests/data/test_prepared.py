@@ -299,7 +299,7 @@ def test_bad_input_is_one_message_exit_2(tmp_path, cora_folder, capsys):
 def test_a_folder_of_another_format_version_or_sharded_is_refused(tmp_path, cora_folder):
     for change, words in (
         ({"format_version": 99}, "format version 99"),
-        ({"shards": [{}]}, "sharded"),
+        ({"shards": [{}]}, "list of shards is damaged"),
     ):
         bad = _copy(cora_folder, tmp_path / words.replace(" ", "-"))
         m = json.loads((bad / "manifest.json").read_text())

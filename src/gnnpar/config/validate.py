@@ -202,7 +202,11 @@ def dataset_kind(name: str) -> tuple[str, bool]:
         user.check_source(name)
         from gnnpar.data import prepared
 
-        if prepared.is_prepared(name):  # damaged or of another version: said before any rank
+        if prepared.is_sharded(name):  # a shard missing or damaged: named before any rank
+            from gnnpar.data import shards
+
+            shards.check_folder(name)
+        elif prepared.is_prepared(name):  # damaged or of another version: said before any rank
             prepared.open_prepared(name)
         return "graph", False  # a user's own graph: a graph, not generated
     raise UsageError(unknown_dataset(name, "--dataset", user.FORMS))

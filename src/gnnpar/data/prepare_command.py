@@ -21,6 +21,7 @@ from its edge_index in memory (O(edges)).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -75,11 +76,19 @@ def run_prepare(
     data_root: str | None,
     verify: str | None,
     quiet: bool = False,
+    shards: str | None = None,
+    partitioner: str | None = None,
 ) -> str:
     """What the command does; returns the line to print. UsageError for every bad input."""
     if verify is not None:
         if dataset is not None or out is not None:
             raise UsageError("--verify FOLDER checks a prepared folder: give it alone.")
+        if prepared.is_sharded(verify):
+            from gnnpar.data import shards
+
+            got = shards.open_shards(verify, full=True)
+            shards.assemble(verify)  # the id maps and the ranges hold together
+            return f"{verify}: intact ({len(got)} shards; every byte checked)"
         p = prepared.verify(verify)
         m = p.manifest
         return (
@@ -95,9 +104,23 @@ def run_prepare(
     if not 0 <= seed_v < 2**32:
         raise UsageError(f"--seed {seed}: give an integer from 0 to 2**32-1.")
     scale_v = _scale(scale)
+    hosts = _shards(shards, partitioner)
     out_path = Path(out).expanduser().absolute()
     prepared.check_destination(out_path, 0)  # before reading anything: --out is usable
     progress = Progress(quiet)
+    if hosts is not None:
+        return _prepare_sharded(
+            dataset,
+            out_path,
+            scale_v,
+            seed_v,
+            feature_dtype,
+            fdt,
+            data_root,
+            progress,
+            hosts,
+            partitioner or "metis",
+        )
     folder = _stream(dataset, scale_v, seed_v, out_path, fdt, progress)
     if folder is None:
         tensors, meta, made = read_source(dataset, scale_v, seed_v, data_root)
@@ -107,6 +130,60 @@ def run_prepare(
     return (
         f"{folder}: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges, {m['num_features']} "
         f"{fdt} features, {size / 2**30:.2f} GiB; train with --dataset {folder}"
+    )
+
+
+def _shards(shards: str | None, partitioner: str | None) -> int | None:
+    from gnnpar.data.shards import PARTITIONERS
+
+    if shards is None:
+        if partitioner is not None:
+            raise UsageError("--partitioner applies with --shards H only.")
+        return None
+    h = _int(shards, "--shards", 1)
+    if h < 1:
+        raise UsageError(f"--shards {shards}: give the number of hosts, 1 or more.")
+    if partitioner is not None and partitioner not in PARTITIONERS:
+        raise UsageError(f"--partitioner {partitioner}: choose {', '.join(PARTITIONERS)}.")
+    return h
+
+
+def _prepare_sharded(
+    dataset, out_path, scale_v, seed_v, feature_dtype, fdt, data_root, progress, hosts, method
+) -> str:  # noqa: ANN001
+    """The graph prepared unsharded (a prepared folder given is used as it is), then dealt into
+    ``hosts`` shards by gnnpar.data.shards; the unsharded copy is removed."""
+    import shutil
+
+    from gnnpar.data import shards
+
+    given = Path(dataset).expanduser()
+    temp = None
+    if prepared.is_prepared(given) and not prepared.is_sharded(given):
+        if scale_v is not None or feature_dtype is not None:
+            raise UsageError(
+                "--scale and --feature-dtype do not apply to a prepared folder being sharded."
+            )
+        source = given.absolute()
+    else:
+        temp = out_path.parent / f"{out_path.name}{prepared.TMP_MARK}{os.getpid()}-unsharded"
+        source = _stream(dataset, scale_v, seed_v, temp, fdt, progress)
+        if source is None:
+            tensors, meta, made = read_source(dataset, scale_v, seed_v, data_root)
+            source = prepared.write_graph(tensors, meta, temp, fdt, made, progress)
+            del tensors
+    try:
+        folder, rec = shards.write_shards(source, out_path, hosts, method, seed_v, progress)
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+    m = prepared.read_manifest(folder)
+    sizes = ", ".join(f"{s['nodes'][1] - s['nodes'][0]:,}" for s in m["shards"])
+    return (
+        f"{folder}: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges in {hosts} shards "
+        f"({method}: edge cut {rec['edge_cut']:,} = {100 * rec['edge_cut_share']:.1f}%, "
+        f"balance {rec['balance']:.3f}; nodes per shard {sizes}); host h needs manifest.json "
+        f"and shard-<h>/; a folder holding every shard trains with --dataset {folder}"
     )
 
 

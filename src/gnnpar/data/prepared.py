@@ -46,9 +46,10 @@ pickle, and gnnpar never unpickles it (``allow_pickle=False``). Layout, format v
   graph); ``permuted``: column j of edge_index is CSR position ``edge_order[j]``.
 - ``made``: where the graph came from (``--dataset`` as given, ``--scale``, ``--seed``), how the
   split was made, the generator's version for generated graphs, and gnnpar's version.
-- ``shards``: empty for a graph in one folder. Reserved for graphs sharded across hosts: a list
-  of ``{"folder": "shard-<h>", "nodes": [first, end], "manifest_sha256": ...}``, each shard a
-  folder of this same layout over its node range. This version reads unsharded folders only.
+- ``shards``: empty for a graph in one folder. For a graph sharded across hosts (``gnnpar
+  prepare --shards H``), a list of ``{"folder": "shard-<h>", "nodes": [first, end],
+  "num_edges": ..., "manifest_sha256": ...}``, each shard a folder of this same layout over its
+  node range (plus ``orig_ids.npy``), and a ``partition`` record; see :mod:`gnnpar.data.shards`.
 
 Writing is atomic: arrays go into ``FOLDER.tmp-<pid>-<random>`` beside FOLDER, the manifest is
 written last and the folder renamed into place, so a killed ``prepare`` leaves no folder that
@@ -443,6 +444,11 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         ) from None
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise Damaged(f"{folder}: {MANIFEST} cannot be read ({_brief(e)}).") from None
+    if isinstance(manifest, dict) and manifest.get("format") == "gnnpar-prepared-shard":
+        raise UsageError(
+            f"{folder}: one shard of a graph sharded across hosts; give --dataset the folder "
+            "above it (the one whose manifest names every shard)."
+        )
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise Damaged(f"{folder}: {MANIFEST} is not a gnnpar prepared-graph manifest.")
     version = manifest.get("format_version")
@@ -451,11 +457,18 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
             f"{folder}: prepared with format version {version}; this gnnpar reads version "
             f"{FORMAT_VERSION}. Prepare it again with this gnnpar."
         )
-    if manifest.get("shards"):
-        raise UsageError(
-            f"{folder}: a graph sharded across hosts; this gnnpar reads unsharded folders only."
-        )
     arrays = manifest.get("arrays")
+    if manifest.get("shards"):  # gnnpar.data.shards reads the rest
+        keys = ("num_nodes", "num_edges", "num_features", "num_classes", "splits")
+        if (
+            not isinstance(arrays, dict)
+            or any(k not in manifest for k in keys)
+            or manifest.get("feature_dtype") not in FEATURE_DTYPES
+            or manifest.get("edge_index_order") not in ("target", "source", "permuted")
+            or (manifest["edge_index_order"] == "permuted" and "edge_order" not in arrays)
+        ):
+            raise Damaged(f"{folder}: {MANIFEST} lacks what a sharded prepared graph records.")
+        return manifest
     keys = ("num_nodes", "num_edges", "num_features", "num_classes", "feature_dtype")
     if (
         not isinstance(arrays, dict)
@@ -621,7 +634,24 @@ class Prepared:
         return problems
 
 
+def is_sharded(folder: str | os.PathLike) -> bool:
+    """Is ``folder`` the top of a graph sharded across hosts (gnnpar.data.shards)?"""
+    try:
+        return bool(json.loads((Path(folder).expanduser() / MANIFEST).read_text()).get("shards"))
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return False
+
+
 def open_prepared(folder: str | os.PathLike, full: bool = False) -> Prepared:
+    """An unsharded folder opened and checked. A sharded one is checked (every shard present
+    and intact: gnnpar.data.shards) and refused here: its graph is read by shards.load_sharded."""
+    if is_sharded(folder):
+        from gnnpar.data import shards
+
+        shards.open_shards(folder, full)
+        raise UsageError(
+            f"{folder}: a graph sharded across hosts; it is read with gnnpar.data.shards."
+        )
     return Prepared(folder, full)
 
 
@@ -641,6 +671,10 @@ def load_graph(folder: str | os.PathLike):
 
     from gnnpar.data.types import GraphDataset
 
+    if is_sharded(folder):  # every shard here: the unsharded graph, in memory
+        from gnnpar.data import shards
+
+        return shards.load_sharded(folder)
     p = open_prepared(folder)
     m = p.manifest
     n = p.num_nodes
