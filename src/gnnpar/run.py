@@ -28,11 +28,12 @@ import torch
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
+from gnnpar.data.prepared import is_sharded
 from gnnpar.models.presets import is_user_model
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.result import build_result, save_model, write_result
-from gnnpar.runtime import dist, launch, slurm
+from gnnpar.runtime import dist, launch, shard_hosts, slurm
 from gnnpar.runtime.footprint import check_memory
 from gnnpar.runtime.heartbeat import Heartbeat
 from gnnpar.strategies import registry
@@ -189,6 +190,10 @@ def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str,
             collectives.barrier()  # no rank writes a checkpoint before every rank has cleared
         set_threads(cfg, ctx.local_world_size)
         d = cfg.data
+        if ctx.is_distributed and is_sharded(d.dataset):  # every host's shard, before any step
+            shard_hosts.agree(
+                ctx.store, ctx.rank, ctx.world_size, d.dataset, cfg.strategy.timeout_s
+            )
         ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
         outcome = train_rank(cfg, ds, ctx, dims)
         result = build_result(cfg, outcome, ds, ctx.world_size, ctx.device)

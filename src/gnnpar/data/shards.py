@@ -32,15 +32,21 @@ id order, each placed in the shard holding most of its already placed in-neighbo
 the room left; O(N) memory plus one CSR chunk), ``random`` (a balanced random deal).
 
 A folder holding every shard trains on one host as one graph: :func:`load_sharded` maps the ids
-back and gives the unsharded graph, tensor for tensor. A host holding only its own shard cannot
-train yet (sampled training across shards is future work); it is told so, exit 2.
+back and gives the unsharded graph, tensor for tensor. In a run of several hosts, host h (its
+node rank: torchrun's ``GROUP_RANK``, SLURM's ``SLURM_NODEID``) owns ``shard-<h>``; the ranks
+agree through the store, within ``--timeout``, before any step (gnnpar.runtime.shard_hosts):
+a missing or damaged shard is named with its host on every rank, exit 2. A host holding only
+its own shard cannot train yet (sampled training across shards is not built); it is told so,
+exit 2.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -338,10 +344,75 @@ def open_shards(folder: str | os.PathLike, full: bool = False) -> list[Shard]:
     return [Shard(top, rec, i, full) for i, rec in enumerate(recs)]
 
 
+_HOSTS_AGREE = [False]  # set while checking flags for a run of several hosts
+
+
+@contextlib.contextmanager
+def hosts_agree_later() -> Iterator[None]:
+    """While checking a run of several hosts before it starts: check the top manifest only; the
+    ranks agree on every host's shard once joined (a host that refused alone would leave the
+    others waiting at the rendezvous)."""
+    _HOSTS_AGREE[0] = True
+    try:
+        yield
+    finally:
+        _HOSTS_AGREE[0] = False
+
+
 def check_folder(folder: str | os.PathLike) -> None:
-    """What ``--dataset FOLDER`` needs of a sharded folder on one host: every shard, intact.
-    UsageError naming the first that is missing or damaged."""
-    open_shards(folder)
+    """``--dataset FOLDER``'s check before any rank starts: the top manifest, and every shard
+    this host holds, intact (UsageError naming the first damaged one). Shards that are absent
+    may be on other hosts: the ranks agree on them once they have joined (:func:`host_status`,
+    gnnpar.runtime.shard_hosts); a run of one host alone needs every shard (load_sharded)."""
+    top = Path(folder).expanduser().absolute()
+    m = prepared.read_manifest(top)
+    recs = check_top(top, m)
+    problems = prepared.check_arrays(top, m)
+    if problems:
+        raise Damaged(f"{top}: the sharded graph is damaged: {'; '.join(problems)}.")
+    if _HOSTS_AGREE[0] or (os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")):
+        return  # a rank of several (or an agent of several hosts): shard_hosts.agree says it
+    for i, rec in enumerate(recs):
+        if (top / rec["folder"]).exists():
+            Shard(top, rec, i)
+
+
+def host_status(folder: str | os.PathLike, host: int) -> dict[str, Any]:
+    """What this host holds of a sharded folder: ``{"host": h, "shards": H, "own": None or
+    why shard h cannot be used, "every": does it hold every shard, intact}``."""
+    top = Path(folder).expanduser().absolute()
+    recs = check_top(top, prepared.read_manifest(top))
+    status: dict[str, Any] = {"host": host, "shards": len(recs), "own": None, "every": True}
+    for i, rec in enumerate(recs):
+        try:
+            Shard(top, rec, i)
+        except UsageError as e:
+            status["every"] = False
+            if i == host:
+                status["own"] = str(e)
+    if host >= len(recs):
+        status["own"] = f"{top} holds {len(recs)} shards; host {host} has none"
+    return status
+
+
+def agreed(statuses: list[dict[str, Any]]) -> None:
+    """Every rank's :func:`host_status`, in rank order, judged the same way on every rank:
+    UsageError naming the first host whose shard is missing or damaged, or the hosts that hold
+    only their own shard (sampled training across shards is not in this version)."""
+    for r, st in enumerate(statuses):
+        if st["own"] is not None:
+            raise UsageError(
+                f"host {st['host']} (rank {r}) cannot use its shard {st['host']}: {st['own']} "
+                f"Give host {st['host']} the folder's manifest.json and an intact "
+                f"shard-{st['host']}/ (gnnpar prepare --verify checks one)."
+            )
+    partial = sorted({st["host"] for st in statuses if not st["every"]})
+    if partial:
+        raise UsageError(
+            f"host {', '.join(map(str, partial))} holds only its own shard: this gnnpar trains "
+            "a sharded graph on hosts that each hold every shard (copy the whole folder to "
+            "every host); training across shards that each host holds alone is not built yet."
+        )
 
 
 def assemble(folder: str | os.PathLike) -> dict[str, Any]:

@@ -112,7 +112,13 @@ def parse(argv: list[str]):
             "where `train` should follow torchrun's flags: gnnpar torchrun [torchrun's flags] "
             "train [train's flags]."
         )
-    check_train_flags(args.training_script_args)
+    if str(args.nnodes).strip() in ("1", "1:1"):
+        check_train_flags(args.training_script_args)
+    else:  # several hosts: each host's shard of a sharded graph is agreed on once joined
+        from gnnpar.data.shards import hosts_agree_later
+
+        with hosts_agree_later():
+            check_train_flags(args.training_script_args)
     args.training_script, args.module = "gnnpar", True
     args.training_script_args = ["train", *args.training_script_args]
     return args
