@@ -177,6 +177,14 @@ def _pubmed_garbage() -> dict[str, bytes]:
 DATA = ["--data-root", "{tmp}/data"]
 GCN = ["--model", "gcn"]
 
+_SHARDED = (  # the top manifest of a 4-node graph in one shard, as prepare --shards writes it
+    '{"format": "gnnpar-prepared", "format_version": 1, "name": "g", "num_nodes": 4, '
+    '"num_edges": 0, "num_features": 1, "num_classes": 2, "feature_dtype": "fp32", '
+    '"edge_index_order": "target", "splits": {"train": 1, "val": 1, "test": 1}, "arrays": {}, '
+    '"shards": [{"folder": "shard-0", "nodes": [0, 4], "manifest_sha256": "00"}]}'
+)
+
+
 ROWS = [
     # ------------------------------------------------ non-finite and absurd numbers
     Row("lr nan", train("--lr", "nan"), 2, "'lr' must be a finite number"),
@@ -591,6 +599,47 @@ ROWS = [
         },
     ),
     Row("feature cache garbage", train(*SAMPLED, "--feature-cache", "lots"), 2, "--feature-cache"),
+    # sharded prepared folders (gnnpar prepare --shards H)
+    Row(
+        "sharded manifest shard leaving its folder",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "list of shards is damaged",
+        files={"g/manifest.json": _SHARDED.replace("shard-0", "../../etc")},
+    ),
+    Row(
+        "sharded manifest ranges with a gap",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "list of shards is damaged",
+        files={"g/manifest.json": _SHARDED.replace("[0, 4]", "[1, 4]")},
+    ),
+    Row(
+        "sharded shard folder given alone",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "one shard of a graph sharded across hosts",
+        files={"g/manifest.json": '{"format": "gnnpar-prepared-shard"}'},
+    ),
+    Row(
+        "sharded shard missing",
+        train("--dataset", "{tmp}/g"),
+        2,
+        "shard 0",
+        files={"g/manifest.json": _SHARDED},
+    ),
+    Row(
+        "prepare shards zero",
+        ["prepare", "--dataset", "cora", "--out", "{tmp}/p", "--shards", "0"],
+        2,
+        "--shards 0",
+    ),
+    Row(
+        "prepare partitioner unknown",
+        ["prepare", "--dataset", "cora", "--out", "{tmp}/p", "--shards", "2", "--partitioner", "x"],
+        2,
+        "--partitioner x: choose metis, stream, random",
+    ),
 ]
 
 

@@ -182,8 +182,8 @@ def _prepare_sharded(
     return (
         f"{folder}: {m['num_nodes']:,} nodes, {m['num_edges']:,} edges in {hosts} shards "
         f"({method}: edge cut {rec['edge_cut']:,} = {100 * rec['edge_cut_share']:.1f}%, "
-        f"balance {rec['balance']:.3f}; nodes per shard {sizes}); host h needs manifest.json "
-        f"and shard-<h>/; a folder holding every shard trains with --dataset {folder}"
+        f"balance {rec['balance']:.3f}; nodes per shard {sizes}); train with --dataset "
+        f"{folder} where the folder holds every shard"
     )
 
 
