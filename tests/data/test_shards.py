@@ -139,11 +139,32 @@ def test_stream_partitioner_cuts_fewer_edges_than_random(tmp_path, cora):
     assert got["stream"]["balance"] <= 1.01  # LDG's capacity keeps shards within one node
 
 
-def test_prepare_shards_straight_from_a_dataset_and_leaves_no_temporary(tmp_path):
+def test_prepare_shards_straight_from_a_dataset_and_leaves_no_temporary(tmp_path, cora):
     out, _ = _prepare(tmp_path, "cora", "direct", shards="2", partitioner="random")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "root") == ["direct"]
-    whole, _ = _prepare(tmp_path, "cora", "whole")
-    _same(prepared.load_graph(out).data, prepared.load_graph(whole).data)
+    _same(prepared.load_graph(out).data, prepared.load_graph(cora).data)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_partitioner_benchmark_runs(tmp_path):
+    """benchmarks/memory/shard_partitioners.py --smoke (one partitioner: the script runs)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    out = tmp_path / "bench.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/memory/shard_partitioners.py"), "--smoke",
+         "--partitioners", "stream", "--tmp", str(tmp_path), "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True,
+        timeout=280,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())["partitioners"]["stream"]
+    assert 0 < r["edge_cut_share"] < 1 and r["balance"] >= 1 and r["max_peak_gib"] > 0
 
 
 def _curve(tmp_path, dataset, name):
