@@ -237,3 +237,24 @@ def test_bad_flags_and_a_lone_shard_folder(tmp_path, cora, capsys):
     out, _ = _prepare(tmp_path, str(cora), "s", shards="2", partitioner="random")
     with pytest.raises(UsageError, match="one shard of a graph sharded"):
         prepared.load_graph(out / "shard-0")
+
+
+def test_what_each_host_holds_and_how_the_hosts_judge_it(tmp_path, cora):
+    import shutil
+
+    out, _ = _prepare(tmp_path, str(cora), "s", shards="2", partitioner="random")
+    every = shards.host_status(out, 1)
+    assert every == {"host": 1, "shards": 2, "own": None, "lacks": [], "every": True}
+    assert shards.host_status(out, 5)["own"] is None  # a 6th host holding every shard trains
+    shards.agreed([shards.host_status(out, 0), every])  # every host holds every shard: fine
+    shutil.rmtree(out / "shard-0")
+    lone = shards.host_status(out, 1)
+    assert lone["own"] is None and lone["lacks"] == [0] and not lone["every"]
+    with pytest.raises(UsageError, match="^host 1 lacks shard 0: .* not built yet"):
+        shards.agreed([every, lone])
+    mine = shards.host_status(out, 0)
+    assert "shard 0" in mine["own"] and "is missing" in mine["own"]
+    # the first host (in rank order) whose own shard is unusable is named, on every rank alike
+    with pytest.raises(UsageError, match=r"^host 0 \(rank 1\) cannot use its shard 0: "):
+        shards.agreed([every, mine, lone])
+    assert "has none of its own" in shards.host_status(out, 3)["own"]

@@ -80,7 +80,7 @@ def test_a_damaged_shard_on_one_host_is_named_on_both_exit_2(tmp_path):
 def test_hosts_holding_only_their_shard_are_told_hosts_holding_every_shard_train(tmp_path):
     codes, errs, _ = _run(tmp_path, _hosts(tmp_path, [[0], [1]]))
     assert codes == [2, 2], errs
-    assert all("host 0, 1 holds only its own shard" in e for e in errs), errs
+    assert all("host 0 lacks shard 1; host 1 lacks shard 0: " in e for e in errs), errs
     shutil.rmtree(tmp_path / "host-0"), shutil.rmtree(tmp_path / "host-1")
     codes, errs, _ = _run(tmp_path, _hosts(tmp_path, [[0, 1], [0, 1]]))
     assert codes == [0, 0], errs

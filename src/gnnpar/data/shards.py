@@ -382,16 +382,17 @@ def host_status(folder: str | os.PathLike, host: int) -> dict[str, Any]:
     why shard h cannot be used, "every": does it hold every shard, intact}``."""
     top = Path(folder).expanduser().absolute()
     recs = check_top(top, prepared.read_manifest(top))
-    status: dict[str, Any] = {"host": host, "shards": len(recs), "own": None, "every": True}
+    status: dict[str, Any] = {"host": host, "shards": len(recs), "own": None, "lacks": []}
     for i, rec in enumerate(recs):
         try:
             Shard(top, rec, i)
         except UsageError as e:
-            status["every"] = False
+            status["lacks"].append(i)
             if i == host:
                 status["own"] = str(e)
-    if host >= len(recs):
-        status["own"] = f"{top} holds {len(recs)} shards; host {host} has none"
+    status["every"] = not status["lacks"]
+    if host >= len(recs) and not status["every"]:
+        status["own"] = f"{top} holds {len(recs)} shards; host {host} has none of its own."
     return status
 
 
@@ -406,12 +407,16 @@ def agreed(statuses: list[dict[str, Any]]) -> None:
                 f"Give host {st['host']} the folder's manifest.json and an intact "
                 f"shard-{st['host']}/ (gnnpar prepare --verify checks one)."
             )
-    partial = sorted({st["host"] for st in statuses if not st["every"]})
+    partial = {st["host"]: st.get("lacks", []) for st in statuses if not st["every"]}
     if partial:
+        what = "; ".join(
+            f"host {h} lacks shard {', '.join(map(str, lacks))}"
+            for h, lacks in sorted(partial.items())
+        )
         raise UsageError(
-            f"host {', '.join(map(str, partial))} holds only its own shard: this gnnpar trains "
-            "a sharded graph on hosts that each hold every shard (copy the whole folder to "
-            "every host); training across shards that each host holds alone is not built yet."
+            f"{what}: this gnnpar trains a sharded graph on hosts that each hold every shard "
+            "(copy the whole folder to every host); training across shards that each host "
+            "holds alone is not built yet."
         )
 
 

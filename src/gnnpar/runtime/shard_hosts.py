@@ -29,7 +29,7 @@ def agree(store: dist.Store, rank: int, world: int, folder: str, timeout_s: floa
     try:
         status = shards.host_status(folder, host_index())
     except Exception as e:  # noqa: BLE001 (the top manifest itself: said to every rank too)
-        status = {"host": host_index(), "own": str(e), "every": False}
+        status = {"host": host_index(), "own": str(e), "every": False, "lacks": []}
     store.set(f"shards/{rank}", json.dumps(status))
     statuses = []
     for r in range(world):
