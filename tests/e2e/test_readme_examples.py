@@ -47,6 +47,7 @@ RUN = (
     "gnnpar predict runs/mine",
     'python -c "\nimport gnnpar, torch; from torch_geometric.datasets import KarateClub',
     "gnnpar prepare --dataset synthetic-papers100m --scale 0.001 --out papers-0001",
+    "gnnpar prepare --dataset cora --shards 2 --partitioner metis --out cora-2",
     "cat > mymodels.py <<'PY'",
 )
 WRITES = {
@@ -64,6 +65,11 @@ WRITES = {
     "gnnpar prepare --dataset synthetic-papers100m --scale 0.001 --out papers-0001": (
         "papers-0001/manifest.json",
         "papers-0001/features.npy",
+    ),
+    "gnnpar prepare --dataset cora --shards 2 --partitioner metis --out cora-2": (
+        "cora-2/manifest.json",
+        "cora-2/shard-0/features.npy",
+        "cora-2/shard-1/orig_ids.npy",
     ),
 }
 SKIP = (
