@@ -43,7 +43,7 @@ scores much above 0.955 however many neighbours it averages: without this, the f
 centroids lie 4 noise s.d. apart in 602 dimensions: knowing the centroids, features alone
 classify 72% of the posts (69% of the labels); a model must estimate 41 x 602 means from the
 training nodes, so features alone score less on small scales (0.2 at ``--scale 0.01``, 1,538
-training nodes). Measured figures: benchmarks/pending/synthetic-reddit.md. A limit: with 75% of
+training nodes). Measured figures: BENCHMARKS.md, "Datasets". A limit: with 75% of
 every node's neighbours in its community, the neighbour mean identifies the community without
 error from a few dozen neighbours on, so models that train well all land on the ceiling (at
 scale 0.1 study 002's sampled GraphSAGE and study 003's Cluster-GCN both score val 0.9549, every
