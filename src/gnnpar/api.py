@@ -51,9 +51,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar import UsageError
 from gnnpar.config.parse import default_data_root
 from gnnpar.config.validate import build_config
+from gnnpar.errors import UsageError
 from gnnpar.result import atomic_save, load_model
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gnnpar import RankFailedError, UsageError
 from gnnpar.config.parse import KEYS
 from gnnpar.config.validate import Use, build_config, describe_uses, used_by
+from gnnpar.errors import RankFailedError, UsageError
 from gnnpar.strategies import registry
 
 

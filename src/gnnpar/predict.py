@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from gnnpar import UsageError
 from gnnpar.config.parse import default_data_root
 from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.types import ImageDataset
+from gnnpar.errors import UsageError
 from gnnpar.result import atomic_save, build_from, read_model_file
 from gnnpar.training.evaluation import graph_logits
 from gnnpar.training.metrics import score

@@ -58,9 +58,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
 from gnnpar.data import safe_load
+from gnnpar.errors import UsageError
 from gnnpar.models.presets import USER_KINDS, model_kind
 from gnnpar.runtime import resources
 from gnnpar.strategies import registry
@@ -300,12 +300,12 @@ def _check(keys, declared: dict[str, str], what: str) -> None:
 def versions() -> dict[str, str]:
     import torch_geometric
 
-    import gnnpar
+    from gnnpar._version import __version__
 
     return {
         "torch": str(torch.__version__),
         "torch_geometric": torch_geometric.__version__,
-        "gnnpar": gnnpar.__version__,
+        "gnnpar": __version__,
         "python": platform.python_version(),
     }
 

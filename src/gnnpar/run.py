@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.prepared import is_sharded
+from gnnpar.errors import UsageError
 from gnnpar.models.presets import is_user_model
 from gnnpar.parallel import collectives
 from gnnpar.parallel.parallel_dims import ParallelDims

@@ -1,5 +1,5 @@
-"""The OpenMP wait policy gnnpar chooses before torch loads (gnnpar/__init__.py): a short spin
-for one process on the cores, sleeping at once for ranks that share a host, the user's choice
+"""The OpenMP wait policy gnnpar chooses before torch loads (gnnpar/omp.py, which
+gnnpar/__init__.py imports first): a short spin for one process on the cores, sleeping at once for ranks that share a host, the user's choice
 always kept; and every rank gnnpar starts (directly or forked from multiprocessing's fork
 server, whose libgomp the forked processes inherit) gets the sleeping policy."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-import gnnpar
+from gnnpar import omp
 
 POLICY = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
@@ -35,14 +35,14 @@ def test_which_launchers_mean_shared_cores(monkeypatch, env, shares):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert gnnpar._ranks_share_this_host() is shares
+    assert omp._ranks_share_this_host() is shares
 
 
 def test_ranks_sleep_at_once_sets_passive_and_restores(monkeypatch):
-    monkeypatch.setattr(gnnpar, "OWN_OMP_POLICY", True)
+    monkeypatch.setattr(omp, "OWN_OMP_POLICY", True)
     monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    with gnnpar.ranks_sleep_at_once():
+    with omp.ranks_sleep_at_once():
         assert os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
         assert "GOMP_SPINCOUNT" not in os.environ
     assert os.environ.get("GOMP_SPINCOUNT") == "10000"
@@ -50,10 +50,10 @@ def test_ranks_sleep_at_once_sets_passive_and_restores(monkeypatch):
 
 
 def test_ranks_sleep_at_once_keeps_the_users_choice(monkeypatch):
-    monkeypatch.setattr(gnnpar, "OWN_OMP_POLICY", False)
+    monkeypatch.setattr(omp, "OWN_OMP_POLICY", False)
     monkeypatch.setenv("GOMP_SPINCOUNT", "5")
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    with gnnpar.ranks_sleep_at_once():
+    with omp.ranks_sleep_at_once():
         assert os.environ.get("GOMP_SPINCOUNT") == "5"
         assert "OMP_WAIT_POLICY" not in os.environ
 
@@ -100,7 +100,7 @@ def _rank_policy(log_dir: str) -> dict:
 def test_launched_ranks_sleep_at_once(monkeypatch):
     from gnnpar.runtime.launch import launch
 
-    if not gnnpar.OWN_OMP_POLICY:
+    if not omp.OWN_OMP_POLICY:
         pytest.skip("the user set an OpenMP policy for this test run")
     assert os.environ.get("GOMP_SPINCOUNT") == "10000"  # this process: one on the cores
     out = launch(_rank_policy, (), 2, 60)

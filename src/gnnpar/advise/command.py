@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnnpar import UsageError
 from gnnpar.advise import NOT_TAKEN
 from gnnpar.advise import simulate as sim
 from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid, candidate_flags
 from gnnpar.advise.profile import PROBE_ROUNDS, flags_for
+from gnnpar.errors import UsageError
 
 # train flags that advise does not take: it chooses the strategy, and runs nothing to resume
 # train flags that fix one axis of the grid (else the grid varies them)

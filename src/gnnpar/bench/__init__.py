@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gnnpar import UsageError
 from gnnpar.bench.gat_citation import gat_citation
 from gnnpar.bench.gossip_vs_allreduce import gossip_vs_allreduce
 from gnnpar.bench.sampled_ddp import sampled_ddp
 from gnnpar.bench.tour import tour
 from gnnpar.bench.vig_pipeline import vig_pipeline
+from gnnpar.errors import UsageError
 
 SUITES = {
     "tour": tour,

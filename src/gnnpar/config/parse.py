@@ -21,7 +21,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from gnnpar import UsageError
 from gnnpar.config.schema import (
     Config,
     DataConfig,
@@ -30,6 +29,7 @@ from gnnpar.config.schema import (
     RunConfig,
     StrategyConfig,
 )
+from gnnpar.errors import UsageError
 
 # flag / TOML key -> (section, field). One table, so the CLI, TOML and docs cannot drift apart.
 KEYS: dict[str, tuple[str, str]] = {

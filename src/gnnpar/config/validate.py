@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gnnpar import UsageError
 from gnnpar.config.parse import (
     FIELD_TYPES,
     KEYS,
@@ -48,6 +47,7 @@ from gnnpar.config.schema import (
     Config,
 )
 from gnnpar.data.registry import DATASETS, kind_of, unknown_dataset
+from gnnpar.errors import UsageError
 from gnnpar.models.presets import (
     STUDY_DEFAULTS,
     USER_KINDS,

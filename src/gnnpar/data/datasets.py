@@ -36,12 +36,12 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from gnnpar import UsageError
 from gnnpar.data import prepared, readers, safe_load, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
 from gnnpar.data.registry import DATASETS as NAMED
 from gnnpar.data.registry import unknown_dataset
 from gnnpar.data.types import GraphDataset, ImageDataset, Loaded
+from gnnpar.errors import UsageError
 
 BUNDLED = Path(__file__).parent / "planetoid"
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch_geometric.utils import k_hop_subgraph, subgraph
 
-from gnnpar import UsageError
 from gnnpar.data.partition import metis_partition
+from gnnpar.errors import UsageError
 
 IGNORE = (
     -100

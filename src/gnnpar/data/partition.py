@@ -39,7 +39,6 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import subgraph
 
-from gnnpar import UsageError
 from gnnpar.data.cache import (
     TMP_MARK,
     brief,
@@ -49,6 +48,7 @@ from gnnpar.data.cache import (
     save_tensors,
 )
 from gnnpar.data.filelock import DEFAULT_LOCK_TIMEOUT_S, exclusive_lock
+from gnnpar.errors import UsageError
 
 if TYPE_CHECKING:
     from gnnpar.data.types import GraphDataset

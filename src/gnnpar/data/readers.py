@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch_geometric.utils import coalesce, to_undirected
 
-from gnnpar import UsageError
 from gnnpar.data import safe_load
+from gnnpar.errors import UsageError
 
 Tensors = dict[str, torch.Tensor]
 

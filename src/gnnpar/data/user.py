@@ -81,7 +81,6 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from gnnpar import UsageError
 from gnnpar.config.validate import no_module_message
 from gnnpar.data import readers, safe_load
 from gnnpar.data.cache import (
@@ -94,6 +93,7 @@ from gnnpar.data.cache import (
 )
 from gnnpar.data.filelock import exclusive_lock
 from gnnpar.data.types import GraphDataset
+from gnnpar.errors import UsageError
 
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds
 PT_SUFFIXES = (".pt", ".pth")

@@ -326,7 +326,7 @@ class _FxStage(nn.Module):
 
 
 def _split_by_fx(module: nn.Module, split_at: list[str]) -> AdaptedModel:
-    from gnnpar import UsageError
+    from gnnpar.errors import UsageError
 
     name = type(module).__name__
     names = dict(module.named_modules())
@@ -374,7 +374,7 @@ def _trace_and_split(
 ) -> tuple[list[nn.Module], list[list[str]]]:
     from torch.fx.passes.split_module import split_module
 
-    from gnnpar import UsageError
+    from gnnpar.errors import UsageError
 
     name = type(module).__name__
     try:
@@ -626,7 +626,7 @@ def check_same_output(bm: AdaptedModel, x: torch.Tensor, edge_index: torch.Tenso
     on ``(x, edge_index)`` (a ``blocks`` model whose forward is not stem -> blocks -> head, for
     instance). Within float tolerance, not bit for bit: the cut runs the same operations, but a
     GPU's scatter-add need not sum in the same order twice."""
-    from gnnpar import UsageError
+    from gnnpar.errors import UsageError
 
     was = bm.training
     bm.eval()

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gnnpar import UsageError
 from gnnpar.config.schema import ModelConfig
+from gnnpar.errors import UsageError
 from gnnpar.models.presets import TARGET, USER_MODEL_FORMS
 
 PYG_MODELS = "torch_geometric.nn.models"

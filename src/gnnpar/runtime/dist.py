@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from gnnpar import RankFailedError, UsageError
+from gnnpar.errors import RankFailedError, UsageError
 from gnnpar.runtime import slurm
 
 

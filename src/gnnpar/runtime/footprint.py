@@ -48,8 +48,8 @@ import sys
 
 import torch
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
+from gnnpar.errors import UsageError
 from gnnpar.runtime.resources import MemoryBudget, available_memory
 
 FLOAT_BYTES = 4

@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import gnnpar
-from gnnpar import RankFailedError, UsageError
+from gnnpar import omp
+from gnnpar.errors import RankFailedError, UsageError
 from gnnpar.runtime import resources
 
 _USAGE_PREFIX = "UsageError: "
@@ -229,7 +229,7 @@ def start_fork_server_for_ranks(nprocs: int, threads: int | None, warm: tuple[st
         os.environ["OMP_NUM_THREADS"] = str(rank_threads(nprocs, threads))
     sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with gnnpar.ranks_sleep_at_once():
+        with omp.ranks_sleep_at_once():
             _start_fork_server(",".join(warm))
     finally:
         signal.signal(signal.SIGINT, sigint)
@@ -388,7 +388,7 @@ def launch(
     oom_before = resources.oom_kills()  # a rank killed by SIGKILL: was it the OOM killer?
     try:
         # several ranks share this host's cores: their idle OpenMP threads sleep at once
-        with _ranks_ignore_ctrl_c(nprocs), gnnpar.ranks_sleep_at_once():
+        with _ranks_ignore_ctrl_c(nprocs), omp.ranks_sleep_at_once():
             if method == "forkserver":
                 entry, entry_args = _rank_entry, (fn, os.getpid(), dict(os.environ), *args, log_dir)
                 _start_fork_server(",".join((fn.__module__, *warm)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 
 _adopted = False  # set once adopt() took the ranks from SLURM (dist's error messages say so)
 

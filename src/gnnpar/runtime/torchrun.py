@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 
 #: the loggers torchrun's agent, launcher and rendezvous write to
 AGENT_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")

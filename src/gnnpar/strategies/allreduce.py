@@ -29,9 +29,9 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data.registry import kind_of
+from gnnpar.errors import UsageError
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
     AVERAGING,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
+from gnnpar.errors import UsageError
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies import gossip
 

@@ -56,8 +56,8 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
+from gnnpar.errors import UsageError
 from gnnpar.models.presets import model_kind
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (

@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gnnpar import UsageError
 from gnnpar.config.schema import DATASET_KINDS, Config, StrategyConfig
+from gnnpar.errors import UsageError
 from gnnpar.parallel.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:

@@ -67,9 +67,9 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data import safe_load
+from gnnpar.errors import UsageError
 from gnnpar.parallel.collectives import barrier, gather_to_all
 from gnnpar.runtime import resources
 from gnnpar.runtime.heartbeat import local_address, machine_id

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-import gnnpar
+from gnnpar import omp
 from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler, SampledBatch
 
 
@@ -244,7 +244,7 @@ def build_loader(
         # the fork server imports these once; each worker is then a cheap fork of a process
         # that has no threads, no OpenMP pool and no process group
         ctx.set_forkserver_preload(["torch", __name__])
-        with gnnpar.ranks_sleep_at_once():  # ranks may be forked from this server later
+        with omp.ranks_sleep_at_once():  # ranks may be forked from this server later
             multiprocessing.forkserver.ensure_running()
     loader = torch.utils.data.DataLoader(
         dataset,

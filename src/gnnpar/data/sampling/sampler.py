@@ -50,9 +50,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gnnpar import UsageError
 from gnnpar.csr import indptr
 from gnnpar.data.sampling import kernel
+from gnnpar.errors import UsageError
 
 _UNSEEN = torch.iinfo(torch.long).max
 

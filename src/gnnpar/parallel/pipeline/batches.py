@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.data.microbatch import MicroBatchPlan, build_plan, receptive_hops
 from gnnpar.data.types import GraphDataset, ImageDataset
+from gnnpar.errors import UsageError
 from gnnpar.training.metrics import score
 from gnnpar.training.sources import Resumable, image_batches
 
