@@ -19,10 +19,8 @@ Nothing here imports torch: the strategies' specs and the dataset names are torc
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +54,7 @@ from gnnpar.models.presets import (
     study_defaults,
 )
 from gnnpar.strategies import registry
+from gnnpar.targets import check_findable
 
 MODELS = tuple(STUDY_DEFAULTS)  # gcn, gat, gat3, sage, vig (models/__init__.py builds them)
 MODEL_KINDS = MODELS + USER_KINDS
@@ -239,30 +238,7 @@ def check_model_name(name: str) -> None:
             f"{USER_MODEL_FORMS} (a factory f(in_dim, num_classes, **model_args) -> nn.Module)."
         )
     if kind == "factory":  # its module can be found (imported before any rank starts: run.py)
-        module = name.split(":")[0]
-        if module in sys.modules:
-            return
-        cwd = os.getcwd()
-        sys.path.insert(0, cwd)  # where `gnnpar.models.user` imports it from too
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except Exception:  # a parent package that fails to import: said when it is imported
-            found = True
-        finally:
-            sys.path.remove(cwd)
-        if not found:
-            raise UsageError(no_module_message("--model", name, module))
-
-
-def no_module_message(flag: str, name: str, module: str) -> str:
-    """What ``flag name`` (a user's ``module:function``) says when ``module`` cannot be found:
-    one wording for --dataset and --model, here and when a rank imports it
-    (gnnpar.data.user.import_target_module)."""
-    return (
-        f"{flag} {name}: no module named '{module}' (looked in {os.getcwd()} and on "
-        f"sys.path). Run gnnpar from the folder that holds {module.replace('.', '/')}.py, or "
-        "install the module."
-    )
+        check_findable("--model", name)
 
 
 def check_used(cfg: Config, given: Mapping[str, str]) -> None:

@@ -64,8 +64,6 @@ import contextlib
 import functools
 import gzip
 import hashlib
-import importlib
-import importlib.util
 import json
 import os
 import random
@@ -81,7 +79,6 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from gnnpar.config.validate import no_module_message
 from gnnpar.data import readers, safe_load
 from gnnpar.data.cache import (
     DEFAULT_LOCK_TIMEOUT_S,
@@ -94,6 +91,10 @@ from gnnpar.data.cache import (
 from gnnpar.data.filelock import exclusive_lock
 from gnnpar.data.types import GraphDataset
 from gnnpar.errors import UsageError
+from gnnpar.targets import TARGET, check_findable, import_target_module
+from gnnpar.targets import brief as _brief
+from gnnpar.targets import cwd_on_path as _cwd_on_path
+from gnnpar.targets import describe as _what
 
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds
 PT_SUFFIXES = (".pt", ".pth")
@@ -101,7 +102,6 @@ MASKS = ("train_mask", "val_mask", "test_mask")
 OGB_RAW = ("raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz")
 OGB_SPLIT = (("train", "train"), ("val", "valid"), ("test", "test"))  # (mask, file stem)
 SHARES = {"train_mask": 6, "val_mask": 2, "test_mask": 2}  # of each class, when drawn
-TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 FORMS = "a .pt file (a saved PyG Data), an OGB-layout folder, or module:function"
 
 
@@ -120,14 +120,7 @@ def check_source(name: str) -> None:
     """Cheap checks before any process starts: the path exists and has a known form, or the
     module of ``module:function`` can be found. UsageError otherwise."""
     if TARGET.match(name):
-        module = name.split(":")[0]
-        with _cwd_on_path():
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except Exception:  # a parent package that fails to import: say so at load
-                found = True
-        if not found:
-            raise UsageError(no_module_message("--dataset", name, module))
+        check_findable("--dataset", name)
         return
     _pt_or_folder(name)
 
@@ -308,21 +301,6 @@ def _pyg_class(name: str) -> type | None:
 
 
 @contextmanager
-def _cwd_on_path() -> Iterator[None]:
-    """The current folder first on sys.path while importing the user's module."""
-    importlib.invalidate_caches()  # a module written since the last import (notebooks, tests)
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
-
-
-@contextmanager
 def _seeded(seed: int) -> Iterator[None]:
     """torch's, numpy's and random's global generators seeded with the run's seed (and restored
     after): a function that draws a random graph from them builds the same graph on every rank
@@ -338,20 +316,6 @@ def _seeded(seed: int) -> Iterator[None]:
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
-
-
-def import_target_module(flag: str, name: str, module_name: str) -> Any:
-    """The module of a user's ``module:function`` given to ``flag`` (``--dataset``, ``--model``),
-    imported (call it inside :func:`_cwd_on_path`); UsageError naming ``flag name`` when it is
-    missing or its import fails."""
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name == module_name or module_name.startswith(f"{e.name}."):
-            raise UsageError(no_module_message(flag, name, module_name)) from None
-        raise UsageError(f"{flag} {name}: importing {module_name} failed: {_brief(e)}.") from None
-    except Exception as e:
-        raise UsageError(f"{flag} {name}: importing {module_name} failed: {_brief(e)}.") from None
 
 
 def _call_target(name: str, seed: int) -> dict[str, Any]:
@@ -763,18 +727,5 @@ def _tensor_digest(tensors: dict[str, torch.Tensor]) -> str:
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _brief(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    first = text[0].rstrip(". ") if text else ""  # callers end the sentence
-    first = first if len(first) <= 200 else first[:200] + "..."
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
-
-
-def _what(v: Any) -> str:
-    if isinstance(v, torch.Tensor):
-        return f"a tensor of shape {_shape(v)}"
-    return f"a {type(v).__module__}.{type(v).__qualname__}".replace("builtins.", "")
-
-
 def _shape(t: torch.Tensor) -> str:
     return str(list(t.shape))

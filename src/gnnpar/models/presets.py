@@ -9,8 +9,9 @@ imports torch, so reading the defaults (``gnnpar train --help``, config checks) 
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from gnnpar.targets import TARGET
 
 # Used for any setting a model's table does not name (and for names that validate() rejects).
 FALLBACK: dict[str, Any] = dict(
@@ -59,7 +60,6 @@ def study_defaults(model: str, dataset: str, strategy: str) -> dict[str, Any]:
 # the one that reads --heads) and "factory" (--model module:function, or module:Class).
 USER_KINDS = ("pyg", "pyg:GAT", "factory")
 USER_MODEL_FORMS = "pyg:NAME (a model of torch_geometric.nn.models) or module:function"
-TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")  # module:function
 
 
 def model_kind(name: str) -> str | None:

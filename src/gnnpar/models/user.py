@@ -49,7 +49,8 @@ from torch import nn
 
 from gnnpar.config.schema import ModelConfig
 from gnnpar.errors import UsageError
-from gnnpar.models.presets import TARGET, USER_MODEL_FORMS
+from gnnpar.models.presets import USER_MODEL_FORMS
+from gnnpar.targets import TARGET, brief, cwd_on_path, describe, import_target_module
 
 PYG_MODELS = "torch_geometric.nn.models"
 PYG_STACKS = ("GCN", "GraphSAGE", "GIN", "GAT", "EdgeCNN", "PNA")  # BasicGNN: the usual ones
@@ -65,14 +66,12 @@ CHECK_NODES = 64  # the output-shape check runs the model on the subgraph of thi
 def resolve_target(name: str) -> Any:
     """The class or function ``name`` denotes (``pyg:NAME`` or ``module:function``); imports
     its module. UsageError naming the model for anything that cannot be found."""
-    from gnnpar.data.user import _cwd_on_path, import_target_module
-
     if name.startswith("pyg:"):
         return pyg_class(name[4:])
     if not TARGET.match(name):
         raise UsageError(f"--model {name}: give {USER_MODEL_FORMS}.")
     module_name, attr = name.split(":")
-    with _cwd_on_path():
+    with cwd_on_path():
         module = import_target_module("--model", name, module_name)
     obj = getattr(module, attr, None)
     if not callable(obj):
@@ -163,8 +162,6 @@ def degree_histogram(edge_index: torch.Tensor, num_nodes: int) -> list[int]:
 # ------------------------------------------------------------------------------- building
 def make(rec: dict[str, Any], in_dim: int, num_classes: int) -> nn.Module:
     """Call the recipe's target; UsageError (naming the model) if it raises or returns no module."""
-    from gnnpar.data.user import _brief, _cwd_on_path, _what
-
     name = rec["target"]
     obj = resolve_target(name)
     kwargs = dict(rec["kwargs"])
@@ -173,7 +170,7 @@ def make(rec: dict[str, Any], in_dim: int, num_classes: int) -> nn.Module:
     what = getattr(obj, "__name__", name)
     refuse_unsafe(name, obj, rec["call"])
     try:
-        with _cwd_on_path():  # a factory that imports more of the user's modules
+        with cwd_on_path():  # a factory that imports more of the user's modules
             if rec["call"] == "class":
                 module = obj(**kwargs)
             else:
@@ -182,10 +179,10 @@ def make(rec: dict[str, Any], in_dim: int, num_classes: int) -> nn.Module:
         raise
     except Exception as e:
         args = "**model_args" if rec["call"] == "class" else "in_dim, num_classes, **model_args"
-        raise UsageError(f"--model {name}: {what}({args}) raised {_brief(e)}.") from None
+        raise UsageError(f"--model {name}: {what}({args}) raised {brief(e)}.") from None
     if not isinstance(module, nn.Module):
         raise UsageError(
-            f"--model {name}: {what}() returned {_what(module)}, not a torch.nn.Module. A model "
+            f"--model {name}: {what}() returned {describe(module)}, not a torch.nn.Module. A model "
             "factory returns the model: f(in_dim, num_classes, **model_args) -> nn.Module."
         )
     return module
@@ -242,8 +239,6 @@ def check_module(
     module: nn.Module, name: str, in_dim: int, num_classes: int, graph: Any = None
 ) -> None:
     """Trainable parameters, and logits ``[n, num_classes]`` for the graph's first nodes."""
-    from gnnpar.data.user import _brief, _what
-
     if not any(p.requires_grad for p in module.parameters()):
         raise UsageError(
             f"--model {name}: the model has no trainable parameters (none with "
@@ -260,13 +255,13 @@ def check_module(
     except Exception as e:
         raise UsageError(
             f"--model {name}: calling it as model(x, edge_index) on the graph's first "
-            f"{x.size(0)} nodes (x [{x.size(0)}, {in_dim}]) raised {_brief(e)}."
+            f"{x.size(0)} nodes (x [{x.size(0)}, {in_dim}]) raised {brief(e)}."
         ) from None
     finally:
         module.train(was_training)
     expected = [x.size(0), num_classes]
     if not isinstance(out, torch.Tensor) or list(out.shape) != expected:
-        got = _what(out)
+        got = describe(out)
         raise UsageError(
             f"--model {name}: model(x, edge_index) must return logits of shape "
             f"{expected} (one row per node, one column per class), got {got}."
