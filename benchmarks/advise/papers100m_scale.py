@@ -83,7 +83,7 @@ def dataset(root: str, scale: float):
 
 def part_sizes(root: str, scale: float, parts: int) -> tuple[list[int], list[int]]:
     """Nodes and intra-part edges of each METIS part (the partition cache the profile made)."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.data.partition import load_partitions
 
     ds = dataset(root, scale)

@@ -133,7 +133,7 @@ def side_dgl(g: dict, epochs: int, seed: int) -> dict:
 
 
 def side_gnnpar(name: str, epochs: int, seed: int, threads: int) -> dict:
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.run import run
 
     flags = {"dataset": name, "model": "gat", "epochs": epochs, "seed": seed}

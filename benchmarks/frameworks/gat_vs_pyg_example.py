@@ -36,7 +36,7 @@ from torch_geometric.nn import GATConv
 
 import gnnpar
 from benchmarks import harness
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import BUNDLED
 from gnnpar.run import run
 

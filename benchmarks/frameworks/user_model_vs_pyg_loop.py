@@ -105,7 +105,7 @@ def plain_loop(name: str, epochs: int, threads: int, data_root: str) -> list[flo
 
 def in_process(name: str, reps: int, steps: int, skip: int, threads: int, root: str) -> dict:
     """gnnpar's wrapped model, the user's module in it, PyG's own: one step, rotating chunks."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.data.datasets import load_dataset
     from gnnpar.models import build_model
 

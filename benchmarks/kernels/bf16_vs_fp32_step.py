@@ -36,7 +36,7 @@ import torch
 
 import gnnpar
 from benchmarks import harness
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.models import build_model
 from gnnpar.training.losses import graph_loss, image_loss, seed_loss

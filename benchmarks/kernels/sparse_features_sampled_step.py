@@ -31,7 +31,7 @@ import time
 import torch
 
 from benchmarks import harness
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.runtime.dist import DistContext
 from gnnpar.strategies import registry

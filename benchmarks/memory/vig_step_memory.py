@@ -40,7 +40,7 @@ def child(batch: int, chunks: int, variant: str, threads: int) -> None:
 
     import gnnpar.models.vig as vig
     from gnnpar.config.schema import Config
-    from gnnpar.config.validate import resolve
+    from gnnpar.configure import resolve
     from gnnpar.models import build_model
 
     harness.set_threads(threads)

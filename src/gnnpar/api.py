@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from gnnpar.config.parse import default_data_root
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.errors import UsageError
 from gnnpar.result import atomic_save, load_model
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from gnnpar.config.parse import KEYS
-from gnnpar.config.validate import Use, build_config, describe_uses, used_by
+from gnnpar.configure import Use, build_config, describe_uses, used_by
 from gnnpar.errors import RankFailedError, UsageError
 from gnnpar.strategies import registry
 
@@ -96,7 +96,7 @@ FLAG_HELP = {
 
 def flag_help(key: str, uses: dict[str, tuple[Use, ...]] | None = None) -> str:
     """The flag's meaning, and who reads it when that is not every run (``uses``:
-    :func:`gnnpar.config.validate.used_by`, derived from the strategies' specs)."""
+    :func:`gnnpar.configure.used_by`, derived from the strategies' specs)."""
     uses = used_by() if uses is None else uses
     text = strategy_help() if key == "strategy" else FLAG_HELP.get(key, "")
     if key in uses:

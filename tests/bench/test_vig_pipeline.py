@@ -9,7 +9,7 @@ import torch
 
 from gnnpar.bench.report import fmt
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.models import build_model
 
 # the package re-exports the suite function under the module's name, so import the module itself

@@ -13,7 +13,7 @@ import pytest
 from gnnpar import UsageError
 from gnnpar.config.parse import FIELD_TYPES, KEYS, coerce, parse_int_list, parse_slowdown
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import build_config, resolve, used_by
+from gnnpar.configure import build_config, resolve, used_by
 from gnnpar.models.presets import study_defaults
 
 
@@ -108,7 +108,7 @@ def _toml_value(text: str):
 
 
 def test_the_flag_table_covers_every_key_and_names_known_choices():
-    from gnnpar.config.validate import MODELS, USER_KINDS, common_keys
+    from gnnpar.configure import MODELS, USER_KINDS, common_keys
     from gnnpar.strategies import registry
 
     USED_BY = used_by()
@@ -421,7 +421,7 @@ def test_non_finite_and_huge_values_from_a_toml_file(tmp_path):
 
 
 def test_a_config_built_in_python_is_checked_for_non_finite_values_too():
-    from gnnpar.config.validate import validate
+    from gnnpar.configure import validate
 
     cfg = Config()
     cfg.strategy.jitter = math.nan  # nan < 0 is False: a range check alone lets it through
@@ -454,7 +454,7 @@ def test_config_the_strategy_specs_and_presets_import_no_torch():
         "import sys\n"
         "import gnnpar.config, gnnpar.models, gnnpar.models.presets\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
-        "from gnnpar.config.validate import build_config\n"
+        "from gnnpar.configure import build_config\n"
         "from gnnpar.cli import build_parser\n"
         "build_parser().format_help()\n"
         "build_config(None, {'strategy': 'allreduce', 'model': 'gcn', 'partitions': '4'})\n"

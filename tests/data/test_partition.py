@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data
 
 from gnnpar import UsageError
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.partition import (
     build_partitioned,

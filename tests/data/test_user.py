@@ -16,7 +16,7 @@ from torch_geometric.data import Data
 
 from gnnpar import UsageError
 from gnnpar.cli import main
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.user import stratified_split
 from helpers import tiny_graph

@@ -10,7 +10,7 @@ from torch_geometric.data import Data
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.models import BlockModel, build_model
 from gnnpar.models.dropout import dropout
 from gnnpar.models.gat import (
@@ -329,7 +329,7 @@ def test_marked_rows_take_the_whole_matrix_plan_and_the_same_decision():
 def test_sampled_batches_are_marked_as_rows_of_the_graphs_features():
     """The sampled source marks each batch's features; the plan the model gathers equals the
     one it would build from the batch."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.csr import rows_origin
     from gnnpar.data.datasets import load_dataset
     from gnnpar.runtime.dist import DistContext

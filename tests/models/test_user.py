@@ -16,7 +16,7 @@ from gnnpar import UsageError
 from gnnpar.api import factory_name, instance_recipe
 from gnnpar.cli import main
 from gnnpar.config.schema import ModelConfig
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.models import build_model
 from gnnpar.models.user import build_user_model, degree_histogram, make, pyg_class, recipe
 from gnnpar.result import read_model_file

@@ -7,7 +7,7 @@ import torch
 from torch_geometric.nn import MessagePassing
 
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.models import build_model
 from gnnpar.models.vig import MRConv, ViGBlock, knn_graph, max_relative
 

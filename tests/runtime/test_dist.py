@@ -212,7 +212,7 @@ def test_garbage_from_slurm_is_a_usage_error(slurm_env, env, needle):
 
 def test_a_run_takes_its_rank_from_slurm_at_its_start(slurm_env):
     """gnnpar.run.run adopts SLURM's ranks before anything else (here: bad ones, exit 2)."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.run import run
 
     slurm_env.update(SLURM_PROCID="2", SLURM_NTASKS="2", SLURM_LOCALID="0")

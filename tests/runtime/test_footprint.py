@@ -12,7 +12,7 @@ from gnnpar.runtime import footprint
 
 def _vig_cfg(batch: int, recompute: bool = False):
     from gnnpar.config.schema import Config
-    from gnnpar.config.validate import resolve
+    from gnnpar.configure import resolve
 
     cfg = Config()
     cfg.data.dataset, cfg.model.name = "synthetic-cifar10", "vig"
@@ -75,7 +75,7 @@ STEP = """
 import json, sys, torch, torch.nn.functional as F
 from pathlib import Path
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.models import build_model
 from gnnpar.runtime.footprint import vig_activation_bytes
 torch.set_num_threads(1)

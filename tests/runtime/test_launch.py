@@ -438,7 +438,7 @@ def test_a_rank_of_torchrun_starts_no_fork_server_and_checks_nothing_early(monke
     """Under torchrun the run's world is the environment's: a 2-stage pipeline rank started
     without --workers is not refused by the CLI's early start (a regression: it was, exit 2)."""
     from gnnpar import cli
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.runtime import launch
 
     monkeypatch.setenv("RANK", "0")

@@ -19,7 +19,7 @@ from torch_geometric.data import Data
 
 from gnnpar.cli import main
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.data.partition import build_partitioned, partition_nodes
 from gnnpar.models import build_model

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from gnnpar import UsageError
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.run import prepare
 from helpers import rank_pids, start_cli, wait_for_steps
 

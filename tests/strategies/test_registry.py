@@ -21,7 +21,7 @@ import toy_strategy
 from gnnpar import UsageError
 from gnnpar.cli import flag_help, main
 from gnnpar.config.parse import KEYS
-from gnnpar.config.validate import STRATEGY_KEYS, build_config, describe_uses, used_by
+from gnnpar.configure import STRATEGY_KEYS, build_config, describe_uses, used_by
 from gnnpar.data.datasets import load_dataset
 from gnnpar.run import prepare, train_rank
 from gnnpar.runtime.dist import DistContext

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gnnpar import UsageError
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import GraphDataset
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.run import prepare, run_rank, train_rank

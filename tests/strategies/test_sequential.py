@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.datasets import GraphDataset, ImageDataset, load_dataset
 from gnnpar.run import prepare, train_rank
 from gnnpar.runtime.dist import DistContext

@@ -7,7 +7,7 @@ import torch
 from torch_geometric.utils import coalesce, remove_self_loops
 
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.models import build_model
 from gnnpar.training.evaluation import EvalGraphCache, graph_logits
 

@@ -98,7 +98,7 @@ class Request:
 def parse_request(flags: dict[str, Any]) -> Request:
     """The advise flags (dashed names, None where not given) as a checked :class:`Request`."""
     from gnnpar.config.parse import coerce
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.strategies import registry
 
     flags = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
@@ -244,7 +244,7 @@ def parse_request(flags: dict[str, Any]) -> Request:
 
 def checked_grid(req: Request) -> list[Candidate]:
     """The grid, every configuration checked as ``gnnpar train`` would check it."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.strategies import registry
 
     grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed, req.images)

@@ -64,7 +64,7 @@ from typing import Any
 import torch
 
 from gnnpar.advise.speed import reference_s
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.sampling.loader import SampledBatches
 
 REPEATS = 5
@@ -229,7 +229,7 @@ def interleaved_times(
 def flags_for(base: dict[str, Any], strategy: str, **settings: Any) -> dict[str, Any]:
     """``gnnpar train`` flags of ``strategy`` with ``settings``: ``base`` without the strategy
     settings this strategy does not read (``gnnpar train`` would refuse them)."""
-    from gnnpar.config.validate import NEEDS, STRATEGY_KEYS
+    from gnnpar.configure import NEEDS, STRATEGY_KEYS
     from gnnpar.strategies import registry
 
     reads = registry.get(strategy).reads

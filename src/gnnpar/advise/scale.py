@@ -232,7 +232,7 @@ def meta_dataset(shape: GraphShape):
 def model_memory(flags: dict[str, Any], shape: GraphShape) -> dict[str, int]:
     """``state`` and ``activations`` bytes of one rank of the ``gnnpar train`` run ``flags``
     on a graph of ``shape``: :func:`~gnnpar.runtime.footprint.estimate_bytes`."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.runtime.footprint import estimate_bytes
 
     return estimate_bytes(build_config(None, flags), meta_dataset(shape), 1)

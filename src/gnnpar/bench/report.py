@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 
 
 def run_config(flags: dict[str, Any], out: Path, name: str, quiet: bool = True) -> dict[str, Any]:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan, write_report
 from gnnpar.config.parse import default_data_root
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import resolve
+from gnnpar.configure import resolve
 from gnnpar.data.datasets import REGISTRY, load_dataset
 from gnnpar.models import build_model
 from gnnpar.models.base import BlockModel

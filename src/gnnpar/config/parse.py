@@ -281,7 +281,7 @@ def apply(
     """Set flag-named keys on cfg; unknown keys are an error that names the source.
 
     ``given`` collects key -> source of every setting applied (the user's choices, as opposed to
-    defaults that :func:`gnnpar.config.validate.resolve` fills in later).
+    defaults that :func:`gnnpar.configure.resolve` fills in later).
     """
     for raw_key, value in settings.items():
         key = raw_key.replace("_", "-")

@@ -1,7 +1,7 @@
 """The settings of a run as one dataclass tree, and the fixed choices some settings allow.
 
 Plain data: nothing here reads a file, fills a default or checks a value (that is
-:mod:`gnnpar.config.parse` and :mod:`gnnpar.config.validate`), and nothing imports torch.
+:mod:`gnnpar.config.parse` and :mod:`gnnpar.configure`), and nothing imports torch.
 """
 
 from __future__ import annotations

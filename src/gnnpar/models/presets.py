@@ -1,6 +1,6 @@
 """Study defaults of each model: the settings a run gets when the user does not choose them.
 
-Plain data and one function, imported by :func:`gnnpar.config.validate.resolve`; nothing here
+Plain data and one function, imported by :func:`gnnpar.configure.resolve`; nothing here
 imports torch, so reading the defaults (``gnnpar train --help``, config checks) stays cheap.
 
     >>> study_defaults("gat", "cora", "sequential")["lr"]

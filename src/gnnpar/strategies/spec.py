@@ -4,13 +4,13 @@ A spec says everything the rest of gnnpar needs to know about a strategy before 
 starts, and how a rank builds it:
 
 * ``reads``: the settings whose use depends on the strategy that it reads (and for which kinds
-  of dataset). :func:`gnnpar.config.validate.used_by` derives from the specs which runs read
+  of dataset). :func:`gnnpar.configure.used_by` derives from the specs which runs read
   each such setting, for the "is used by ... only" errors and ``gnnpar train --help``.
 * ``degrees``: how the world size splits into data-parallel copies x pipeline stages
   (:class:`~gnnpar.parallel.parallel_dims.ParallelDims`, built once by
   :func:`gnnpar.run.prepare` through :meth:`StrategySpec.parallel_dims`).
 * ``defaults``: fills the strategy's settings the user left unset
-  (:func:`gnnpar.config.validate.resolve`), e.g. what is averaged.
+  (:func:`gnnpar.configure.resolve`), e.g. what is averaged.
 * ``check(cfg, dims)``: the strategy's checks that need no data, once before launch.
 * ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
   training loop (:mod:`gnnpar.training.loop`). It imports torch and the training parts when it

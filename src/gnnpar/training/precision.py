@@ -47,6 +47,6 @@ def autocast(
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision not in DTYPES:
-        raise ValueError(f"unknown precision {precision!r}; config.validate lets none through")
+        raise ValueError(f"unknown precision {precision!r}; gnnpar.configure lets none through")
     kind = torch.device(device if device is not None else "cpu").type
     return torch.autocast(device_type=kind, dtype=DTYPES[precision])

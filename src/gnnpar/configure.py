@@ -14,7 +14,9 @@ specs for the settings only strategies decide on, and from :data:`MODEL_AND_DATA
 others. Checks that belong to one strategy (e.g. allreduce needs ``--partitions``) are its
 spec's ``check``, run with the run's parallel degrees by :func:`gnnpar.run.prepare`.
 
-Nothing here imports torch: the strategies' specs and the dataset names are torch-free.
+It stands above the strategies it consults (their specs) and the settings' schema and parser
+below them (:mod:`gnnpar.config`). Nothing here imports torch: the strategies' specs and the
+dataset names are torch-free.
 """
 
 from __future__ import annotations
