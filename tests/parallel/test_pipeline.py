@@ -28,13 +28,13 @@ from gnnpar.config.schema import Config, ModelConfig
 from gnnpar.data.types import GraphDataset, ImageDataset
 from gnnpar.models import build_model
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.parallel.pipeline.batches import (
+from gnnpar.training.pipeline_batches import (
     GraphMicroBatches,
     ImageMicroBatches,
     StagePlace,
     receptive_field,
 )
-from gnnpar.parallel.pipeline.step import PipelineStep
+from gnnpar.training.pipeline_step import PipelineStep
 from gnnpar.training.sync import ReplicaGradSum
 
 

@@ -319,8 +319,8 @@ def test_eval_every_n_epochs_but_not_the_last(tmp_path, epochs, every, expected)
 
 # -------------------------------------------------------------------------- the protocols
 def test_every_source_and_sync_policy_derives_from_the_base():
-    from gnnpar.parallel.gossip.sync import GossipSync
-    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, ImageMicroBatches
+    from gnnpar.training.gossip_sync import GossipSync
+    from gnnpar.training.pipeline_batches import GraphMicroBatches, ImageMicroBatches
 
     found = [c for _, c in inspect.getmembers(sources, inspect.isclass) if "epoch" in vars(c)]
     assert {c.__name__ for c in found} >= {

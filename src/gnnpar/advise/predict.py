@@ -515,7 +515,7 @@ def image_steps(prof: Profile, replicas: int, pipelined: bool) -> list[int]:
     """The images of each step of a ViG epoch, per copy of the model, as gnnpar's sources
     make them: sequential (:class:`~gnnpar.training.sources.ImageBatches`) ``--batch-size``
     images a step, the last step the rest; pipeline and hybrid
-    (:class:`~gnnpar.parallel.pipeline.batches.ImageMicroBatches`) only whole global batches
+    (:class:`~gnnpar.training.pipeline_batches.ImageMicroBatches`) only whole global batches
     of ``replicas x --batch-size``; at most ``--max-steps`` steps."""
     n, b = prof.num_train, prof.batch_size
     if pipelined:

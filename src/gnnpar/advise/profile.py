@@ -4,7 +4,7 @@ Every batch is the one the strategy would train, built by the strategy's own par
 graph and the Cluster-GCN subgraphs through ``sequential``'s plan (``SPEC.build``: the real
 model, loss, optimizer and partitions), neighbour-sampled batches through ``sampled``'s plan
 (its :class:`~gnnpar.data.sampling.loader.SampledBatches` over the shared graph file), pipeline
-micro-batches through :class:`~gnnpar.parallel.pipeline.batches.GraphMicroBatches` and the
+micro-batches through :class:`~gnnpar.training.pipeline_batches.GraphMicroBatches` and the
 stage split of :func:`~gnnpar.parallel.pipeline.stages.choose_balance`. What is measured:
 
 * one training step (forward, backward, optimizer step) of each batch kind at ``--threads``:
@@ -591,9 +591,9 @@ def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], pro
     """Each stage's forward and backward per micro-batch (every stage on this process, one at
     a time), the activation bytes at each cut, the optimizer step per stage."""
     from gnnpar.models import build_model
-    from gnnpar.parallel.pipeline.batches import GraphMicroBatches, StagePlace
     from gnnpar.parallel.pipeline.stages import bounds, profile_blocks, split_by_cost
     from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.pipeline_batches import GraphMicroBatches, StagePlace
     from gnnpar.training.seeding import seed_everything
 
     for replicas, stages, chunks in sorted(set(shapes)):

@@ -65,10 +65,10 @@ PRELOAD_MODULES_ENV = "GNNPAR_PRELOAD_MODULES"
 TRAIN_RANK_MODULES = (
     "gnnpar.data.partition",
     "gnnpar.data.sampling.loader",
-    "gnnpar.parallel.gossip.sync",
-    "gnnpar.parallel.pipeline.step",
     "gnnpar.training.evaluation",
     "gnnpar.training.final_model",
+    "gnnpar.training.gossip_sync",
+    "gnnpar.training.pipeline_step",
     "gnnpar.training.sources",
     "gnnpar.training.sync",
 )

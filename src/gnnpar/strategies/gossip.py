@@ -58,8 +58,9 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
 
     from gnnpar.data.partition import load_partitions
     from gnnpar.models import build_model
-    from gnnpar.parallel.gossip import AnyPeer, Bipartite, GossipSync, Pairing, WorkPool
+    from gnnpar.parallel.gossip import AnyPeer, Bipartite, Pairing, WorkPool
     from gnnpar.training.final_model import choose_final_model
+    from gnnpar.training.gossip_sync import GossipSync
     from gnnpar.training.loop import Final, Plan
     from gnnpar.training.losses import LocalStep, graph_loss
     from gnnpar.training.optim import build_optimizer

@@ -137,16 +137,16 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     from gnnpar.models.adapt import batch_statistics, check_same_output, join_where_not_tensors
     from gnnpar.models.user import CHECK_NODES, first_nodes
     from gnnpar.parallel import collectives
-    from gnnpar.parallel.pipeline.batches import (
+    from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound
+    from gnnpar.training.loop import Final, Plan
+    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.pipeline_batches import (
         GraphMicroBatches,
         ImageMicroBatches,
         StagePlace,
         receptive_field,
     )
-    from gnnpar.parallel.pipeline.stages import choose_balance, gpipe_bound
-    from gnnpar.parallel.pipeline.step import PipelineStep
-    from gnnpar.training.loop import Final, Plan
-    from gnnpar.training.optim import build_optimizer
+    from gnnpar.training.pipeline_step import PipelineStep
     from gnnpar.training.precision import autocast
     from gnnpar.training.seeding import seed_everything
     from gnnpar.training.sync import NoSync, ReplicaGradSum

@@ -9,7 +9,7 @@ source                       batches                                           s
 :class:`PoolSource`          the next subgraph of the shared work pool         gossip
 :class:`ImageBatches`        seeded image mini-batches                         sequential
 :class:`SampledSource`      neighbour-sampled batches over a shared graph     sampled
-:mod:`gnnpar.parallel.pipeline.batches`            pipeline micro-batches      pipeline
+:mod:`.pipeline_batches`     pipeline micro-batches                            pipeline
 ===========================  ================================================  ==============
 
 Every source is a :class:`~gnnpar.training.protocols.BaseSource` (the protocol the loop calls:

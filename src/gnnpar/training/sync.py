@@ -6,7 +6,7 @@ policy                   what                                                   
 :class:`NoSync`          nothing (one process, or DDP's own hooks do it)             sequential
 :class:`GradAllReduce`   mean of the gradients over the ranks every K steps          allreduce
 :class:`ParamAverage`    mean of the parameters every K steps (torch's averager)     allreduce
-:class:`~gnnpar.parallel.gossip.sync.GossipSync`  pairwise gossip every K steps               gossip
+:class:`GossipSync`       pairwise gossip every K steps (:mod:`.gossip_sync`)         gossip
 :class:`DDPHooks`        DDP's bucketed all-reduce inside backward, timed            sampled
 :class:`ReplicaGradSum`  sum of a stage's gradients over the pipeline copies         hybrid
 =======================  ==========================================================  =========

@@ -7,7 +7,7 @@
  * runs the code's own steps, in the code's order:
  *   loop.train, sources.PoolSource         -> the epoch loop; take, train, hold a later epoch's item
  *   parallel/gossip/pool.py WorkPool.take  -> one atomic store.add on the pool counter (label take)
- *   parallel/gossip/sync.py GossipSync     -> boundary(), serve(), pause() and the final barrier
+ *   training/gossip_sync.py GossipSync     -> boundary(), serve(), pause() and the final barrier
  *   parallel/gossip/protocol.py Pairing    -> at_boundary, _pick, _serve, _if_ready, finish, retire
  * The docstring of parallel/gossip/protocol.py maps each step of the code to its label here.
  *

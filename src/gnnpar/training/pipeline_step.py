@@ -14,7 +14,6 @@ import time
 import torch
 
 from gnnpar.config.schema import Config
-from gnnpar.parallel.pipeline.batches import Batch, StagePlace
 from gnnpar.parallel.pipeline.stages import (
     StageModule,
     boundary_shapes,
@@ -24,13 +23,14 @@ from gnnpar.parallel.pipeline.stages import (
     run_schedule,
     summed_loss,
 )
+from gnnpar.training.pipeline_batches import Batch, StagePlace
 from gnnpar.training.precision import autocast
 
 
 class PipelineStep:
     """This rank's stage, once with the training shapes (schedule with loss and backward) and
     once with the evaluation shapes (forward-only GPipe), sharing the parameters. Called with a
-    step's :class:`~gnnpar.parallel.pipeline.batches.Batch`, it runs one ``schedule.step``: the loop's
+    step's :class:`~gnnpar.training.pipeline_batches.Batch`, it runs one ``schedule.step``: the loop's
     one pipeline branch. Returns the copy's own mean loss on the last stage, else None."""
 
     def __init__(
