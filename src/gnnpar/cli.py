@@ -265,12 +265,23 @@ def _start_ranks_server(cfg) -> None:
     )
 
 
+def check_train_flags(flags: list[str]) -> None:
+    """Train's flags as `gnnpar train` would check them (UsageError), for `gnnpar torchrun`."""
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(["train", *flags])
+    except SystemExit as e:  # the parser printed its one message already
+        raise UsageError("train's flags above are not right (`gnnpar train --help`)") from e
+    values = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
+    build_config(ns.config, values)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["torchrun"]:  # torchrun's own flags, then train's: not argparse's to read
         from gnnpar.runtime.torchrun import main as torchrun_main
 
-        return torchrun_main(argv[1:])
+        return torchrun_main(argv[1:], check_train_flags)
     args = build_parser().parse_args(argv)
     code = 1
     try:

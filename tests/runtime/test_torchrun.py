@@ -113,6 +113,7 @@ def _agent_ending(monkeypatch, capsys, refuse: bool) -> tuple[int, str]:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.rendezvous import RendezvousConnectionError
 
+    from gnnpar.cli import check_train_flags
     from gnnpar.runtime.torchrun import note_refusal, parse, run_agent
 
     def lost(args) -> None:  # noqa: ANN001
@@ -123,7 +124,8 @@ def _agent_ending(monkeypatch, capsys, refuse: bool) -> tuple[int, str]:
     monkeypatch.setattr(torchrun, "run", lost)
     monkeypatch.delenv("GNNPAR_REFUSAL_DIR", raising=False)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as torchrun's agent sets it for a rank
-    code = run_agent(parse(["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", "train"]))
+    argv = ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", "train"]
+    code = run_agent(parse(argv, check_train_flags))
     return code, capsys.readouterr().err
 
 

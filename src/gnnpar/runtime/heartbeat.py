@@ -44,7 +44,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from gnnpar.runtime.launch import OWN_LAUNCHER_ENV
+# Set by gnnpar's own launcher (gnnpar.runtime.launch) for the ranks it starts: they report a
+# failure through it, not on stderr, as torchrun's ranks do
+OWN_LAUNCHER_ENV = "GNNPAR_OWN_LAUNCHER"
 
 
 class PeerStalledError(RuntimeError):

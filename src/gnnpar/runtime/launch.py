@@ -72,9 +72,6 @@ TRAIN_RANK_MODULES = (
     "gnnpar.training.sources",
     "gnnpar.training.sync",
 )
-# Set for the ranks this module starts: they report a failure through it, not on stderr
-# (gnnpar.runtime.heartbeat), as torchrun's ranks do
-OWN_LAUNCHER_ENV = "GNNPAR_OWN_LAUNCHER"
 
 
 def free_port() -> int:
@@ -334,6 +331,8 @@ def launch(
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from gnnpar.runtime.heartbeat import OWN_LAUNCHER_ENV  # set for the ranks started here
 
     timeout = max(1, int(timeout_s))
     method = start_method()

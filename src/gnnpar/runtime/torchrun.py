@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 
 from gnnpar.errors import UsageError
 
@@ -89,8 +90,11 @@ def rdzv_conf(text: str) -> dict[str, str]:
     return conf
 
 
-def parse(argv: list[str]):
-    """torchrun's arguments, with ``-m gnnpar`` and the checked ``train ...`` as its script."""
+def parse(argv: list[str], check_train_flags: Callable[[list[str]], None]):
+    """torchrun's arguments, with ``-m gnnpar`` and the checked ``train ...`` as its script:
+    ``check_train_flags`` checks train's flags as `gnnpar train` would (UsageError), before any
+    rank starts, so that a mistake is said once, not once per attempt on every host (the command
+    line's own check, :func:`gnnpar.cli.check_train_flags`)."""
     from torch.distributed import run as torchrun
 
     parser = torchrun.get_args_parser()
@@ -122,20 +126,6 @@ def parse(argv: list[str]):
     args.training_script, args.module = "gnnpar", True
     args.training_script_args = ["train", *args.training_script_args]
     return args
-
-
-def check_train_flags(flags: list[str]) -> None:
-    """Train's flags as `gnnpar train` would check them (UsageError): before any rank starts, so
-    a mistake is said once, not once per attempt on every host."""
-    from gnnpar.cli import build_config, build_parser
-
-    parser = build_parser()
-    try:
-        ns = parser.parse_args(["train", *flags])
-    except SystemExit as e:  # the parser printed its one message already
-        raise UsageError("train's flags above are not right (`gnnpar train --help`)") from e
-    values = {k: v for k, v in vars(ns).items() if k not in ("command", "config")}
-    build_config(ns.config, values)
 
 
 def run_agent(args) -> int:
@@ -232,9 +222,11 @@ def _verdict(e: Exception, args, endpoint: str, again: str) -> int:  # noqa: ANN
     return 1
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], check_train_flags: Callable[[list[str]], None]) -> int:
+    """``gnnpar torchrun [torchrun's flags] train [train's flags]``: exit status 0, 1, 2 or 130.
+    ``check_train_flags``: see :func:`parse`."""
     try:
-        return run_agent(parse(argv))
+        return run_agent(parse(argv, check_train_flags))
     except UsageError as e:
         print(f"gnnpar: error: {e}", file=sys.stderr)
         return 2
