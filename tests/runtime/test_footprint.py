@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gnnpar import UsageError
+from gnnpar.models import memory
 from gnnpar.runtime import footprint
 
 
@@ -38,9 +39,9 @@ def test_a_vig_batch_that_fits_only_with_recompute_gets_it(monkeypatch, capsys):
     import torch
 
     cfg, ds = _vig_cfg(1000), _images(1000)
-    without = sum(footprint.estimate_bytes(cfg, ds, 1).values())
+    without = sum(memory.estimate_bytes(cfg, ds, 1).values())
     cfg.model.recompute = True
-    lean = sum(footprint.estimate_bytes(cfg, ds, 1).values())
+    lean = sum(memory.estimate_bytes(cfg, ds, 1).values())
     cfg.model.recompute = False
     assert without > 40 * footprint.GIB and lean < 8 * footprint.GIB
     monkeypatch.setattr(
@@ -77,7 +78,7 @@ from pathlib import Path
 from gnnpar.config.schema import Config
 from gnnpar.configure import resolve
 from gnnpar.models import build_model
-from gnnpar.runtime.footprint import vig_activation_bytes
+from gnnpar.models.memory import vig_activation_bytes
 torch.set_num_threads(1)
 batch, recompute = int(sys.argv[1]), sys.argv[2] == "1"
 cfg = Config(); cfg.data.dataset, cfg.model.name = "synthetic-cifar10", "vig"; resolve(cfg)

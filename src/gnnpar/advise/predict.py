@@ -26,7 +26,7 @@ sharing one core's resources), whatever the number of ranks per host. Hosts that
 machines of their own (``ClusterSpec.hosts_per_machine``: the namespace hosts of ``advise
 --validate --hosts 2`` share this machine) share their cores the same way.
 
-Memory per rank: the bare rank measured here plus :func:`gnnpar.runtime.footprint.estimate_bytes`
+Memory per rank: the bare rank measured here plus :func:`gnnpar.models.memory.estimate_bytes`
 for the run (a lower bound: see there), a pipeline stage holding its share of the model.
 """
 

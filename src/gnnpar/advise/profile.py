@@ -779,7 +779,7 @@ def _stage_times(model, lo: int, hi: int, first: bool, last: bool, x, edge_index
 
 
 def _estimate(cfg, ds) -> dict[str, int]:
-    from gnnpar.runtime.footprint import estimate_bytes
+    from gnnpar.models.memory import estimate_bytes
 
     return estimate_bytes(cfg, ds, 1)
 
@@ -983,7 +983,7 @@ def wake_s(run: dict[str, Any], comm: dict[str, Any], param_bytes: int) -> float
     with it. 0 where the run was no slower than simulated without it. On a 2-vCPU AMD EPYC VM:
     1.3-2.1 ms (the back-to-back exchange: ~0.2 ms)."""
     from gnnpar.advise import simulate as sim
-    from gnnpar.runtime.footprint import FLOAT_BYTES
+    from gnnpar.models.memory import FLOAT_BYTES
 
     ring, p2p = sim.Link(*comm["ring_step"]), sim.Link(*comm["p2p_link"])
     epochs, steps = int(run["epochs"]), run["step_s"]
@@ -1367,7 +1367,7 @@ def take_profile(
     timings, after the real loop's probe and at its end (``speed_ref_s``): whether the
     machine's speed changed while it was profiled."""
     from gnnpar.data.datasets import load_dataset
-    from gnnpar.runtime.footprint import FLOAT_BYTES, parameter_count
+    from gnnpar.models.memory import FLOAT_BYTES, parameter_count
     from gnnpar.runtime.launch import start_fork_server_for_ranks
 
     t_start = time.perf_counter()

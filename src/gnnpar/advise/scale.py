@@ -23,7 +23,7 @@ What transfers, and why. A step's cost depends on the step's work, not on the gr
   :func:`~gnnpar.data.sampling.loader.shard_plan`.
 
 Memory per host (:func:`host_memory`): what gnnpar's design puts on each host, with
-:func:`gnnpar.runtime.footprint.estimate_bytes` for each rank's model state and activations,
+:func:`gnnpar.models.memory.estimate_bytes` for each rank's model state and activations,
 computed for the target graph's shape (:func:`model_memory`, on a dataset of meta tensors: no
 memory is allocated).
 """
@@ -211,7 +211,7 @@ def scale_profile(
 
 # ------------------------------------------------------------------ memory per host
 def meta_dataset(shape: GraphShape):
-    """An object with what :func:`~gnnpar.runtime.footprint.estimate_bytes` reads of a graph
+    """An object with what :func:`~gnnpar.models.memory.estimate_bytes` reads of a graph
     dataset, its edge_index a meta tensor (shape only, no memory)."""
     from types import SimpleNamespace
 
@@ -231,9 +231,9 @@ def meta_dataset(shape: GraphShape):
 
 def model_memory(flags: dict[str, Any], shape: GraphShape) -> dict[str, int]:
     """``state`` and ``activations`` bytes of one rank of the ``gnnpar train`` run ``flags``
-    on a graph of ``shape``: :func:`~gnnpar.runtime.footprint.estimate_bytes`."""
+    on a graph of ``shape``: :func:`~gnnpar.models.memory.estimate_bytes`."""
     from gnnpar.configure import build_config
-    from gnnpar.runtime.footprint import estimate_bytes
+    from gnnpar.models.memory import estimate_bytes
 
     return estimate_bytes(build_config(None, flags), meta_dataset(shape), 1)
 
