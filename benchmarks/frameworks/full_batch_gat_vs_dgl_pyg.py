@@ -48,7 +48,7 @@ def export(folder: Path, name: str) -> None:
     import torch_geometric.transforms as T
     from torch_geometric.datasets import Planetoid
 
-    from gnnpar.data.datasets import BUNDLED
+    from gnnpar.data.registry import BUNDLED
 
     root = folder / "raw"
     shutil.copytree(BUNDLED / NAMES[name], root / NAMES[name], dirs_exist_ok=True)

@@ -37,7 +37,7 @@ from torch_geometric.nn import GATConv
 import gnnpar
 from benchmarks import harness
 from gnnpar.configure import build_config
-from gnnpar.data.datasets import BUNDLED
+from gnnpar.data.registry import BUNDLED
 from gnnpar.run import run
 
 PLANETOID_NAMES = {"cora": "Cora", "citeseer": "CiteSeer"}

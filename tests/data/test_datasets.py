@@ -7,8 +7,9 @@ import torch
 from torch_geometric.utils import degree
 
 from gnnpar import UsageError
-from gnnpar.data.datasets import REGISTRY, load_dataset, verify_bundled_checksums
+from gnnpar.data.datasets import load_dataset, loader, verify_bundled_checksums
 from gnnpar.data.listing import dataset_rows
+from gnnpar.data.registry import DATASETS
 
 
 def test_bundled_checksums():
@@ -37,12 +38,13 @@ def test_citeseer_keeps_isolated_nodes(tmp_path):
 
 
 def test_every_spec_is_complete(tmp_path):
-    for name, spec in REGISTRY.items():
+    for name, spec in DATASETS.items():
         assert spec.name == name and spec.kind in ("graph", "image")
         assert spec.source in ("bundled", "user files", "generated")
         assert spec.size and spec.obtain
         if spec.source == "user files":
             assert spec.files and "http" in spec.obtain
+        assert callable(loader(spec))  # the reader or generator it names exists
 
 
 def test_a_loaded_dataset_says_its_kind_as_the_registry_does(tmp_path):
@@ -50,14 +52,14 @@ def test_a_loaded_dataset_says_its_kind_as_the_registry_does(tmp_path):
     from gnnpar.data.types import ImageDataset
 
     for name in ("karate", "cora"):
-        assert load_dataset(name, tmp_path).kind == REGISTRY[name].kind == "graph"
+        assert load_dataset(name, tmp_path).kind == DATASETS[name].kind == "graph"
     x, y = torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long)
-    assert ImageDataset("tiny", x, y, x, y, x, y).kind == REGISTRY["cifar10"].kind == "image"
+    assert ImageDataset("tiny", x, y, x, y, x, y).kind == DATASETS["cifar10"].kind == "image"
 
 
-@pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if s.source == "user files"])
+@pytest.mark.parametrize("name", [n for n, s in DATASETS.items() if s.source == "user files"])
 def test_missing_files_name_files_folder_and_source(tmp_path, name):
-    spec = REGISTRY[name]
+    spec = DATASETS[name]
     with pytest.raises(UsageError) as err:
         load_dataset(name, tmp_path)
     msg = str(err.value)
@@ -84,7 +86,7 @@ def test_unknown_dataset():
 
 def test_listing_reports_availability(tmp_path):
     rows = {r["name"]: r for r in dataset_rows(tmp_path)}
-    assert set(rows) == set(REGISTRY)
+    assert set(rows) == set(DATASETS)
     assert rows["cora"]["available"].startswith("yes")
     assert rows["reddit"]["available"].startswith("no")
     assert str(tmp_path / "reddit") in rows["reddit"]["location"]
@@ -98,6 +100,6 @@ def test_datasets_command(tmp_path, capsys):
 
     assert main(["datasets", "--data-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    for name in REGISTRY:
+    for name in DATASETS:
         assert name in out
     assert "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in out

@@ -201,9 +201,9 @@ def test_damaged_raw_files_exit_2_naming_them(tmp_path, capsys, name, model, dam
     """Every reader: files with the right names but damaged contents are bad input (exit 2),
     never a traceback from zipfile, numpy, gzip or pickle."""
     from gnnpar.cli import main
-    from gnnpar.data.datasets import REGISTRY
+    from gnnpar.data.registry import DATASETS
 
-    spec = REGISTRY[name]
+    spec = DATASETS[name]
     for rel in spec.files:
         path = tmp_path / name / rel
         path.parent.mkdir(parents=True, exist_ok=True)

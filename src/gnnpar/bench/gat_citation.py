@@ -26,7 +26,7 @@ from pathlib import Path
 
 from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan, write_report
 from gnnpar.config.parse import default_data_root
-from gnnpar.data.datasets import REGISTRY
+from gnnpar.data.registry import DATASETS
 
 CHUNKS = (1, 2, 3, 4)
 T1_COLS = ["dataset", "epoch_ms", "test_acc"]
@@ -49,7 +49,7 @@ T2_COLS = [
 def datasets(data_root: str | None) -> list[str]:
     root = Path(data_root) if data_root else default_data_root()
     names = ["cora", "citeseer"]
-    if not REGISTRY["pubmed"].missing_files(root):
+    if not DATASETS["pubmed"].missing_files(root):
         names.append("pubmed")
     return names
 

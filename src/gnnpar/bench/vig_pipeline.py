@@ -44,7 +44,8 @@ from gnnpar.bench.report import line_plot, markdown_table, print_table, run_plan
 from gnnpar.config.parse import default_data_root
 from gnnpar.config.schema import Config
 from gnnpar.configure import resolve
-from gnnpar.data.datasets import REGISTRY, load_dataset
+from gnnpar.data.datasets import load_dataset
+from gnnpar.data.registry import DATASETS
 from gnnpar.models import build_model
 from gnnpar.models.base import BlockModel
 from gnnpar.training.metrics import summarize
@@ -79,7 +80,7 @@ COLS = [
 
 def dataset(data_root: str | None) -> str:
     root = Path(data_root) if data_root else default_data_root()
-    return "synthetic-cifar10" if REGISTRY["cifar10"].missing_files(root) else "cifar10"
+    return "synthetic-cifar10" if DATASETS["cifar10"].missing_files(root) else "cifar10"
 
 
 def runs(quick: bool, data_root: str | None) -> list[tuple[str, dict]]:

@@ -1,7 +1,7 @@
 """Dataset registry: bundled Planetoid graphs, user-placed real datasets, synthetic generators.
 
-Every dataset is a :class:`DatasetSpec` in :data:`REGISTRY` (one explicit dict, over the names and
-kinds of :mod:`gnnpar.data.registry`, which the config checks read without torch). Loading returns a
+Every dataset known by name is a row of :data:`gnnpar.data.registry.DATASETS` (torch-free: the
+config checks read it too); :func:`load_dataset` loads it with the reader the row names. Loading returns a
 :class:`~gnnpar.data.types.GraphDataset` (a PyG ``Data`` with ``x, edge_index, y, train_mask, val_mask, test_mask``)
 or an :class:`~gnnpar.data.types.ImageDataset`. Missing files raise :class:`gnnpar.UsageError` naming the files,
 the folder, and where to obtain them (the CLI exits 2).
@@ -27,9 +27,9 @@ Run: ``gnnpar datasets`` lists every dataset, where its files go, and whether it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,37 +38,9 @@ from torch_geometric.data import Data
 
 from gnnpar.data import prepared, readers, safe_load, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
-from gnnpar.data.registry import DATASETS as NAMED
-from gnnpar.data.registry import unknown_dataset
+from gnnpar.data.registry import BUNDLED, DATASETS, PLANETOID_FILES, DatasetSpec, unknown_dataset
 from gnnpar.data.types import GraphDataset, ImageDataset, Loaded
 from gnnpar.errors import UsageError
-
-BUNDLED = Path(__file__).parent / "planetoid"
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    name: str
-    kind: str  # "graph" or "image"
-    source: str  # "bundled", "user files", "generated"
-    size: str  # human-readable size at scale 1
-    files: tuple[str, ...]  # expected under data_root (bundled: inside the package)
-    obtain: str  # where a user gets the files
-    loader: Callable[[Path, float, int, float], Loaded]  # (root, scale, seed, timeout_s)
-
-    def folder(self, root: Path) -> Path:
-        if self.source == "bundled":
-            return BUNDLED
-        return Path(root) / self.name
-
-    def missing_files(self, root: Path) -> list[str]:
-        if self.source == "generated":
-            return []
-        folder = self.folder(root)
-        return [f for f in self.files if not (folder / f).exists()]
-
-    def available(self, root: Path) -> bool:
-        return self.source != "user files" or not self.missing_files(root)
 
 
 def _require_files(spec: DatasetSpec, root: Path) -> Path:
@@ -84,26 +56,22 @@ def _require_files(spec: DatasetSpec, root: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------ Planetoid
-PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
-
-
-def _planetoid(name: str) -> Callable[[Path, float, int, float], Loaded]:
+def _planetoid(spec: DatasetSpec) -> Callable[[Path, float, int, float], Loaded]:
     def load(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
         from torch_geometric.io import read_planetoid_data
 
-        spec = REGISTRY[name.lower()]
         folder = _require_files(spec, root)
-        raw = folder / f"{name}/raw" if spec.source == "bundled" else folder
+        raw = folder / Path(spec.files[0]).parent  # bundled: <Name>/raw inside the package
 
         def read(f: Path) -> Data:
             if spec.source != "bundled":  # the user's files (bundled ones ship with the code)
-                check_planetoid_pickles(f, name.lower())
-            return read_planetoid_data(str(f), name.lower())
+                check_planetoid_pickles(f, spec.name)
+            return read_planetoid_data(str(f), spec.name)
 
         data = _read_raw(spec, raw, read)
         # Row-normalise the bag-of-words features, as GAT and GCN do on these datasets.
         data.x = data.x / data.x.sum(dim=1, keepdim=True).clamp(min=1)
-        return GraphDataset(name.lower(), data, int(data.y.max()) + 1)
+        return GraphDataset(spec.name, data, int(data.y.max()) + 1)
 
     return load
 
@@ -186,7 +154,7 @@ def _user_cached(
     name: str, root: Path, read: Callable[[Path], tuple[dict, dict]], timeout_s: float
 ):
     """Read a user dataset once into the cache (keyed by the source files' size and mtime)."""
-    spec = REGISTRY[name]
+    spec = DATASETS[name]
     folder = _require_files(spec, root)
     version = f"{READER_VERSION}|{fingerprint([folder / f for f in spec.files])}"
     tensors, meta, _ = cached(root, name, version, lambda: _read_raw(spec, folder, read), timeout_s)
@@ -245,9 +213,11 @@ def _user_graph(name: str, read: Callable[[Path], tuple[dict, dict]]):
     return load
 
 
-def _user_images(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
-    tensors, meta = _user_cached("cifar10", root, readers.read_cifar10, timeout_s)
-    return _images_from_tensors("cifar10", tensors, meta)
+def _user_images(name: str, read: Callable[[Path], tuple[dict, dict]]):
+    def load(root: Path, scale: float, seed: int, timeout_s: float) -> Loaded:
+        return _images_from_tensors(name, *_user_cached(name, root, read, timeout_s))
+
+    return load
 
 
 def generated_key(name: str, scale: float, seed: int) -> str:
@@ -279,107 +249,6 @@ def _generated_images(root: Path, scale: float, seed: int, timeout_s: float) -> 
     return _images_from_tensors("synthetic-cifar10", tensors, meta)
 
 
-def _spec(name: str, size: str, files: tuple[str, ...], obtain: str, loader) -> DatasetSpec:
-    """A dataset of :data:`gnnpar.data.registry.DATASETS`, whose kind and source it takes."""
-    return DatasetSpec(name, NAMED[name].kind, NAMED[name].source, size, files, obtain, loader)
-
-
-def _planetoid_spec(name: str, size: str) -> DatasetSpec:
-    lower = name.lower()
-    source = NAMED[lower].source
-    files = tuple(
-        f"{name}/raw/ind.{lower}.{s}" if source == "bundled" else f"ind.{lower}.{s}"
-        for s in PLANETOID_FILES
-    )
-    obtain = "https://github.com/kimiyoung/planetoid (folder data/)"
-    return _spec(lower, size, files, obtain, _planetoid(name))
-
-
-REGISTRY: dict[str, DatasetSpec] = {
-    "cora": _planetoid_spec("Cora", "2,708 nodes, 10,556 edges, 1,433 features, 7 classes"),
-    "citeseer": _planetoid_spec("CiteSeer", "3,327 nodes, 9,104 edges, 3,703 features, 6 classes"),
-    "karate": _spec(
-        "karate",
-        "34 nodes, 156 edges, 34 features, 4 classes",
-        (),
-        "built into PyG (torch_geometric.datasets.KarateClub)",
-        _karate,
-    ),
-    "pubmed": _planetoid_spec("PubMed", "19,717 nodes, 88,648 edges, 500 features, 3 classes"),
-    "reddit": _spec(
-        "reddit",
-        "232,965 nodes, 114,615,892 edges, 602 features, 41 classes",
-        readers.REDDIT_FILES,
-        "https://data.dgl.ai/dataset/reddit.zip (unzip; PyG's Reddit raw files)",
-        _user_graph("reddit", readers.read_reddit),
-    ),
-    "amazon": _spec(
-        "amazon",
-        "1,569,960 nodes, 264,339,468 edges, 200 features, 107 classes (multi-label)",
-        readers.AMAZON_FILES,
-        "GraphSAINT's AmazonProducts folder, https://github.com/GraphSAINT/GraphSAINT "
-        "(Google Drive link in its README; the files PyG's AmazonProducts downloads)",
-        _user_graph("amazon", readers.read_graphsaint),
-    ),
-    "ogbn-arxiv": _spec(
-        "ogbn-arxiv",
-        "169,343 nodes, 2,315,598 edges (symmetric), 128 features, 40 classes",
-        readers.ogb_files("ogbn-arxiv"),
-        "http://snap.stanford.edu/ogb/data/nodeproppred/arxiv.zip (unzip; put its raw/ and "
-        "split/ folders here)",
-        _user_graph("ogbn-arxiv", lambda folder: readers.read_ogb(folder, "ogbn-arxiv")),
-    ),
-    "ogbn-products": _spec(
-        "ogbn-products",
-        "2,449,029 nodes, 123,718,280 edges (symmetric), 100 features, 47 classes",
-        readers.ogb_files("ogbn-products"),
-        "http://snap.stanford.edu/ogb/data/nodeproppred/products.zip (unzip; put its raw/ and "
-        "split/ folders here)",
-        _user_graph("ogbn-products", lambda folder: readers.read_ogb(folder, "ogbn-products")),
-    ),
-    "cifar10": _spec(
-        "cifar10",
-        "60,000 3x32x32 images (45,000 train, 5,000 val, 10,000 test), 10 classes",
-        readers.CIFAR_FILES,
-        "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz (untar here: it creates "
-        "cifar-10-batches-py/)",
-        _user_images,
-    ),
-    "synthetic-reddit": _spec(
-        "synthetic-reddit",
-        "232,965 nodes, 114,848,856 edges, 602 features, 41 classes (x scale)",
-        (),
-        "generated on first use (stochastic block model, gnnpar.data.synthetic)",
-        _generated_graph(synthetic.REDDIT),
-    ),
-    "synthetic-amazon": _spec(
-        "synthetic-amazon",
-        "1,598,960 nodes, 132,169,734 edges, 200 features, 107 classes multi-label (x scale)",
-        (),
-        "generated on first use (stochastic block model, gnnpar.data.synthetic)",
-        _generated_graph(synthetic.AMAZON),
-    ),
-    "synthetic-papers100m": _spec(
-        "synthetic-papers100m",
-        "111,059,956 nodes, 1,615,685,872 edges, 128 features, 172 classes, 1.1% train "
-        "(x scale; use a small one: 0.01 is 1.1M nodes)",
-        (),
-        "generated on first use (stochastic block model, gnnpar.data.synthetic)",
-        _generated_graph(synthetic.PAPERS100M),
-    ),
-    "synthetic-cifar10": _spec(
-        "synthetic-cifar10",
-        "60,000 3x32x32 images (45,000 train, 5,000 val, 10,000 test), 10 classes (x scale)",
-        (),
-        "generated on first use (class tint + oriented grating + noise, gnnpar.data.synthetic)",
-        _generated_images,
-    ),
-}
-
-
-assert list(REGISTRY) == list(NAMED), "data/registry.py's DATASETS and REGISTRY name the same"
-
-
 def load_dataset(
     name: str,
     root: str | Path,
@@ -392,10 +261,29 @@ def load_dataset(
     generated ones and to the split of a user graph given without masks. ``timeout_s`` (the
     run's ``--timeout``) bounds a wait on the cache lock of a process that stopped answering
     (filelock.exclusive_lock; gnnpar.data.filelock.CacheLockTimeout)."""
-    if name in REGISTRY:
-        return REGISTRY[name].loader(Path(root), scale, seed, timeout_s)
+    if name in DATASETS:
+        return loader(DATASETS[name])(Path(root), scale, seed, timeout_s)
     if prepared.is_prepared(name):  # a folder written by `gnnpar prepare`: trained from disk
         return prepared.load_graph(name)
     if user.is_user_source(name):
         return user.load_user_graph(name, Path(root), seed, timeout_s)
     raise UsageError(unknown_dataset(name, "dataset", user.FORMS))
+
+
+def loader(spec: DatasetSpec) -> Callable[[Path, float, int, float], Loaded]:
+    """How the row ``spec`` of :data:`gnnpar.data.registry.DATASETS` is loaded, from the reader
+    or generator it names: ``(root, scale, seed, timeout_s) -> GraphDataset | ImageDataset``."""
+    if spec.reader == "planetoid":
+        return _planetoid(spec)
+    if spec.reader == "karate":
+        return _karate
+    if spec.reader == "generate_graph":
+        return _generated_graph(synthetic.RECIPES[spec.name])
+    if spec.reader == "generate_cifar":
+        return _generated_images
+    read = getattr(readers, spec.reader)
+    if spec.kind == "image":
+        return _user_images(spec.name, read)
+    if spec.reader == "read_ogb":  # the split's folder is named per dataset
+        return _user_graph(spec.name, functools.partial(read, name=spec.name))
+    return _user_graph(spec.name, read)

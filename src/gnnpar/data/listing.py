@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gnnpar.config.parse import check_data_root, default_data_root
-from gnnpar.data.datasets import REGISTRY, DatasetSpec
+from gnnpar.data.registry import DATASETS, DatasetSpec
 
 
 def _cached_variants(spec: DatasetSpec, root: Path) -> list[str]:
@@ -40,7 +40,7 @@ def _availability(spec: DatasetSpec, root: Path) -> str:
 def dataset_rows(root: Path | str | None = None) -> list[dict[str, str]]:
     root = Path(root) if root else default_data_root()
     rows = []
-    for spec in REGISTRY.values():
+    for spec in DATASETS.values():
         if spec.source == "generated":
             location = f"generated into {root / 'cache'}"
         elif spec.source == "bundled":
@@ -74,7 +74,7 @@ def print_datasets(root: Path | str | None = None) -> None:
         table.add_row(*row.values())
     console = Console(width=160)
     console.print(table)
-    absent = [REGISTRY[r["name"]] for r in rows if r["available"].startswith("no")]
+    absent = [DATASETS[r["name"]] for r in rows if r["available"].startswith("no")]
     if absent:
         console.print("Where to get the missing files (place them in the folder shown above):")
         for spec in absent:

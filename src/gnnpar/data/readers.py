@@ -38,6 +38,7 @@ import torch
 from torch_geometric.utils import coalesce, to_undirected
 
 from gnnpar.data import safe_load
+from gnnpar.data.registry import CIFAR_FILES, OGB_SPLITS
 from gnnpar.errors import UsageError
 
 Tensors = dict[str, torch.Tensor]
@@ -63,7 +64,6 @@ def _graph_meta(tensors: Tensors, num_classes: int, multilabel: bool) -> dict[st
 
 
 # --------------------------------------------------------------------------------------- reddit
-REDDIT_FILES = ("reddit_data.npz", "reddit_graph.npz")
 
 
 def read_reddit(folder: Path) -> tuple[Tensors, dict[str, Any]]:
@@ -88,7 +88,6 @@ def read_reddit(folder: Path) -> tuple[Tensors, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------- amazon (GraphSAINT)
-AMAZON_FILES = ("adj_full.npz", "feats.npy", "class_map.json", "role.json")
 
 
 def read_graphsaint(folder: Path) -> tuple[Tensors, dict[str, Any]]:
@@ -123,17 +122,6 @@ def read_graphsaint(folder: Path) -> tuple[Tensors, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------- OGB
-OGB_SPLITS = {"ogbn-arxiv": "time", "ogbn-products": "sales_ranking"}
-
-
-def ogb_files(name: str) -> tuple[str, ...]:
-    split = OGB_SPLITS[name]
-    return (
-        "raw/edge.csv.gz",
-        "raw/node-feat.csv.gz",
-        "raw/node-label.csv.gz",
-        *(f"split/{split}/{s}.csv.gz" for s in ("train", "valid", "test")),
-    )
 
 
 def _csv(path: Path, dtype) -> np.ndarray:
@@ -161,10 +149,6 @@ def read_ogb(folder: Path, name: str) -> tuple[Tensors, dict[str, Any]]:
 
 
 # -------------------------------------------------------------------------------------- CIFAR
-CIFAR_DIR = "cifar-10-batches-py"
-CIFAR_FILES = tuple(f"{CIFAR_DIR}/data_batch_{i}" for i in range(1, 6)) + (
-    f"{CIFAR_DIR}/test_batch",
-)
 CIFAR_VAL = 5_000  # the last 5,000 training images
 CIFAR_HOLDS = "a CIFAR-10 batch holds a dict of bytes, lists and numpy arrays only"
 

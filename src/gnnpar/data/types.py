@@ -7,7 +7,7 @@ user's own graph) returns one of them.
 
 "Is this an image dataset?" is asked one way: ``ds.kind == "image"`` (``"graph"`` otherwise;
 before loading, by name: :func:`gnnpar.data.registry.kind_of`),
-the same word :data:`gnnpar.data.datasets.REGISTRY` uses for a dataset known by name before it
+the same word :data:`gnnpar.data.registry.DATASETS` uses for a dataset known by name before it
 is loaded.
 
 No torch at import: the tensor types appear in annotations only.
