@@ -32,73 +32,14 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-FLAG_HELP = {
-    "dataset": "dataset name (see `gnnpar datasets`)",
-    "data-root": "folder holding datasets placed by the user and the cache",
-    "scale": "shrink a generated dataset's nodes and edges by this factor in (0, 1]",
-    "model": "gcn, gat, gat3, sage, vig; or your own: pyg:NAME (a model of "
-    "torch_geometric.nn.models, e.g. pyg:GIN, pyg:GAT; --hidden, --layers, --dropout, --heads "
-    "fill its arguments) or module:function (a factory f(in_dim, num_classes, **model_args) -> "
-    "nn.Module, imported from the current folder; module:Class is called with **model_args). "
-    "It returns logits per node; gnnpar applies the loss",
-    "model-args": "a user model's keyword arguments as a JSON object, e.g. "
-    "'{\"hidden\": 64}' (TOML: a [model-args] table); they win over --hidden etc.",
-    "split-at": "submodules where pipelines cut a user model, e.g. convs.1,convs.2",
-    "hops": "a user model's receptive field in hops, where gnnpar cannot count its "
-    "message-passing layers (exact micro-batches)",
-    "hidden": "hidden width (vig: channels); default: the model's study preset",
-    "layers": "layers (vig: blocks); default: the model's study preset",
-    "heads": "attention heads; default: the model's study preset",
-    "dropout": "dropout probability; default: the model's study preset",
-    "recompute": "keep only each block's input for the backward pass and recompute the rest "
-    "(GPipe's re-materialisation; same gradients, ~1/3 more compute, far less memory)",
-    "workers": "number of local ranks to start (ignored under torchrun)",
-    "partitions": "Cluster-GCN: number of subgraph mini-batches",
-    "partitioner": "random or metis",
-    "sync-every": "average every K steps",
-    "average": "grads or params (default: params, except allreduce with --sync-every 1: grads)",
-    "slowdown": "RANK=FACTOR[,RANK=FACTOR]: persistent stragglers",
-    "jitter": "random transient delays (fraction of a step)",
-    "stages": "pipeline stages",
-    "chunks": "micro-batches per mini-batch",
-    "balance": "blocks per stage, e.g. 4,4",
-    "microbatch": "exact or index (graph micro-batches)",
-    "replicas": "pipeline copies (hybrid)",
-    "schedule": "gpipe or 1f1b",
-    "fanouts": "neighbours sampled per layer, e.g. 25,10,10 (-1: all)",
-    "batch-size": "mini-batch size per rank (seed nodes or images)",
-    "loader-workers": "DataLoader worker processes per rank",
-    "feature-cache": "a prepared graph's hottest feature rows kept in shared memory for every "
-    "local rank and loader worker: bytes (512M, 2G) or a fraction of the features (0.25); "
-    "default: a quarter of the memory the run may use (an in-memory graph's features are all "
-    "shared already)",
-    "timeout": "seconds any wait on another process may take before the run fails",
-    "optimizer": "adam (default) or sgd",
-    "lr": "learning rate; default: the model's study preset",
-    "weight-decay": "weight decay; default: the model's study preset",
-    "epochs": "training epochs; default: the model's study preset",
-    "seed": "random seed (0 to 2**32-1)",
-    "out": "output folder for result.json",
-    "config": "TOML file with the same keys as these flags",
-    "max-steps": "at most this many training steps per epoch",
-    "eval-every": "evaluate every N epochs (0: only at the end)",
-    "threads": "torch threads per process",
-    "precision": "fp32 (default) or bf16: forward passes under torch.autocast in bfloat16, "
-    "weights, gradients and optimizer state in fp32",
-    "tensorboard": "also write TensorBoard event files to <out>/tensorboard/",
-    "checkpoint-every": "write a checkpoint every N epochs to <out>/checkpoints/ (last 2 kept)",
-    "checkpoint-every-steps": "write a checkpoint every N training steps",
-    "resume": "continue the run in --out from its newest good checkpoint",
-    "max-restarts": "restart the ranks up to N times when one fails; they resume from the "
-    "newest checkpoint",
-}
+CONFIG_HELP = "TOML file with the same keys as these flags"
 
 
 def flag_help(key: str, uses: dict[str, tuple[Use, ...]] | None = None) -> str:
     """The flag's meaning, and who reads it when that is not every run (``uses``:
     :func:`gnnpar.configure.used_by`, derived from the strategies' specs)."""
     uses = used_by() if uses is None else uses
-    text = strategy_help() if key == "strategy" else FLAG_HELP.get(key, "")
+    text = strategy_help() if key == "strategy" else KEYS[key].help
     if key in uses:
         text += f" [used by {describe_uses(key, uses)} only]"
     return text
@@ -121,12 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="One training run. A flag that the chosen strategy, model or dataset does "
         "not use is an error (exit 2); each flag's help says who uses it.",
     )
-    t.add_argument("--config", help=FLAG_HELP["config"])
+    t.add_argument("--config", help=CONFIG_HELP)
     uses = used_by()
     for key in KEYS:
         if key in ("quiet", "tensorboard", "resume", "recompute"):
-            what = {"quiet": "no progress display"}.get(key, FLAG_HELP.get(key))
-            t.add_argument(f"--{key}", action="store_true", default=None, help=what)
+            t.add_argument(f"--{key}", action="store_true", default=None, help=KEYS[key].help)
             continue
         t.add_argument(
             f"--{key}", dest=key.replace("-", "_"), default=None, help=flag_help(key, uses)
@@ -162,16 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         "as a prepared folder of .npy arrays and a manifest; `gnnpar train --dataset FOLDER` "
         "then trains from disk, memory-mapped. --verify FOLDER checks every byte of one.",
     )
-    pp.add_argument("--dataset", default=None, help=FLAG_HELP["dataset"])
+    pp.add_argument("--dataset", default=None, help=KEYS["dataset"].help)
     pp.add_argument("--out", default=None, help="the folder to write (must not exist)")
-    pp.add_argument("--scale", default=None, help=FLAG_HELP["scale"])
+    pp.add_argument("--scale", default=None, help=KEYS["scale"].help)
     pp.add_argument(
         "--seed", default=None, help="generator seed, and split seed of a graph without masks"
     )
     pp.add_argument(
         "--feature-dtype", dest="feature_dtype", default=None, help="fp32 (default), fp16 or bf16"
     )
-    pp.add_argument("--data-root", dest="data_root", default=None, help=FLAG_HELP["data-root"])
+    pp.add_argument("--data-root", dest="data_root", default=None, help=KEYS["data-root"].help)
     pp.add_argument(
         "--shards",
         default=None,
@@ -208,9 +148,9 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
         if key in NOT_TAKEN:
             continue
         if key in ("quiet", "recompute"):
-            a.add_argument(f"--{key}", action="store_true", default=None, help=FLAG_HELP.get(key))
+            a.add_argument(f"--{key}", action="store_true", default=None, help=KEYS[key].help)
             continue
-        help_text = FLAG_HELP.get(key, "")
+        help_text = KEYS[key].help
         if key == "workers":
             help_text = "ranks on this one host (without --hosts)"
         a.add_argument(f"--{key}", dest=key.replace("-", "_"), default=None, help=help_text)

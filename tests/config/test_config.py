@@ -96,8 +96,7 @@ def test_every_flag_is_a_toml_key_that_a_run_using_it_accepts(tmp_path, key):
     settings = {**context_for(key), key: TOML_VALUES.get(key, "2")}
     text = "\n".join(f"{k} = {v}" for k, v in settings.items())
     cfg = build_config(write(tmp_path, text), {})
-    section, name = KEYS[key]
-    value = getattr(getattr(cfg, section), name)
+    value = getattr(getattr(cfg, KEYS[key].section), KEYS[key].name)
     assert value == coerce(key, _toml_value(settings[key]))
 
 
@@ -326,6 +325,19 @@ def test_defaults_and_flags_not_given_are_never_foreign():
 def test_impossible_values_are_usage_errors(flags, message):
     with pytest.raises(UsageError, match=message):
         build_config(None, flags)
+
+
+def test_every_flag_says_what_it_means_in_the_one_table():
+    """The flag's help is its row of KEYS (beside the field it sets), and `gnnpar train --help`
+    shows it."""
+    from gnnpar.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    shown = {a.option_strings[0][2:]: a.help for a in train._actions if a.option_strings}
+    for key, k in KEYS.items():
+        assert k.help and len(k.help) > 10, key
+        if key != "strategy":  # its help lists the registered strategies instead
+            assert shown[key].startswith(k.help), key
 
 
 # ---------------------------------------------------------------- type coercion

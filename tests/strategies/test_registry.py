@@ -87,7 +87,7 @@ def test_the_strategy_keys_are_exactly_the_settings_some_spec_reads():
 
 
 # ---------------------------------------------------------------- what each build really reads
-FIELD_KEYS = {(section, name): key for key, (section, name) in KEYS.items()}
+FIELD_KEYS = {(k.section, k.name): key for key, k in KEYS.items()}
 
 
 class Watched:

@@ -3,7 +3,7 @@
 The TOML file (``--config FILE.toml``) uses the same keys as the flags, flat, with either dashes
 or underscores (``sync-every = 20`` or ``sync_every = 20``), or sections that match the dataclass
 tree (``[strategy] sync-every = 20``). :data:`KEYS` is the one table of flag / TOML key ->
-(section, field), so the CLI, TOML and docs cannot drift apart. Values are converted to the
+(section, field, help), so the CLI, its help, TOML and docs cannot drift apart. Values are converted to the
 types of the dataclass fields (:func:`coerce`); a value that cannot be is a
 :class:`gnnpar.UsageError` with a message that says what was wrong and what to do. Where data
 lives by default (:func:`default_data_root`) is here too: every command needs it.
@@ -19,7 +19,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gnnpar.config.schema import (
     Config,
@@ -31,55 +31,266 @@ from gnnpar.config.schema import (
 )
 from gnnpar.errors import UsageError
 
-# flag / TOML key -> (section, field). One table, so the CLI, TOML and docs cannot drift apart.
-KEYS: dict[str, tuple[str, str]] = {
-    "dataset": ("data", "dataset"),
-    "data-root": ("data", "data_root"),
-    "scale": ("data", "scale"),
-    "partitions": ("data", "partitions"),
-    "partitioner": ("data", "partitioner"),
-    "model": ("model", "name"),
-    "hidden": ("model", "hidden"),
-    "layers": ("model", "layers"),
-    "heads": ("model", "heads"),
-    "dropout": ("model", "dropout"),
-    "recompute": ("model", "recompute"),
-    "model-args": ("model", "args"),
-    "split-at": ("model", "split_at"),
-    "hops": ("model", "hops"),
-    "strategy": ("strategy", "name"),
-    "workers": ("strategy", "workers"),
-    "sync-every": ("strategy", "sync_every"),
-    "average": ("strategy", "average"),
-    "slowdown": ("strategy", "slowdown"),
-    "jitter": ("strategy", "jitter"),
-    "stages": ("strategy", "stages"),
-    "chunks": ("strategy", "chunks"),
-    "balance": ("strategy", "balance"),
-    "microbatch": ("strategy", "microbatch"),
-    "replicas": ("strategy", "replicas"),
-    "schedule": ("strategy", "schedule"),
-    "fanouts": ("strategy", "fanouts"),
-    "batch-size": ("strategy", "batch_size"),
-    "loader-workers": ("strategy", "loader_workers"),
-    "feature-cache": ("strategy", "feature_cache"),
-    "timeout": ("strategy", "timeout_s"),
-    "optimizer": ("optim", "optimizer"),
-    "lr": ("optim", "lr"),
-    "weight-decay": ("optim", "weight_decay"),
-    "epochs": ("run", "epochs"),
-    "seed": ("run", "seed"),
-    "out": ("run", "out"),
-    "quiet": ("run", "quiet"),
-    "tensorboard": ("run", "tensorboard"),
-    "eval-every": ("run", "eval_every"),
-    "max-steps": ("run", "max_steps"),
-    "threads": ("run", "threads"),
-    "checkpoint-every": ("run", "checkpoint_every"),
-    "checkpoint-every-steps": ("run", "checkpoint_every_steps"),
-    "resume": ("run", "resume"),
-    "max-restarts": ("run", "max_restarts"),
-    "precision": ("run", "precision"),
+
+class Key(NamedTuple):
+    """A flag / TOML key: the :class:`~gnnpar.config.schema.Config` field it sets (section and
+    name) and what it means (its help; ``gnnpar train --help`` adds who reads it)."""
+
+    section: str
+    name: str
+    help: str
+
+
+# flag / TOML key -> Key: the one table of the settings a user can give
+KEYS: dict[str, Key] = {
+    "dataset": Key(
+        "data",
+        "dataset",
+        "dataset name (see `gnnpar datasets`)",
+    ),
+    "data-root": Key(
+        "data",
+        "data_root",
+        "folder holding datasets placed by the user and the cache",
+    ),
+    "scale": Key(
+        "data",
+        "scale",
+        "shrink a generated dataset's nodes and edges by this factor in (0, 1]",
+    ),
+    "partitions": Key(
+        "data",
+        "partitions",
+        "Cluster-GCN: number of subgraph mini-batches",
+    ),
+    "partitioner": Key(
+        "data",
+        "partitioner",
+        "random or metis",
+    ),
+    "model": Key(
+        "model",
+        "name",
+        "gcn, gat, gat3, sage, vig; or your own: pyg:NAME (a model of "
+        "torch_geometric.nn.models, e.g. pyg:GIN, pyg:GAT; --hidden, --layers, "
+        "--dropout, --heads fill its arguments) or module:function (a factory "
+        "f(in_dim, num_classes, **model_args) -> nn.Module, imported from the "
+        "current folder; module:Class is called with **model_args). It returns "
+        "logits per node; gnnpar applies the loss",
+    ),
+    "hidden": Key(
+        "model",
+        "hidden",
+        "hidden width (vig: channels); default: the model's study preset",
+    ),
+    "layers": Key(
+        "model",
+        "layers",
+        "layers (vig: blocks); default: the model's study preset",
+    ),
+    "heads": Key(
+        "model",
+        "heads",
+        "attention heads; default: the model's study preset",
+    ),
+    "dropout": Key(
+        "model",
+        "dropout",
+        "dropout probability; default: the model's study preset",
+    ),
+    "recompute": Key(
+        "model",
+        "recompute",
+        "keep only each block's input for the backward pass and recompute the "
+        "rest (GPipe's re-materialisation; same gradients, ~1/3 more compute, "
+        "far less memory)",
+    ),
+    "model-args": Key(
+        "model",
+        "args",
+        "a user model's keyword arguments as a JSON object, e.g. '{\"hidden\": "
+        "64}' (TOML: a [model-args] table); they win over --hidden etc.",
+    ),
+    "split-at": Key(
+        "model",
+        "split_at",
+        "submodules where pipelines cut a user model, e.g. convs.1,convs.2",
+    ),
+    "hops": Key(
+        "model",
+        "hops",
+        "a user model's receptive field in hops, where gnnpar cannot count its "
+        "message-passing layers (exact micro-batches)",
+    ),
+    "strategy": Key(
+        "strategy",
+        "name",
+        "how the run is parallelised: a registered strategy (--help lists each with its line)",
+    ),
+    "workers": Key(
+        "strategy",
+        "workers",
+        "number of local ranks to start (ignored under torchrun)",
+    ),
+    "sync-every": Key(
+        "strategy",
+        "sync_every",
+        "average every K steps",
+    ),
+    "average": Key(
+        "strategy",
+        "average",
+        "grads or params (default: params, except allreduce with --sync-every 1: grads)",
+    ),
+    "slowdown": Key(
+        "strategy",
+        "slowdown",
+        "RANK=FACTOR[,RANK=FACTOR]: persistent stragglers",
+    ),
+    "jitter": Key(
+        "strategy",
+        "jitter",
+        "random transient delays (fraction of a step)",
+    ),
+    "stages": Key(
+        "strategy",
+        "stages",
+        "pipeline stages",
+    ),
+    "chunks": Key(
+        "strategy",
+        "chunks",
+        "micro-batches per mini-batch",
+    ),
+    "balance": Key(
+        "strategy",
+        "balance",
+        "blocks per stage, e.g. 4,4",
+    ),
+    "microbatch": Key(
+        "strategy",
+        "microbatch",
+        "exact or index (graph micro-batches)",
+    ),
+    "replicas": Key(
+        "strategy",
+        "replicas",
+        "pipeline copies (hybrid)",
+    ),
+    "schedule": Key(
+        "strategy",
+        "schedule",
+        "gpipe or 1f1b",
+    ),
+    "fanouts": Key(
+        "strategy",
+        "fanouts",
+        "neighbours sampled per layer, e.g. 25,10,10 (-1: all)",
+    ),
+    "batch-size": Key(
+        "strategy",
+        "batch_size",
+        "mini-batch size per rank (seed nodes or images)",
+    ),
+    "feature-cache": Key(
+        "strategy",
+        "feature_cache",
+        "a prepared graph's hottest feature rows kept in shared memory for every "
+        "local rank and loader worker: bytes (512M, 2G) or a fraction of the features (0.25); "
+        "default: a quarter of the memory the run may use (an in-memory graph's features are all "
+        "shared already)",
+    ),
+    "loader-workers": Key(
+        "strategy",
+        "loader_workers",
+        "DataLoader worker processes per rank",
+    ),
+    "timeout": Key(
+        "strategy",
+        "timeout_s",
+        "seconds any wait on another process may take before the run fails",
+    ),
+    "optimizer": Key(
+        "optim",
+        "optimizer",
+        "adam (default) or sgd",
+    ),
+    "lr": Key(
+        "optim",
+        "lr",
+        "learning rate; default: the model's study preset",
+    ),
+    "weight-decay": Key(
+        "optim",
+        "weight_decay",
+        "weight decay; default: the model's study preset",
+    ),
+    "epochs": Key(
+        "run",
+        "epochs",
+        "training epochs; default: the model's study preset",
+    ),
+    "seed": Key(
+        "run",
+        "seed",
+        "random seed (0 to 2**32-1)",
+    ),
+    "out": Key(
+        "run",
+        "out",
+        "output folder for result.json",
+    ),
+    "quiet": Key(
+        "run",
+        "quiet",
+        "no progress display",
+    ),
+    "tensorboard": Key(
+        "run",
+        "tensorboard",
+        "also write TensorBoard event files to <out>/tensorboard/",
+    ),
+    "eval-every": Key(
+        "run",
+        "eval_every",
+        "evaluate every N epochs (0: only at the end)",
+    ),
+    "max-steps": Key(
+        "run",
+        "max_steps",
+        "at most this many training steps per epoch",
+    ),
+    "threads": Key(
+        "run",
+        "threads",
+        "torch threads per process",
+    ),
+    "checkpoint-every": Key(
+        "run",
+        "checkpoint_every",
+        "write a checkpoint every N epochs to <out>/checkpoints/ (last 2 kept)",
+    ),
+    "checkpoint-every-steps": Key(
+        "run",
+        "checkpoint_every_steps",
+        "write a checkpoint every N training steps",
+    ),
+    "resume": Key(
+        "run",
+        "resume",
+        "continue the run in --out from its newest good checkpoint",
+    ),
+    "max-restarts": Key(
+        "run",
+        "max_restarts",
+        "restart the ranks up to N times when one fails; they resume from the newest checkpoint",
+    ),
+    "precision": Key(
+        "run",
+        "precision",
+        "fp32 (default) or bf16: forward passes under torch.autocast in "
+        "bfloat16, weights, gradients and optimizer state in fp32",
+    ),
 }
 
 SECTIONS: dict[str, type] = {
@@ -91,14 +302,13 @@ SECTIONS: dict[str, type] = {
 }
 # flag / TOML key -> the type of its dataclass field (int, float | None, list[int] | None, ...)
 FIELD_TYPES: dict[str, Any] = {
-    key: typing.get_type_hints(SECTIONS[section])[name] for key, (section, name) in KEYS.items()
+    key: typing.get_type_hints(SECTIONS[section])[name] for key, (section, name, _) in KEYS.items()
 }
 
 
 def locate(cfg: Config, key: str) -> tuple[Any, str]:
     """(section object, field name) of ``key`` in ``cfg``: ``getattr(*locate(cfg, key))``."""
-    section, name = KEYS[key]
-    return getattr(cfg, section), name
+    return getattr(cfg, KEYS[key].section), KEYS[key].name
 
 
 # ---------------------------------------------------------------- type coercion
@@ -311,7 +521,7 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
         raise UsageError(f"Config file {p} is not valid TOML: {e}.") from None
     # Accept sections that match the dataclass tree as well ([strategy] sync-every = 20); inside
     # one, field names work too ([model] name = "gcn", since a top-level model key would clash).
-    by_field = {(section, name): key for key, (section, name) in KEYS.items()}
+    by_field = {(k.section, k.name): key for key, k in KEYS.items()}
     flat: dict[str, Any] = {}
     for k, v in data.items():
         if isinstance(v, dict) and k in SECTIONS:
