@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch
 from torch_geometric.utils import coalesce, to_undirected
 
 from gnnpar.data import safe_load
-from gnnpar.data.registry import CIFAR_FILES, OGB_SPLITS
+from gnnpar.data.registry import CIFAR_FILES, OGB_SPLIT, OGB_SPLITS
 from gnnpar.errors import UsageError
 
 Tensors = dict[str, torch.Tensor]
@@ -130,20 +131,37 @@ def _csv(path: Path, dtype) -> np.ndarray:
     return arr
 
 
+def read_ogb_arrays(
+    folder: Path, split_dir: str | None, csv: Callable[[Path, Any], np.ndarray] = _csv
+) -> dict[str, np.ndarray]:
+    """The OGB node-property layout as its files hold it, the one reader of it (for the named
+    OGB datasets, :func:`read_ogb`, and a user's OGB-layout folder, :mod:`gnnpar.data.user`):
+    ``x`` [n, f] float32, ``edges`` [E, k] int64 (one "src,dst" per line, as given: not made
+    symmetric, k not checked), ``y`` [n, k] float64 (NaN: unlabelled) and, where ``split_dir``
+    names a split folder, ``train``, ``val``, ``test``: node indices. ``csv(path, dtype)`` reads
+    one file; the caller words what a bad one says."""
+    out = {
+        "x": csv(folder / "raw/node-feat.csv.gz", np.float32),
+        "edges": csv(folder / "raw/edge.csv.gz", np.int64),
+        "y": csv(folder / "raw/node-label.csv.gz", np.float64),
+    }
+    if split_dir:
+        for mask, stem in OGB_SPLIT:
+            out[mask] = csv(folder / f"{split_dir}/{stem}.csv.gz", np.int64).reshape(-1)
+    return out
+
+
 def read_ogb(folder: Path, name: str) -> tuple[Tensors, dict[str, Any]]:
-    """An OGB node-property dataset from its raw csv.gz files (edges: one "src,dst" per line)."""
-    x = torch.from_numpy(_csv(folder / "raw/node-feat.csv.gz", np.float32))
+    """A named OGB node-property dataset (``ogbn-arxiv``, ``ogbn-products``), made symmetric."""
+    a = read_ogb_arrays(folder, f"split/{OGB_SPLITS[name]}")
+    x = torch.from_numpy(a["x"])
     n = x.size(0)
-    y_np = _csv(folder / "raw/node-label.csv.gz", np.float64).reshape(n, -1)[:, 0]
+    y_np = a["y"].reshape(n, -1)[:, 0]
     # ogbn-products leaves no label unset; NaN (unlabelled) would become -1 here.
     y = torch.from_numpy(np.nan_to_num(y_np, nan=-1.0).astype(np.int64))
-    edges = torch.from_numpy(_csv(folder / "raw/edge.csv.gz", np.int64)).t().contiguous()
+    edges = torch.from_numpy(a["edges"]).t().contiguous()
     edge_index = to_undirected(edges, num_nodes=n)
-    split = OGB_SPLITS[name]
-    idx = {
-        s: _csv(folder / f"split/{split}/{f}.csv.gz", np.int64).reshape(-1)
-        for s, f in (("train", "train"), ("val", "valid"), ("test", "test"))
-    }
+    idx = {mask: a[mask] for mask, _ in OGB_SPLIT}
     tensors = {"x": x, "edge_index": edge_index, "y": y, **_masks(n, **idx)}
     return tensors, _graph_meta(tensors, int(y.max()) + 1, False)
 

@@ -18,7 +18,9 @@ BUNDLED = Path(__file__).parent / "planetoid"  # the bundled Planetoid files, in
 PLANETOID_FILES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
 REDDIT_FILES = ("reddit_data.npz", "reddit_graph.npz")
 AMAZON_FILES = ("adj_full.npz", "feats.npy", "class_map.json", "role.json")
-OGB_SPLITS = {"ogbn-arxiv": "time", "ogbn-products": "sales_ranking"}
+OGB_RAW = ("raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz")
+OGB_SPLIT = (("train", "train"), ("val", "valid"), ("test", "test"))  # (mask, file stem)
+OGB_SPLITS = {"ogbn-arxiv": "time", "ogbn-products": "sales_ranking"}  # split/<scheme>/
 CIFAR_DIR = "cifar-10-batches-py"
 CIFAR_FILES = tuple(f"{CIFAR_DIR}/data_batch_{i}" for i in range(1, 6)) + (
     f"{CIFAR_DIR}/test_batch",
@@ -63,12 +65,7 @@ class DatasetSpec:
 
 def ogb_files(name: str) -> tuple[str, ...]:
     split = OGB_SPLITS[name]
-    return (
-        "raw/edge.csv.gz",
-        "raw/node-feat.csv.gz",
-        "raw/node-label.csv.gz",
-        *(f"split/{split}/{s}.csv.gz" for s in ("train", "valid", "test")),
-    )
+    return (*OGB_RAW, *(f"split/{split}/{stem}.csv.gz" for _, stem in OGB_SPLIT))
 
 
 def _planetoid(name: str, source: str, size: str) -> DatasetSpec:

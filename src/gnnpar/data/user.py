@@ -89,6 +89,7 @@ from gnnpar.data.cache import (
     entry_bytes,
 )
 from gnnpar.data.filelock import exclusive_lock
+from gnnpar.data.registry import OGB_RAW, OGB_SPLIT
 from gnnpar.data.types import GraphDataset
 from gnnpar.errors import UsageError
 from gnnpar.targets import TARGET, check_findable, import_target_module
@@ -99,8 +100,6 @@ from gnnpar.targets import describe as _what
 VERSION = "user-1"  # bump when validation or conversion changes what the cache holds
 PT_SUFFIXES = (".pt", ".pth")
 MASKS = ("train_mask", "val_mask", "test_mask")
-OGB_RAW = ("raw/edge.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz")
-OGB_SPLIT = (("train", "train"), ("val", "valid"), ("test", "test"))  # (mask, file stem)
 SHARES = {"train_mask": 6, "val_mask": 2, "test_mask": 2}  # of each class, when drawn
 FORMS = "a .pt file (a saved PyG Data), an OGB-layout folder, or module:function"
 
@@ -382,22 +381,23 @@ def _read_ogb(folder: Path, split_dir: str | None) -> tuple[dict, dict]:
     feat = folder / "raw/node-feat.csv.gz"
     edge = folder / "raw/edge.csv.gz"
     label = folder / "raw/node-label.csv.gz"
-    x = torch.from_numpy(_read_csv(feat, np.float32))
+    a = readers.read_ogb_arrays(folder, split_dir, _read_csv)
+    x = torch.from_numpy(a["x"])
     n = x.size(0)
-    edges = _read_csv(edge, np.int64)
+    edges = a["edges"]
     if edges.size and edges.shape[1] != 2:
         raise UsageError(f"{edge}: has {edges.shape[1]} columns; expected 2 (src,dst).")
     edges = edges.reshape(-1, 2)
     obj: dict[str, Any] = {
         "x": x,
         "edge_index": torch.from_numpy(edges).t().contiguous(),
-        "y": torch.from_numpy(_read_csv(label, np.float64)),
+        "y": torch.from_numpy(a["y"]),
     }
     files = {"x": feat, "edge_index": edge, "y": label}
     if split_dir:
         for mask, stem in OGB_SPLIT:
             path = folder / f"{split_dir}/{stem}.csv.gz"
-            idx = _read_csv(path, np.int64).reshape(-1)
+            idx = a[mask]
             bad = idx[(idx < 0) | (idx >= n)]
             if bad.size:
                 raise UsageError(
