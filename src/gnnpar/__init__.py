@@ -12,6 +12,27 @@ Quick start (one process, bundled Cora)::
     run.model(data.x, data.edge_index)  # logits; gnnpar.load(run.out) gives it back later
 
 See README.md for multi-process (``--workers N``) and multi-machine (``torchrun``) use.
+
+The package is built in layers; every import, lazy ones included, points down (ARCHITECTURE.md;
+the list is ``[tool.importlinter]`` in pyproject.toml, checked by tests/test_layers.py)::
+
+    __main__
+    cli | api                        the command line | gnnpar.fit, gnnpar.load
+    advise | bench
+    run | predict | configure        start the ranks | predictions | flags -> a checked Config
+    result                           result.json and model.pt
+    strategies                       one StrategySpec each, the registry
+    training                         the one loop and its plug-ins
+    parallel | runtime               collectives, gossip, pipeline stages | ranks as processes
+    models
+    data
+    config                           the settings' schema and parser
+    csr | targets | omp | _version
+    errors                           UsageError, RankFailedError
+
+This module is the face above them all: it sets the OpenMP wait policy before torch loads
+(:mod:`gnnpar.omp`), re-exports the errors and the version, and hands ``fit``, ``load`` and
+``FitResult`` up from :mod:`gnnpar.api` on first use. Nothing inside the package imports it.
 """
 
 from gnnpar import omp  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
