@@ -43,31 +43,15 @@ class Key(NamedTuple):
 
 # flag / TOML key -> Key: the one table of the settings a user can give
 KEYS: dict[str, Key] = {
-    "dataset": Key(
-        "data",
-        "dataset",
-        "dataset name (see `gnnpar datasets`)",
-    ),
+    "dataset": Key("data", "dataset", "dataset name (see `gnnpar datasets`)"),
     "data-root": Key(
-        "data",
-        "data_root",
-        "folder holding datasets placed by the user and the cache",
+        "data", "data_root", "folder holding datasets placed by the user and the cache"
     ),
     "scale": Key(
-        "data",
-        "scale",
-        "shrink a generated dataset's nodes and edges by this factor in (0, 1]",
+        "data", "scale", "shrink a generated dataset's nodes and edges by this factor in (0, 1]"
     ),
-    "partitions": Key(
-        "data",
-        "partitions",
-        "Cluster-GCN: number of subgraph mini-batches",
-    ),
-    "partitioner": Key(
-        "data",
-        "partitioner",
-        "random or metis",
-    ),
+    "partitions": Key("data", "partitions", "Cluster-GCN: number of subgraph mini-batches"),
+    "partitioner": Key("data", "partitioner", "random or metis"),
     "model": Key(
         "model",
         "name",
@@ -79,25 +63,11 @@ KEYS: dict[str, Key] = {
         "logits per node; gnnpar applies the loss",
     ),
     "hidden": Key(
-        "model",
-        "hidden",
-        "hidden width (vig: channels); default: the model's study preset",
+        "model", "hidden", "hidden width (vig: channels); default: the model's study preset"
     ),
-    "layers": Key(
-        "model",
-        "layers",
-        "layers (vig: blocks); default: the model's study preset",
-    ),
-    "heads": Key(
-        "model",
-        "heads",
-        "attention heads; default: the model's study preset",
-    ),
-    "dropout": Key(
-        "model",
-        "dropout",
-        "dropout probability; default: the model's study preset",
-    ),
+    "layers": Key("model", "layers", "layers (vig: blocks); default: the model's study preset"),
+    "heads": Key("model", "heads", "attention heads; default: the model's study preset"),
+    "dropout": Key("model", "dropout", "dropout probability; default: the model's study preset"),
     "recompute": Key(
         "model",
         "recompute",
@@ -112,9 +82,7 @@ KEYS: dict[str, Key] = {
         "64}' (TOML: a [model-args] table); they win over --hidden etc.",
     ),
     "split-at": Key(
-        "model",
-        "split_at",
-        "submodules where pipelines cut a user model, e.g. convs.1,convs.2",
+        "model", "split_at", "submodules where pipelines cut a user model, e.g. convs.1,convs.2"
     ),
     "hops": Key(
         "model",
@@ -128,70 +96,24 @@ KEYS: dict[str, Key] = {
         "how the run is parallelised: a registered strategy (--help lists each with its line)",
     ),
     "workers": Key(
-        "strategy",
-        "workers",
-        "number of local ranks to start (ignored under torchrun)",
+        "strategy", "workers", "number of local ranks to start (ignored under torchrun)"
     ),
-    "sync-every": Key(
-        "strategy",
-        "sync_every",
-        "average every K steps",
-    ),
+    "sync-every": Key("strategy", "sync_every", "average every K steps"),
     "average": Key(
         "strategy",
         "average",
         "grads or params (default: params, except allreduce with --sync-every 1: grads)",
     ),
-    "slowdown": Key(
-        "strategy",
-        "slowdown",
-        "RANK=FACTOR[,RANK=FACTOR]: persistent stragglers",
-    ),
-    "jitter": Key(
-        "strategy",
-        "jitter",
-        "random transient delays (fraction of a step)",
-    ),
-    "stages": Key(
-        "strategy",
-        "stages",
-        "pipeline stages",
-    ),
-    "chunks": Key(
-        "strategy",
-        "chunks",
-        "micro-batches per mini-batch",
-    ),
-    "balance": Key(
-        "strategy",
-        "balance",
-        "blocks per stage, e.g. 4,4",
-    ),
-    "microbatch": Key(
-        "strategy",
-        "microbatch",
-        "exact or index (graph micro-batches)",
-    ),
-    "replicas": Key(
-        "strategy",
-        "replicas",
-        "pipeline copies (hybrid)",
-    ),
-    "schedule": Key(
-        "strategy",
-        "schedule",
-        "gpipe or 1f1b",
-    ),
-    "fanouts": Key(
-        "strategy",
-        "fanouts",
-        "neighbours sampled per layer, e.g. 25,10,10 (-1: all)",
-    ),
-    "batch-size": Key(
-        "strategy",
-        "batch_size",
-        "mini-batch size per rank (seed nodes or images)",
-    ),
+    "slowdown": Key("strategy", "slowdown", "RANK=FACTOR[,RANK=FACTOR]: persistent stragglers"),
+    "jitter": Key("strategy", "jitter", "random transient delays (fraction of a step)"),
+    "stages": Key("strategy", "stages", "pipeline stages"),
+    "chunks": Key("strategy", "chunks", "micro-batches per mini-batch"),
+    "balance": Key("strategy", "balance", "blocks per stage, e.g. 4,4"),
+    "microbatch": Key("strategy", "microbatch", "exact or index (graph micro-batches)"),
+    "replicas": Key("strategy", "replicas", "pipeline copies (hybrid)"),
+    "schedule": Key("strategy", "schedule", "gpipe or 1f1b"),
+    "fanouts": Key("strategy", "fanouts", "neighbours sampled per layer, e.g. 25,10,10 (-1: all)"),
+    "batch-size": Key("strategy", "batch_size", "mini-batch size per rank (seed nodes or images)"),
     "feature-cache": Key(
         "strategy",
         "feature_cache",
@@ -200,86 +122,32 @@ KEYS: dict[str, Key] = {
         "default: a quarter of the memory the run may use (an in-memory graph's features are all "
         "shared already)",
     ),
-    "loader-workers": Key(
-        "strategy",
-        "loader_workers",
-        "DataLoader worker processes per rank",
-    ),
+    "loader-workers": Key("strategy", "loader_workers", "DataLoader worker processes per rank"),
     "timeout": Key(
-        "strategy",
-        "timeout_s",
-        "seconds any wait on another process may take before the run fails",
+        "strategy", "timeout_s", "seconds any wait on another process may take before the run fails"
     ),
-    "optimizer": Key(
-        "optim",
-        "optimizer",
-        "adam (default) or sgd",
-    ),
-    "lr": Key(
-        "optim",
-        "lr",
-        "learning rate; default: the model's study preset",
-    ),
-    "weight-decay": Key(
-        "optim",
-        "weight_decay",
-        "weight decay; default: the model's study preset",
-    ),
-    "epochs": Key(
-        "run",
-        "epochs",
-        "training epochs; default: the model's study preset",
-    ),
-    "seed": Key(
-        "run",
-        "seed",
-        "random seed (0 to 2**32-1)",
-    ),
-    "out": Key(
-        "run",
-        "out",
-        "output folder for result.json",
-    ),
-    "quiet": Key(
-        "run",
-        "quiet",
-        "no progress display",
-    ),
+    "optimizer": Key("optim", "optimizer", "adam (default) or sgd"),
+    "lr": Key("optim", "lr", "learning rate; default: the model's study preset"),
+    "weight-decay": Key("optim", "weight_decay", "weight decay; default: the model's study preset"),
+    "epochs": Key("run", "epochs", "training epochs; default: the model's study preset"),
+    "seed": Key("run", "seed", "random seed (0 to 2**32-1)"),
+    "out": Key("run", "out", "output folder for result.json"),
+    "quiet": Key("run", "quiet", "no progress display"),
     "tensorboard": Key(
-        "run",
-        "tensorboard",
-        "also write TensorBoard event files to <out>/tensorboard/",
+        "run", "tensorboard", "also write TensorBoard event files to <out>/tensorboard/"
     ),
-    "eval-every": Key(
-        "run",
-        "eval_every",
-        "evaluate every N epochs (0: only at the end)",
-    ),
-    "max-steps": Key(
-        "run",
-        "max_steps",
-        "at most this many training steps per epoch",
-    ),
-    "threads": Key(
-        "run",
-        "threads",
-        "torch threads per process",
-    ),
+    "eval-every": Key("run", "eval_every", "evaluate every N epochs (0: only at the end)"),
+    "max-steps": Key("run", "max_steps", "at most this many training steps per epoch"),
+    "threads": Key("run", "threads", "torch threads per process"),
     "checkpoint-every": Key(
         "run",
         "checkpoint_every",
         "write a checkpoint every N epochs to <out>/checkpoints/ (last 2 kept)",
     ),
     "checkpoint-every-steps": Key(
-        "run",
-        "checkpoint_every_steps",
-        "write a checkpoint every N training steps",
+        "run", "checkpoint_every_steps", "write a checkpoint every N training steps"
     ),
-    "resume": Key(
-        "run",
-        "resume",
-        "continue the run in --out from its newest good checkpoint",
-    ),
+    "resume": Key("run", "resume", "continue the run in --out from its newest good checkpoint"),
     "max-restarts": Key(
         "run",
         "max_restarts",
