@@ -12,7 +12,7 @@ from functools import partial
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.strategies.spec import StrategySpec, one_process, reads
+from gnnpar.strategies.spec import STRAGGLER_KEYS, StrategySpec, one_process, reads
 
 
 def check(cfg: Config, dims: ParallelDims) -> None:
@@ -58,5 +58,8 @@ SPEC = StrategySpec(
     reads=reads("jitter", kinds=("graph",)),
     build=build,
     check=check,
-    result_keys={"toy": "always true: the run was the toy strategy's"},
+    result_keys={
+        "toy": "always true: the run was the toy strategy's",
+        "jitter": STRAGGLER_KEYS["jitter"],
+    },
 )

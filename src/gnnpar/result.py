@@ -10,12 +10,13 @@ declared below with what it means, grouped by what provides its value, in the or
 * :data:`CONTRACT`: the keys every result.json has (docs/CONTRACTS.md; :data:`REQUIRED_KEYS`);
 * :data:`LOOP`: the loop's measurements, every run (per-rank lists: one entry per rank);
 * :data:`RANK_INFO`: per-rank lists from a source's or sync policy's ``rank_info()``;
-* :data:`STRATEGY_KEYS`: a strategy's settings and measurements (``Plan.extra``);
+* the strategy's own settings and measurements (``Plan.extra``), declared in its spec
+  (:attr:`gnnpar.strategies.spec.StrategySpec.result_keys`, beside the rest of the strategy);
 * :data:`FINAL_MODEL`: how the final model was chosen (``Final``: allreduce, gossip);
 * :data:`CHECKPOINT`: checkpoints and restarts (runs with a checkpointer).
 
-A key that no group declares is refused (a programming error): add it here first (a strategy
-defined outside gnnpar declares its own in its spec, ``StrategySpec.result_keys``).
+A key that no group declares is refused (a programming error): add it here first, or, for a
+strategy's own key, to its spec's ``result_keys``.
 
 model.pt
 --------
@@ -118,46 +119,6 @@ RANK_INFO: dict[str, str] = {
     "exchange_log": "gossip (GossipSync), per rank: [step, partner, exchange id, initiated]",
     "loader_start_time_s": "sampled (SampledSource), per rank: seconds to start the loader",
 }
-STRATEGY_KEYS: dict[str, str] = {
-    # allreduce, gossip
-    "slowdown": '--slowdown as {"rank": factor}',
-    "jitter": "--jitter",
-    "sync_every": "--sync-every K",
-    "average": "--average: grads or params",
-    "topology": "gossip: who may pair with whom (any, bipartite)",
-    "partitioner": "allreduce: --partitioner",
-    "partitions": "allreduce: number of Cluster-GCN subgraphs",
-    "partition_cache_hit": "allreduce: the partitioning came from the cache",
-    "steps_per_epoch": "allreduce, sampled: steps every rank runs per epoch",
-    # sampled
-    "seeds_per_rank": "sampled: training nodes per rank per epoch",
-    "loader_workers": "sampled: --loader-workers",
-    "graph_setup_time_s": "sampled: time to write the shared graph",
-    # pipeline, hybrid
-    "stages": "--stages",
-    "chunks": "--chunks (micro-batches per step)",
-    "replicas": "--replicas (copies of the pipeline)",
-    "schedule": "--schedule: gpipe or 1f1b",
-    "balance": "blocks per stage",
-    "balance_source": "--balance, or profiled (fwd+bwd per block)",
-    "block_time_s": "profiled seconds per block (null with --balance)",
-    "gpipe_bound": "GPipe's ideal speed-up S*M/(M+S-1)",
-    "boundary_dtypes": "dtypes of the activations sent between stages",
-    "microbatch": "graphs: --microbatch (exact or index)",
-    "hops": "graphs: the receptive field in edges that each exact micro-batch covers",
-    "hops_source": "graphs: where hops came from: --hops, the built-in model's rule, or "
-    "counted (message-passing layers of a user's model; gnnpar.models.adapt)",
-    "model_cut": "a user's model: how it was cut into blocks (gnnpar.models.adapt)",
-    "batch_statistics": "a user's model: its layers whose statistics span the batch "
-    "(BatchNorm, graph-mode LayerNorm, ...): with them, micro-batches are not exact",
-    "halo_overhead": "graphs: nodes computed per step / nodes in the graph (training plan)",
-    "halo_duplication": "graphs: nodes computed / distinct nodes of the training plan",
-    "eval_halo_overhead": "graphs: halo_overhead of the evaluation plan",
-    "plan_train": "graphs: summary of the training micro-batch plan",
-    "plan_eval": "graphs: summary of the evaluation micro-batch plan",
-    "global_batch_size": "images: replicas x --batch-size",
-    "micro_batch_size": "images: --batch-size / --chunks",
-}
 FINAL_MODEL: dict[str, str] = {
     "final_model": '"rank0" (every rank holds it), "average" or "best-local:rank<N>"',
     "candidates": "both candidates' val_score/test_score (and the best local model's rank)",
@@ -187,7 +148,6 @@ KEYS: dict[str, str] = {
     **CONTRACT,
     **LOOP,
     **RANK_INFO,
-    **STRATEGY_KEYS,
     **FINAL_MODEL,
     **USER_MODEL,
     **CHECKPOINT,
@@ -243,11 +203,11 @@ def build_result(
         result["cuda_peak_bytes"] = [r.cuda_peak_bytes for r in ranks]
     result["step_times_s"] = o.step_times
     result["per_worker_step_time_s"] = [summarize(r.step_times) for r in ranks]
-    # RANK_INFO, STRATEGY_KEYS
+    # RANK_INFO
     result |= {key: [r.info[key] for r in ranks] for key in ranks[0].info}
-    # a strategy from outside gnnpar declares its own keys in its spec (StrategySpec.result_keys)
+    # the strategy's own keys, declared in its spec (StrategySpec.result_keys)
     own = registry.get(cfg.strategy.name).result_keys
-    _check(o.strategy, {**STRATEGY_KEYS, **own}, "Plan.extra")
+    _check(o.strategy, own, "Plan.extra")
     result |= o.strategy
     # FINAL_MODEL
     if o.final_model is not None:

@@ -351,12 +351,18 @@ def test_the_loop_probes_nothing():
 
 # -------------------------------------------------------------------------- result.json keys
 def test_result_keys_are_declared_and_an_undeclared_one_is_refused(tmp_path):
+    """A strategy's own keys are its spec's result_keys (allreduce's sync_every here); any
+    other key of a plan's extra is refused."""
+    from gnnpar.strategies import registry
+
     plan = make_plan(Batches(1, steps=2))
     plan.extra = {"sync_every": 1}
     cfg = config(tmp_path, epochs=1)
+    cfg.strategy.name = "allreduce"
     out = train(cfg, plan)
     r = result_of(cfg, out)
-    assert set(REQUIRED_KEYS) <= set(r) and set(r) <= set(KEYS)
+    assert set(REQUIRED_KEYS) <= set(r)
+    assert set(r) <= set(KEYS) | set(registry.get("allreduce").result_keys)
     assert list(r)[: len(REQUIRED_KEYS)] == list(REQUIRED_KEYS)
     assert r["sync_every"] == 1 and "final_model" not in r and "checkpoints_written" not in r
     out.strategy = {"not_declared": 1}

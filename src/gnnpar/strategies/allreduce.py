@@ -35,8 +35,11 @@ from gnnpar.errors import UsageError
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
     AVERAGING,
+    AVERAGING_KEYS,
     CLUSTER_GCN,
     STEP_CHECKPOINTS,
+    STEPS_KEYS,
+    STRAGGLER_KEYS,
     STRAGGLERS,
     StrategySpec,
     check_stragglers,
@@ -158,6 +161,14 @@ SPEC = StrategySpec(
     help="synchronous data-parallel Cluster-GCN",
     degrees=data_parallel,
     reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **STEP_CHECKPOINTS},
+    result_keys={
+        **STRAGGLER_KEYS,
+        **AVERAGING_KEYS,
+        **STEPS_KEYS,
+        "partitioner": "--partitioner",
+        "partitions": "number of Cluster-GCN subgraphs",
+        "partition_cache_hit": "the partitioning came from the cache",
+    },
     build=build,
     check=check,
     defaults=defaults,

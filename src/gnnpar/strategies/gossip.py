@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING
 from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.allreduce import check_partitioned
-from gnnpar.strategies.spec import AVERAGING, CLUSTER_GCN, STRAGGLERS, StrategySpec, data_parallel
+from gnnpar.strategies.spec import (
+    AVERAGING,
+    AVERAGING_KEYS,
+    CLUSTER_GCN,
+    STRAGGLER_KEYS,
+    STRAGGLERS,
+    StrategySpec,
+    data_parallel,
+)
 
 if TYPE_CHECKING:
     from gnnpar.runtime.dist import DistContext
@@ -119,6 +127,11 @@ SPEC = StrategySpec(
     degrees=data_parallel,
     # no --checkpoint-every-steps: gossip ranks reach no common step, only epoch ends
     reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS},
+    result_keys={
+        **STRAGGLER_KEYS,
+        **AVERAGING_KEYS,
+        "topology": "who may pair with whom (any, bipartite)",
+    },
     build=build,
     check=check,
     defaults=defaults,

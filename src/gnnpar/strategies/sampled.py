@@ -62,6 +62,7 @@ from gnnpar.models.presets import model_kind
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
     STEP_CHECKPOINTS,
+    STEPS_KEYS,
     STRAGGLERS,
     StrategySpec,
     check_stragglers,
@@ -177,4 +178,10 @@ SPEC = StrategySpec(
     build=build,
     check=check,
     defaults=defaults,
+    result_keys={
+        **STEPS_KEYS,
+        "seeds_per_rank": "training nodes per rank per epoch",
+        "loader_workers": "--loader-workers",
+        "graph_setup_time_s": "time to write the shared graph",
+    },
 )

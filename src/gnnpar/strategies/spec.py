@@ -51,6 +51,11 @@ PIPELINE = {
 }
 STEP_CHECKPOINTS = reads("checkpoint-every-steps")  # the ranks reach common steps
 
+# result.json keys that several strategies' plans add (Plan.extra): {key: meaning}
+STRAGGLER_KEYS = {"slowdown": '--slowdown as {"rank": factor}', "jitter": "--jitter"}
+AVERAGING_KEYS = {"sync_every": "--sync-every K", "average": "--average: grads or params"}
+STEPS_KEYS = {"steps_per_epoch": "steps every rank runs per epoch"}
+
 
 def check_stragglers(cfg: Config, dims: ParallelDims) -> None:
     """--slowdown names ranks that the run has (for the strategies that read STRAGGLERS)."""
@@ -98,7 +103,7 @@ class StrategySpec:
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     check: Callable[[Config, ParallelDims], None] = _no_check
     defaults: Callable[[Config], None] = _no_defaults
-    # result.json keys its Plan.extra adds beyond gnnpar.result.STRATEGY_KEYS: {key: meaning}
+    # result.json keys its Plan.extra adds, {key: meaning}: gnnpar.result refuses any other
     result_keys: Mapping[str, str] = field(default_factory=dict)
 
     def parallel_dims(self, cfg: Config, launched: int | None = None) -> ParallelDims:

@@ -91,8 +91,8 @@ class Plan:
     device: torch.device | None = None  # for the accelerator's peak memory
     batches_per_step: int = 1  # per_worker_batches unit (pipelines: micro-batches)
     partition_time_s: float = 0.0
-    # the strategy's settings and measurements for result.json; every key is declared in
-    # gnnpar.result.STRATEGY_KEYS (an undeclared one fails the run's result)
+    # the strategy's settings and measurements for result.json; every key is declared in its
+    # spec's result_keys (an undeclared one fails the run's result)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
