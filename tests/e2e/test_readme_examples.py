@@ -11,7 +11,7 @@ Every command of every ```bash block of README.md is read in order (continuation
   well above chance;
 - **checked**: every other ``gnnpar train`` (also inside ``torchrun ... -m gnnpar train``,
   ``gnnpar torchrun ... train`` and ``srun python -m gnnpar train``) goes through the flag
-  parser and :func:`gnnpar.config.validate.build_config` in the folder the run commands
+  parser and :func:`gnnpar.configure.build_config` in the folder the run commands
   filled, which refuses an unknown flag, a flag its strategy, model or dataset does not read,
   or a bad value, exactly as the command would before starting anything; ``gnnpar
   advise``/``bench``/``predict``/``datasets`` through the parser;
@@ -149,7 +149,7 @@ def train_argv(cmd: str) -> list[str] | None:
 def check_train(argv: list[str], where: Path) -> None:
     """What `gnnpar train ARGV` checks before it starts anything (exit 2 otherwise)."""
     from gnnpar.cli import build_parser
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
 
     args = build_parser().parse_args(["train", *argv])
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

@@ -476,7 +476,7 @@ def remove_empty_folders(top: Path) -> None:
 
 def _load_dataset(req: Request):
     """The dataset of the request, loaded as the profile loads it (and handed to it)."""
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.data.datasets import load_dataset
 
     cfg = build_config(None, flags_for(req.base, "sequential"))

@@ -18,10 +18,10 @@ With ``--profile`` the graph is the profile's: its sizes, and the subgraph count
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 
 PARTS_STRATEGIES = ("allreduce", "gossip", "gossip-bipartite")
 
@@ -66,7 +66,7 @@ def graph_facts(base: dict[str, Any], ds) -> Facts:
     import torch
 
     from gnnpar.advise.profile import flags_for
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
     from gnnpar.data.partition import load_partitions
 
     n = int(ds.num_nodes)
@@ -103,7 +103,7 @@ def profile_facts(base: dict[str, Any], prof) -> Facts:
 
 def _config(base: dict[str, Any]):
     from gnnpar.advise.profile import flags_for
-    from gnnpar.config.validate import build_config
+    from gnnpar.configure import build_config
 
     return build_config(None, flags_for(base, "sequential"))
 
@@ -149,12 +149,10 @@ def fit_grid(req, facts: Facts) -> list[str]:
     """Fit ``req.grid`` to the graph (see the module's text): configurations changed or left
     out in place (``req.grid``, ``req.omitted``); returns what advise changed of its own
     choices, a phrase each."""
-    from gnnpar.advise.predict import Candidate
-
     fixed = req.fixed
     changes: dict[str, str] = {}
     why_out: dict[str, str] = {}
-    kept: list[Candidate] = []
+    kept: list[Any] = []  # predict.Candidate (predict imports this module)
     chosen: dict[tuple[int, int], int | None] = {}
     whose: dict[str, set[str]] = {}  # a change of the subgraphs -> whose they are
     for c in req.grid:
@@ -224,8 +222,8 @@ def fit_grid(req, facts: Facts) -> list[str]:
                     f"needs one",
                 )
                 continue
-        kept.append(Candidate(c.strategy, s, c.world))
-    unique: dict[tuple, Candidate] = {}
+        kept.append(replace(c, settings=s))
+    unique: dict[tuple, Any] = {}
     for c in kept:
         unique.setdefault(c.key(), c)
     req.grid = list(unique.values())
