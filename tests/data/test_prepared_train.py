@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data.prepare_command import run_prepare
 from gnnpar.run import prepare, run_rank
 from helpers import run_cli

@@ -3,8 +3,8 @@
 The TOML file (``--config FILE.toml``) uses the same keys as the flags, flat, with either dashes
 or underscores (``sync-every = 20`` or ``sync_every = 20``), or sections that match the dataclass
 tree (``[strategy] sync-every = 20``). :data:`KEYS` is the one table of flag / TOML key ->
-(section, field, help), so the CLI, its help, TOML and docs cannot drift apart. Values are converted to the
-types of the dataclass fields (:func:`coerce`); a value that cannot be is a
+(section, field, help), so the CLI, its help, TOML and docs cannot drift apart. Values are
+converted to the types of the dataclass fields (:func:`coerce`); a value that cannot be is a
 :class:`gnnpar.UsageError` with a message that says what was wrong and what to do. Where data
 lives by default (:func:`default_data_root`) is here too: every command needs it.
 """

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from gnnpar import UsageError
 from gnnpar.data import prepared
+from gnnpar.errors import UsageError
 
 GRAPHBOLT_META = "metadata.yaml"
 

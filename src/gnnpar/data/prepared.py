@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -296,7 +296,7 @@ def _alive(pid: int) -> bool:
 
 
 def made_record(source: str, scale: float | None, seed: int, split: str, **extra) -> dict:
-    import gnnpar
+    from gnnpar._version import __version__
 
     return {
         "source": source,
@@ -304,7 +304,7 @@ def made_record(source: str, scale: float | None, seed: int, split: str, **extra
         "seed": seed,
         "split": split,
         **extra,
-        "gnnpar_version": gnnpar.__version__,
+        "gnnpar_version": __version__,
         "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
