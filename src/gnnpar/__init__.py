@@ -17,7 +17,7 @@ The package is built in layers; every import, lazy ones included, points down (A
 the list is ``[tool.importlinter]`` in pyproject.toml, checked by tests/test_layers.py)::
 
     __main__
-    cli | api                        the command line | gnnpar.fit, gnnpar.load
+    cli | api | lightning            the command line | gnnpar.fit, gnnpar.load | for Lightning
     advise | bench
     run | predict | configure        start the ranks | predictions | flags -> a checked Config
     result                           result.json and model.pt

@@ -7,7 +7,7 @@ tests/lightning/ has no ``__init__.py`` on purpose: with tests/ on ``sys.path`` 
 
 from __future__ import annotations
 
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 
 FLAGS = {
     "dataset": "cora",

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 
 # ``gnnpar train``'s name for what each Lightning strategy does (result.json's "strategy")
 _GNNPAR_NAMES = {
@@ -49,7 +49,7 @@ class Slowdown(Callback):
 
     def __init__(self, slowdown: dict[int, float] | str, jitter: float = 0.0, seed: int = 0):
         from gnnpar.config.parse import parse_slowdown
-        from gnnpar.config.validate import MAX_SLOWDOWN
+        from gnnpar.configure import MAX_SLOWDOWN
 
         self.slowdown = parse_slowdown(slowdown, "slowdown")
         for rank, factor in self.slowdown.items():

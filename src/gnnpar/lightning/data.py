@@ -71,11 +71,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-import gnnpar
-from gnnpar import UsageError
+from gnnpar import omp
 from gnnpar.config.parse import apply
 from gnnpar.config.schema import Config
-from gnnpar.config.validate import dataset_kind, resolve, validate
+from gnnpar.configure import dataset_kind, resolve, validate
+from gnnpar.errors import UsageError
 from gnnpar.lightning.batches import (
     EvalBatches,
     PartBatches,
@@ -107,7 +107,7 @@ SPLITS = ("train", "val", "test")
 def data_config(dataset: Any, settings: dict[str, Any]) -> Config:
     """The data settings as gnnpar's checked ``Config``: parsed by :func:`gnnpar.config.parse.
     apply` (an unknown or mistyped key is the command line's message) and checked by
-    :func:`gnnpar.config.validate.validate` as the run of the matching ``gnnpar train``
+    :func:`gnnpar.configure.validate` as the run of the matching ``gnnpar train``
     (``--strategy sampled``, or ``allreduce`` with ``partitions``) would be."""
     if isinstance(dataset, Path):
         dataset = str(dataset)
@@ -307,7 +307,7 @@ def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", loader.__name__])
-    with gnnpar.ranks_sleep_at_once():
+    with omp.ranks_sleep_at_once():
         multiprocessing.forkserver.ensure_running()
     return {
         "num_workers": workers,

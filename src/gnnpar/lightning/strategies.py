@@ -39,8 +39,8 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from gnnpar import UsageError
 from gnnpar.config.schema import AVERAGE_MODES
+from gnnpar.errors import UsageError
 
 
 def _check(sync_every: int, average: str, timeout: float) -> None:
@@ -165,7 +165,8 @@ class GossipStrategy(_LocalSteps):
         return dist.PrefixStore("gnnpar-lightning", store)
 
     def _make_sync(self, params):
-        from gnnpar.parallel.gossip import AnyPeer, GossipSync, Pairing
+        from gnnpar.parallel.gossip import AnyPeer, Pairing
+        from gnnpar.training.gossip_sync import GossipSync
 
         self.store = self._make_store() if dist.is_initialized() else dist.HashStore()
         rank, world = self.global_rank, self.world_size
