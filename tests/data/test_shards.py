@@ -12,7 +12,7 @@ import torch
 
 from gnnpar import UsageError
 from gnnpar.cli import main
-from gnnpar.config.validate import build_config
+from gnnpar.configure import build_config
 from gnnpar.data import prepared, shards
 from gnnpar.data.prepare_command import run_prepare
 from gnnpar.run import prepare, run_rank

@@ -163,7 +163,7 @@ def test_footprint_refusal_names_the_cgroups_limit(monkeypatch):
     import torch
 
     from gnnpar.config.schema import Config
-    from gnnpar.config.validate import resolve
+    from gnnpar.configure import resolve
     from gnnpar.data.datasets import load_dataset
 
     cfg = Config()

@@ -52,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from gnnpar import UsageError
 from gnnpar.data import prepared
 from gnnpar.data.prepared import CHUNK_BYTES, MANIFEST, SPLITS, Damaged
+from gnnpar.errors import UsageError
 
 SHARD_FORMAT = "gnnpar-prepared-shard"
 PARTITIONERS = ("metis", "stream", "random")

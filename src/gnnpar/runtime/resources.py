@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 
 GIB = 2**30
 MIB = 2**20

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gnnpar import UsageError
+from gnnpar.errors import UsageError
 from gnnpar.runtime import resources
 from gnnpar.training.metrics import peak_memory
 
