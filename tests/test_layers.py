@@ -109,10 +109,7 @@ def test_every_import_runs_down_the_layers(graph):
 
 
 # Cycles left on purpose, each with why; the test below fails when one is gone (strike it then).
-# data/prepared.py hands a sharded folder to data/shards.py (inside open_prepared and
-# load_graph), which reads each shard with prepared.py: the dispatch belongs above both (in
-# datasets.load_dataset and prepare_command), left for the shards' next change.
-KNOWN_CYCLES = [["gnnpar.data.prepared", "gnnpar.data.shards"]]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def test_no_import_cycle_anywhere(graph):

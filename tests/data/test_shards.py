@@ -97,7 +97,7 @@ def test_hand_graph_comes_back_column_for_column(tmp_path, order, method):
     folder, t = _hand(tmp_path, order)
     assert prepared.read_manifest(folder)["edge_index_order"] == order
     out, _ = _prepare(tmp_path, str(folder), "s", shards="3", partitioner=method)
-    back = prepared.load_graph(out).data
+    back = shards.load_sharded(out).data
     for k in KEYS:
         assert torch.equal(back[k], t[k]), k
 
@@ -127,7 +127,7 @@ def test_cora_shards_are_the_unsharded_graph(tmp_path, cora, h, method):
     assert m["partition"]["balance"] == pytest.approx(sizes.max() / (len(part) / h))
     if method == "metis":  # METIS' cut is far below a random deal's (about 1 - 1/h of edges)
         assert m["partition"]["edge_cut_share"] < 0.25
-    _same(prepared.load_graph(out).data, prepared.load_graph(cora).data)
+    _same(shards.load_sharded(out).data, prepared.load_graph(cora).data)
 
 
 def test_stream_partitioner_cuts_fewer_edges_than_random(tmp_path, cora):
@@ -142,7 +142,7 @@ def test_stream_partitioner_cuts_fewer_edges_than_random(tmp_path, cora):
 def test_prepare_shards_straight_from_a_dataset_and_leaves_no_temporary(tmp_path, cora):
     out, _ = _prepare(tmp_path, "cora", "direct", shards="2", partitioner="random")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "root") == ["direct"]
-    _same(prepared.load_graph(out).data, prepared.load_graph(cora).data)
+    _same(shards.load_sharded(out).data, prepared.load_graph(cora).data)
 
 
 @pytest.mark.slow
@@ -202,7 +202,7 @@ def test_a_missing_or_damaged_shard_is_named_exit_2(tmp_path, cora, capsys, how)
     out, _ = _prepare(tmp_path, str(cora), "s", shards="2", partitioner="random")
     words = _damage(out, how)
     with pytest.raises(UsageError, match=words):
-        prepared.load_graph(out)
+        shards.load_sharded(out)
     capsys.readouterr()
     code = main(["train", "--dataset", str(out), "--strategy", "sampled", "--epochs", "1"])
     err = capsys.readouterr().err

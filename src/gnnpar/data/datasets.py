@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Data
 
-from gnnpar.data import prepared, readers, safe_load, synthetic, user
+from gnnpar.data import prepared, readers, safe_load, shards, synthetic, user
 from gnnpar.data.cache import DEFAULT_LOCK_TIMEOUT_S, cached, fingerprint
 from gnnpar.data.registry import BUNDLED, DATASETS, PLANETOID_FILES, DatasetSpec, unknown_dataset
 from gnnpar.data.types import GraphDataset, ImageDataset, Loaded
@@ -263,6 +263,8 @@ def load_dataset(
     (filelock.exclusive_lock; gnnpar.data.filelock.CacheLockTimeout)."""
     if name in DATASETS:
         return loader(DATASETS[name])(Path(root), scale, seed, timeout_s)
+    if prepared.is_sharded(name):  # every shard here: the unsharded graph, in memory
+        return shards.load_sharded(name)
     if prepared.is_prepared(name):  # a folder written by `gnnpar prepare`: trained from disk
         return prepared.load_graph(name)
     if user.is_user_source(name):

@@ -643,12 +643,9 @@ def is_sharded(folder: str | os.PathLike) -> bool:
 
 
 def open_prepared(folder: str | os.PathLike, full: bool = False) -> Prepared:
-    """An unsharded folder opened and checked. A sharded one is checked (every shard present
-    and intact: gnnpar.data.shards) and refused here: its graph is read by shards.load_sharded."""
+    """An unsharded folder opened and checked. A sharded one is refused here: gnnpar.data.shards
+    (a module above this one) checks and reads it (``check_folder``, ``load_sharded``)."""
     if is_sharded(folder):
-        from gnnpar.data import shards
-
-        shards.open_shards(folder, full)
         raise UsageError(
             f"{folder}: a graph sharded across hosts; it is read with gnnpar.data.shards."
         )
@@ -671,11 +668,7 @@ def load_graph(folder: str | os.PathLike):
 
     from gnnpar.data.types import GraphDataset
 
-    if is_sharded(folder):  # every shard here: the unsharded graph, in memory
-        from gnnpar.data import shards
-
-        return shards.load_sharded(folder)
-    p = open_prepared(folder)
+    p = open_prepared(folder)  # a sharded folder: gnnpar.data.datasets hands it to shards
     m = p.manifest
     n = p.num_nodes
     from gnnpar.data.prepared_data import PreparedData
