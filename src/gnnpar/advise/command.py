@@ -27,9 +27,22 @@ from typing import Any
 
 from gnnpar.advise import NOT_TAKEN
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.predict import ALL, DEFAULT, Candidate, ClusterSpec, build_grid, candidate_flags
+from gnnpar.advise.predict import (
+    IMAGE_CHUNKS,
+    Candidate,
+    ClusterSpec,
+    advised,
+    build_grid,
+    candidate_flags,
+    default_strategies,
+    image_steps,
+    replicated,
+    simulation_of,
+    straggles,
+)
 from gnnpar.advise.profile import PROBE_ROUNDS, flags_for
 from gnnpar.errors import UsageError
+from gnnpar.strategies.spec import SIM_GOSSIP, SIM_LOCKSTEP, SIM_PIPELINE
 
 # train flags that advise does not take: it chooses the strategy, and runs nothing to resume
 # train flags that fix one axis of the grid (else the grid varies them)
@@ -99,7 +112,6 @@ def parse_request(flags: dict[str, Any]) -> Request:
     """The advise flags (dashed names, None where not given) as a checked :class:`Request`."""
     from gnnpar.config.parse import coerce
     from gnnpar.configure import build_config
-    from gnnpar.strategies import registry
 
     flags = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
     hosts = _positive(flags, "hosts")
@@ -125,18 +137,18 @@ def parse_request(flags: dict[str, Any]) -> Request:
             "e.g. --network 10gbit,50us."
         )
     cluster = ClusterSpec(hosts, per_host, network)
-    names = tuple(registry.names())
+    known = advised()  # the registered strategies that declare how advise simulates them
     if "strategies" in flags:
         asked = tuple(s.strip() for s in str(flags["strategies"]).split(",") if s.strip())
-        bad = [s for s in asked if s not in ALL]
+        bad = [s for s in asked if s not in known]
         if bad or not asked:
             raise UsageError(
                 f"--strategies {flags['strategies']!r}: unknown {', '.join(bad) or 'list'}; "
-                f"give a comma-separated list of {', '.join(s for s in ALL if s in names)}."
+                f"give a comma-separated list of {', '.join(known)}."
             )
         strategies = asked
     else:
-        strategies = DEFAULT
+        strategies = default_strategies()
     cores = os.cpu_count() or 1
     threads = _positive(flags, "threads")
     changes = []
@@ -257,7 +269,7 @@ def checked_grid(req: Request) -> list[Candidate]:
             spec = registry.get(c.strategy)
             spec.check(cfg, spec.parallel_dims(cfg))
         except UsageError as e:
-            if c.strategy in req.strategies and req.strategies != DEFAULT:
+            if c.strategy in req.strategies and req.strategies != default_strategies():
                 raise UsageError(f"--strategies {c.strategy} on this cluster: {e}") from None
             refused.setdefault(c.strategy, str(e))
             continue  # a default strategy that does not apply here
@@ -283,24 +295,24 @@ def why_no_configuration(strategy: str, req: Request) -> str:
     for this request (its rules, in words)."""
     world, layers = req.cluster.world, req.layers
     ranks = f"the cluster has {world} rank(s)"
-    if strategy in ("allreduce", "gossip", "gossip-bipartite", "hybrid") and world < 2:
+    simulation = simulation_of(strategy)
+    pipelined, copies = simulation == SIM_PIPELINE, replicated(strategy)
+    if (simulation in (SIM_LOCKSTEP, SIM_GOSSIP) or pipelined and copies) and world < 2:
         return f"needs 2 or more ranks; {ranks}"
-    if strategy in ("pipeline", "hybrid") and req.images and req.fixed.get("chunks") is None:
-        from gnnpar.advise.predict import IMAGE_CHUNKS
-
+    if pipelined and req.images and req.fixed.get("chunks") is None:
         if not any(req.images % m == 0 and m <= req.images for m in IMAGE_CHUNKS):
             return (
                 f"no micro-batch count of {', '.join(map(str, IMAGE_CHUNKS))} divides "
                 f"--batch-size {req.images} into equal micro-batches; give --chunks"
             )
-    if strategy == "pipeline":
+    if pipelined and not copies:
         if not 2 <= world <= layers:
             return (
                 f"one stage per rank needs 2..{layers} ranks (the model has {layers} layers, "
                 f"--layers), {ranks}; hybrid runs stages x replicas"
             )
         return f"--schedule 1f1b needs --chunks >= {world} (the stages); got --chunks {req.fixed.get('chunks')}"
-    if strategy == "hybrid":
+    if pipelined:
         stages = req.fixed.get("stages")
         if stages is not None:
             return (
@@ -502,12 +514,11 @@ def drop_empty_epochs(req: Request, prof) -> None:
     """ViG: a pipeline or hybrid configuration whose global batch (copies x --batch-size) is
     more than the training images has no step (``gnnpar train`` would refuse it, once the
     dataset is loaded); it is left out with that reason."""
-    from gnnpar.advise.predict import image_steps
-
     kept = []
     for c in req.grid:
         replicas = c.settings.get("replicas", 1)
-        if c.strategy in ("pipeline", "hybrid") and not image_steps(prof, replicas, True):
+        pipelined = simulation_of(c.strategy) == SIM_PIPELINE
+        if pipelined and not image_steps(prof, replicas, True):
             req.omitted.setdefault(
                 c.strategy,
                 f"--batch-size {req.images} x {replicas} copies is more than the "
@@ -534,13 +545,11 @@ def _straggle(req: Request) -> dict[str, Any] | None:
     """The grid's stragglers on the profile's two ranks, for its after-pause probes: the
     slowest ``--slowdown`` factor on rank 1, and ``--jitter``; None where there are none or no
     configuration of several ranks reads them."""
-    from gnnpar.advise.predict import STRAGGLING
-
     s = req.stragglers
     slowest = max(s.slowdown.values(), default=1.0)
     if slowest <= 1.0 and s.jitter <= 0:
         return None
-    if not any(c.strategy in STRAGGLING and c.world > 1 for c in req.grid):
+    if not any(straggles(c.strategy) and c.world > 1 for c in req.grid):
         return None
     return {"slowdown": {1: slowest} if slowest > 1.0 else {}, "jitter": s.jitter}
 

@@ -26,6 +26,12 @@ sharing one core's resources), whatever the number of ranks per host. Hosts that
 machines of their own (``ClusterSpec.hosts_per_machine``: the namespace hosts of ``advise
 --validate --hosts 2`` share this machine) share their cores the same way.
 
+Strategies. Which strategies advise considers, and how, is read from the registry: a strategy
+whose :class:`~gnnpar.strategies.spec.StrategySpec` declares ``advice``
+(:class:`~gnnpar.strategies.spec.Advice`) is simulated by the simulation it names
+(:data:`SIMULATE`), over the settings grid its ``reads`` call for (:data:`GRIDS`); it takes the
+grid's stragglers where it reads ``--slowdown``/``--jitter``. No strategy name is written here.
+
 Memory per rank: the bare rank measured here plus :func:`gnnpar.models.memory.estimate_bytes`
 for the run (a lower bound: see there), a pipeline stage holding its share of the model.
 """
@@ -46,6 +52,19 @@ from gnnpar.advise.profile import (
     sampled_batch_costs,
     sampled_key,
 )
+from gnnpar.data.sampling.loader import shard_plan
+from gnnpar.parallel.gossip.pool import WorkPool
+from gnnpar.strategies import registry
+from gnnpar.strategies.spec import (
+    SIM_GOSSIP,
+    SIM_LOCKSTEP,
+    SIM_ONE_RANK,
+    SIM_PIPELINE,
+    SIM_SAMPLED,
+    Advice,
+    StrategySpec,
+)
+from gnnpar.training.sources import assign_parts, epoch_order
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
@@ -53,9 +72,47 @@ CHUNKS = (2, 4)
 IMAGE_CHUNKS = (2, 4, 5, 10)  # ViG: study 000's 5 and 10 too (those that divide --batch-size)
 BATCH_SIZES = (512, 1024)
 LOADER_WORKERS = (0, 2)
-STRAGGLING = ("allreduce", "gossip", "gossip-bipartite", "sampled")  # read --slowdown/--jitter
-ALL = ("sequential", "allreduce", "gossip", "gossip-bipartite", "pipeline", "hybrid", "sampled")
-DEFAULT = ("sequential", "allreduce", "gossip", "pipeline", "hybrid", "sampled")
+
+
+def advised() -> tuple[str, ...]:
+    """Every registered strategy that advise can consider (its spec declares ``advice``), in
+    the registry's order."""
+    return tuple(s.name for s in registry.specs() if s.advice is not None)
+
+
+def default_strategies() -> tuple[str, ...]:
+    """The strategies advise considers when ``--strategies`` is not given."""
+    return tuple(s.name for s in registry.specs() if s.advice is not None and s.advice.default)
+
+
+def advice_of(name: str) -> Advice:
+    """The advise facts of ``--strategy name`` (a ValueError where it declares none)."""
+    advice = registry.get(name).advice
+    if advice is None:
+        raise ValueError(f"gnnpar advise cannot simulate --strategy {name}")
+    return advice
+
+
+def simulation_of(name: str) -> str:
+    return advice_of(name).simulation
+
+
+def straggles(name: str) -> bool:
+    """Whether the strategy takes the grid's stragglers (it reads --slowdown or --jitter)."""
+    r = registry.get(name).reads
+    return "slowdown" in r or "jitter" in r
+
+
+def replicated(name: str) -> bool:
+    """A pipeline strategy with data-parallel copies of the pipeline (it reads --replicas)."""
+    return "replicas" in registry.get(name).reads
+
+
+def one_rank_reference() -> str:
+    """The registered one-rank strategy that speed-ups are measured against (the first)."""
+    return next(
+        s.name for s in registry.specs() if s.advice and s.advice.simulation == SIM_ONE_RANK
+    )
 
 
 @dataclass(frozen=True)
@@ -86,12 +143,12 @@ class Candidate:
         return f"{self.strategy}({', '.join(parts)})" if parts else self.strategy
 
     def need(self) -> Need:
-        s = self.settings
-        if self.strategy == "sequential":
+        s, simulation = self.settings, simulation_of(self.strategy)
+        if simulation == SIM_ONE_RANK:
             return Need("parts", partitions=s["partitions"]) if "partitions" in s else Need("full")
-        if self.strategy in ("allreduce", "gossip", "gossip-bipartite"):
+        if simulation in (SIM_LOCKSTEP, SIM_GOSSIP):
             return Need("parts", partitions=s["partitions"])
-        if self.strategy == "sampled":
+        if simulation == SIM_SAMPLED:
             return Need("sampled", batch_size=s["batch_size"], world=self.world)
         replicas = s.get("replicas", 1)
         return Need("pipeline", replicas=replicas, stages=s["stages"], chunks=s["chunks"])
@@ -132,52 +189,108 @@ def build_grid(
 ) -> list[Candidate]:
     """Every configuration of ``strategies`` on ``world`` ranks; ``fixed``: settings the user
     gave (flag names with underscores), which replace that setting's grid. ``images``: ViG's
-    ``--batch-size`` (0: a graph), whose chunks must divide it (equal micro-batches)."""
-
-    def axis(name: str, default) -> tuple:
-        return (fixed[name],) if fixed.get(name) is not None else tuple(default)
-
-    parts = axis("partitions", (default_partitions(world),))
-    chunks = CHUNKS
-    if images:
-        chunks = tuple(m for m in IMAGE_CHUNKS if m <= images and images % m == 0)
+    ``--batch-size`` (0: a graph), whose chunks must divide it (equal micro-batches). Each
+    strategy's grid is its simulation's (:data:`GRIDS`) over the settings it reads."""
+    g = GridAxes(world, layers, images, fixed)
     out: list[Candidate] = []
     for name in strategies:
-        if name == "sequential":
-            out.append(Candidate(name, {}, 1))
-            if not images:  # images: --partitions cuts graphs only
-                out += [Candidate(name, {"partitions": p}, 1) for p in parts]
-        elif name in ("allreduce", "gossip", "gossip-bipartite"):
-            if world < 2:
-                continue
-            for p in parts:
-                for k in axis("sync_every", SYNC_EVERY):
-                    settings = {"partitions": p, "sync_every": k}
-                    if images:  # no subgraphs of images: train's own check says why not
-                        settings.pop("partitions")
-                    if fixed.get("average"):
-                        settings["average"] = fixed["average"]
-                    out.append(Candidate(name, settings, world))
-        elif name == "pipeline":
-            if 2 <= world <= layers:
-                for m in axis("chunks", chunks):
-                    if fixed.get("schedule") == "1f1b" and m < world:
-                        continue
-                    out.append(Candidate(name, _pipe(world, m, 1, fixed), world))
-        elif name == "hybrid":
-            for stages in axis("stages", range(2, layers + 1)):
-                if world % stages or world // stages < 2:
-                    continue
-                for m in axis("chunks", chunks):
-                    out.append(Candidate(name, _pipe(stages, m, world // stages, fixed), world))
-        elif name == "sampled":
-            for bs in axis("batch_size", BATCH_SIZES):
-                for w in axis("loader_workers", LOADER_WORKERS):
-                    out.append(Candidate(name, {"batch_size": bs, "loader_workers": w}, world))
+        spec = registry.get(name)
+        out += GRIDS[advice_of(name).simulation](spec, g)
     unique: dict[tuple, Candidate] = {}
     for c in out:
         unique.setdefault(c.key(), c)
     return list(unique.values())
+
+
+@dataclass(frozen=True)
+class GridAxes:
+    """What a strategy's grid is made from: the cluster's ranks, the model's layers, ViG's
+    ``--batch-size`` (0: a graph) and the settings the user gave (``fixed``)."""
+
+    world: int
+    layers: int
+    images: int
+    fixed: dict[str, Any]
+
+    def axis(self, name: str, default) -> tuple:
+        """The user's value of setting ``name`` alone, or the default grid."""
+        f = self.fixed
+        return (f[name],) if f.get(name) is not None else tuple(default)
+
+    @property
+    def partitions(self) -> tuple:
+        return self.axis("partitions", (default_partitions(self.world),))
+
+    @property
+    def chunks(self) -> tuple:
+        n = self.images
+        if n:
+            return self.axis("chunks", (m for m in IMAGE_CHUNKS if m <= n and n % m == 0))
+        return self.axis("chunks", CHUNKS)
+
+
+def _one_rank_grid(spec: StrategySpec, g: GridAxes) -> list[Candidate]:
+    """The whole graph on one rank; and each --partitions where the strategy reads it (not
+    for images: --partitions cuts graphs only)."""
+    out = [Candidate(spec.name, {}, 1)]
+    if not g.images and "partitions" in spec.reads:
+        out += [Candidate(spec.name, {"partitions": p}, 1) for p in g.partitions]
+    return out
+
+
+def _subgraph_grid(spec: StrategySpec, g: GridAxes) -> list[Candidate]:
+    """Data parallel on subgraphs (2 ranks or more): --partitions x --sync-every, and
+    --average where the user gave it."""
+    out: list[Candidate] = []
+    if g.world < 2:
+        return out
+    for p in g.partitions:
+        for k in g.axis("sync_every", SYNC_EVERY):
+            settings = {"partitions": p, "sync_every": k}
+            if g.images:  # no subgraphs of images: train's own check says why not
+                settings.pop("partitions")
+            if g.fixed.get("average") and "average" in spec.reads:
+                settings["average"] = g.fixed["average"]
+            out.append(Candidate(spec.name, settings, g.world))
+    return out
+
+
+def _pipeline_grid(spec: StrategySpec, g: GridAxes) -> list[Candidate]:
+    """One stage per rank (2..layers ranks) x --chunks; with --replicas (the strategy reads
+    it): every stage count 2..layers that leaves 2 or more copies, x --chunks."""
+    out: list[Candidate] = []
+    if not replicated(spec.name):
+        if 2 <= g.world <= g.layers:
+            for m in g.chunks:
+                if g.fixed.get("schedule") == "1f1b" and m < g.world:
+                    continue
+                out.append(Candidate(spec.name, _pipe(g.world, m, 1, g.fixed), g.world))
+        return out
+    for stages in g.axis("stages", range(2, g.layers + 1)):
+        if g.world % stages or g.world // stages < 2:
+            continue
+        for m in g.chunks:
+            settings = _pipe(stages, m, g.world // stages, g.fixed)
+            out.append(Candidate(spec.name, settings, g.world))
+    return out
+
+
+def _sampled_grid(spec: StrategySpec, g: GridAxes) -> list[Candidate]:
+    """--batch-size x --loader-workers."""
+    return [
+        Candidate(spec.name, {"batch_size": bs, "loader_workers": w}, g.world)
+        for bs in g.axis("batch_size", BATCH_SIZES)
+        for w in g.axis("loader_workers", LOADER_WORKERS)
+    ]
+
+
+GRIDS = {
+    SIM_ONE_RANK: _one_rank_grid,
+    SIM_LOCKSTEP: _subgraph_grid,
+    SIM_GOSSIP: _subgraph_grid,
+    SIM_PIPELINE: _pipeline_grid,
+    SIM_SAMPLED: _sampled_grid,
+}
 
 
 def _pipe(stages: int, chunks: int, replicas: int, fixed: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +321,7 @@ def predict(
     epochs: int,
 ) -> Prediction:
     res = simulate(c, prof, spec, stragglers, epochs)
-    if prof.kind == "image" and c.strategy in ("pipeline", "hybrid"):
+    if prof.kind == "image" and simulation_of(c.strategy) == SIM_PIPELINE:
         one = _same_images_on_one_rank(c, prof, epochs)
     else:
         one = simulate(_one_rank(c), prof, spec, sim.NONE, epochs)
@@ -229,13 +342,13 @@ def predict(
 
 def _one_rank(c: Candidate) -> Candidate:
     """The same batches on one rank: the speed-up's reference."""
-    s = c.settings
-    if c.strategy in ("allreduce", "gossip", "gossip-bipartite"):
-        return Candidate("sequential", {"partitions": s["partitions"]}, 1)
-    if c.strategy in ("pipeline", "hybrid"):
-        return Candidate("sequential", {}, 1)
-    if c.strategy == "sampled":
-        return Candidate("sampled", dict(s), 1)
+    s, simulation = c.settings, simulation_of(c.strategy)
+    if simulation in (SIM_LOCKSTEP, SIM_GOSSIP):
+        return Candidate(one_rank_reference(), {"partitions": s["partitions"]}, 1)
+    if simulation == SIM_PIPELINE:
+        return Candidate(one_rank_reference(), {}, 1)
+    if simulation == SIM_SAMPLED:
+        return Candidate(c.strategy, dict(s), 1)
     return c
 
 
@@ -355,160 +468,213 @@ def _first_extra(prof: Profile, partitions: int) -> list[float]:
 def simulate(
     c: Candidate, prof: Profile, spec: ClusterSpec, stragglers: sim.Stragglers, epochs: int
 ) -> sim.SimResult:
-    from gnnpar.data.sampling.loader import shard_plan
-    from gnnpar.parallel.gossip.pool import WorkPool
-    from gnnpar.training.sources import assign_parts, epoch_order
-
+    """Simulate ``c``'s training with the simulation its strategy declares (:data:`SIMULATE`):
+    the phases common to all (the cluster, the ranks sharing a machine, the stragglers it
+    takes) here, the rest in each simulation's function."""
     cluster = make_cluster(spec, prof, c.world)
     # the ranks that share one machine's cores (a host's, or several hosts' on one machine)
     per_host = cluster.ranks_per_host * (spec.hosts_per_machine if c.world > 1 else 1)
-    s, seed, world = c.settings, prof.seed, c.world
-    strag = stragglers if c.strategy in STRAGGLING else sim.NONE
+    strag = stragglers if straggles(c.strategy) else sim.NONE
     loop = prof.loop_step_s  # the training loop's own share of every step
     # a pause is drawn on the forward and backward's share of a step (not the optimizer's)
     strag = replace(strag, slowed_share=prof.slowed_share)
-    if c.strategy == "sequential":
-        f = _slowdown(prof, 1)
-        if prof.kind == "image":
-            steps = [image_step_s(prof, n) * f + loop for n in image_steps(prof, 1, False)]
-            return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
-        if "partitions" in s:
-            steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
-            extra = _first_extra(prof, s["partitions"])
-        else:
-            steps, extra = [prof.full_step_s * f + loop], [prof.full_first_s]
-        # a first step on a graph: also what the model derives from it and keeps
-        first = [t + x * f for t, x in zip(steps, extra)]
-        return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
-    if c.strategy == "allreduce":
-        f = _slowdown(prof, per_host)
-        strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
-        part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
-        extra = [x * f for x in _first_extra(prof, s["partitions"])]
-        n = len(part_s)
-        deal = assign_parts(n, world, seed)
-        steps = math.ceil(n / world)
-        compute = []
-        for r in range(world):
-            epochs_r = []
-            for e in range(epochs):
-                order = epoch_order(deal[r], seed, e, r)
-                # a rank's first epoch is the first step on each of its subgraphs
-                times: list[float | None] = [part_s[p] + extra[p] * (e == 0) for p in order]
-                epochs_r.append(times + [None] * (steps - len(times)))
-            compute.append(epochs_r)
-        grads = s.get("average", "grads" if s["sync_every"] == 1 else "params") == "grads"
-        return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag, pairs=grads)
-    if c.strategy in ("gossip", "gossip-bipartite"):
-        f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
-        strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
-        part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
-        pool = WorkPool(None, "", len(part_s), epochs, seed)
-        parts = [i for e in range(epochs) for i in pool.order(e)]
-        positions = [part_s[i] for i in parts]
-        rtt = prof.comm.get("store_rtt_s", 0.0)
-        lat = cluster.network.latency_s if cluster.network else 0.0
-        # the store lives with rank 0: a round trip from another host crosses the link twice
-        store_rtt = [rtt + 2 * lat * (cluster.host(r) != 0) for r in range(world)]
-        # per step: one take from the pool, a quarter of a publish of its speed (the pairing's
-        # store calls are charged by the simulation, call by call)
-        overhead = [1.25 * t for t in store_rtt]
+    return SIMULATE[simulation_of(c.strategy)](
+        _Run(c, prof, cluster, per_host, strag, epochs, loop)
+    )
 
-        def run(speed: list[float]) -> sim.SimResult:
-            return sim.gossip(
-                cluster,
-                positions,
-                epochs,
-                s["sync_every"],
-                prof.param_bytes,
-                seed,
-                strag,
-                bipartite=c.strategy == "gossip-bipartite",
-                step_overhead_s=overhead,
-                store_rtt_s=store_rtt,
-                position_part=parts,
-                first_extra_s=[x * f for x in _first_extra(prof, s["partitions"])],
-                speed=speed,
-            )
 
-        beside = prof.beside_straggler.get(f"parts{s['partitions']}")
-        slow = {r for r, x in strag.slowdown.items() if x > 1.0 and r < world}
-        if beside is not None and slow:
-            # the profile measured the pool's main worker beside a sleeping straggler in a real
-            # run: that for the ranks sharing a machine with one, the co-run factor elsewhere
-            # (the stragglers' own steps after a pause: after_pause)
-            mates = {r for r in range(world) if any(r // per_host == q // per_host for q in slow)}
-            return run([beside / f if r in mates - slow else 1.0 for r in range(world)])
-        # a rank whose machine-mates idle: a lone rank's step (the co-run factor is clamped at
-        # 1 where the real loop ran faster than the profile's steps; so is this)
-        alone = _time_share(prof, 1) * max(1.0, prof.loop_factor)
-        return _corun_by_overlap(run, world, per_host, f, min(f, alone))
-    if c.strategy in ("pipeline", "hybrid"):
-        replicas = s.get("replicas", 1)
-        p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]
-        f = _slowdown(prof, per_host)
-        o = pipeline_op_overhead_s(prof, s["chunks"])
-        firsts = prof.comm.get("pipeline_first_s") or {}
-        key = _closest_chunks(firsts, s["chunks"])
-        first = firsts[key] if key else 0.0
-        per_epoch = len(image_steps(prof, replicas, True)) if prof.kind == "image" else 1
-        if per_epoch < 1:
-            raise ValueError(f"{c.label()}: no step in an epoch")  # omitted by run_advise
-        return sim.pipeline(
+@dataclass(frozen=True)
+class _Run:
+    """What every simulation of a candidate starts from (:func:`simulate`)."""
+
+    c: Candidate
+    prof: Profile
+    cluster: sim.Cluster
+    per_host: int  # the ranks that share one machine's cores
+    strag: sim.Stragglers  # the grid's stragglers where the strategy takes them, else none
+    epochs: int
+    loop: float  # the training loop's own share of every step
+
+
+def _simulate_one_rank(r: _Run) -> sim.SimResult:
+    """One rank trains every batch in turn: the full graph, each subgraph, or ViG's images."""
+    c, prof, cluster = r.c, r.prof, r.cluster
+    s, epochs, loop = c.settings, r.epochs, r.loop
+    f = _slowdown(prof, 1)
+    if prof.kind == "image":
+        steps = [image_step_s(prof, n) * f + loop for n in image_steps(prof, 1, False)]
+        return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
+    if "partitions" in s:
+        steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+        extra = _first_extra(prof, s["partitions"])
+    else:
+        steps, extra = [prof.full_step_s * f + loop], [prof.full_first_s]
+    # a first step on a graph: also what the model derives from it and keeps
+    first = [t + x * f for t, x in zip(steps, extra)]
+    return sim.lockstep(cluster, [[first] + [steps] * (epochs - 1)], 1, 0)
+
+
+def _simulate_lockstep(r: _Run) -> sim.SimResult:
+    """Data parallel on subgraphs dealt to the ranks, averaging every ``sync_every`` steps
+    (:func:`gnnpar.advise.simulate.lockstep`)."""
+    c, prof, cluster, per_host, strag = r.c, r.prof, r.cluster, r.per_host, r.strag
+    s, seed, world, epochs, loop = c.settings, prof.seed, c.world, r.epochs, r.loop
+    f = _slowdown(prof, per_host)
+    strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
+    part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+    extra = [x * f for x in _first_extra(prof, s["partitions"])]
+    n = len(part_s)
+    deal = assign_parts(n, world, seed)
+    steps = math.ceil(n / world)
+    compute = []
+    for r in range(world):
+        epochs_r = []
+        for e in range(epochs):
+            order = epoch_order(deal[r], seed, e, r)
+            # a rank's first epoch is the first step on each of its subgraphs
+            times: list[float | None] = [part_s[p] + extra[p] * (e == 0) for p in order]
+            epochs_r.append(times + [None] * (steps - len(times)))
+        compute.append(epochs_r)
+    grads = s.get("average", "grads" if s["sync_every"] == 1 else "params") == "grads"
+    return sim.lockstep(cluster, compute, s["sync_every"], prof.param_bytes, strag, pairs=grads)
+
+
+def _simulate_gossip(r: _Run) -> sim.SimResult:
+    """A shared pool of subgraphs, ranks averaging in pairs
+    (:func:`gnnpar.advise.simulate.gossip`); where ranks share a machine, each rank's speed from
+    how much the others computed (:func:`_corun_by_overlap`) or the profile's rank beside a
+    straggler."""
+    c, prof, cluster, per_host, strag = r.c, r.prof, r.cluster, r.per_host, r.strag
+    s, seed, world, epochs, loop = c.settings, prof.seed, c.world, r.epochs, r.loop
+    f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
+    strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
+    part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
+    pool = WorkPool(None, "", len(part_s), epochs, seed)
+    parts = [i for e in range(epochs) for i in pool.order(e)]
+    positions = [part_s[i] for i in parts]
+    rtt = prof.comm.get("store_rtt_s", 0.0)
+    lat = cluster.network.latency_s if cluster.network else 0.0
+    # the store lives with rank 0: a round trip from another host crosses the link twice
+    store_rtt = [rtt + 2 * lat * (cluster.host(r) != 0) for r in range(world)]
+    # per step: one take from the pool, a quarter of a publish of its speed (the pairing's
+    # store calls are charged by the simulation, call by call)
+    overhead = [1.25 * t for t in store_rtt]
+
+    def run(speed: list[float]) -> sim.SimResult:
+        return sim.gossip(
             cluster,
-            [[t * f + o for t in row] for row in p["fwd_s"]],
-            [[t * f + o for t in row] for row in p["bwd_s"]],
-            p["act_bytes"],
-            epochs * per_epoch,
-            s.get("schedule", "gpipe"),
-            [t * f + loop for t in p["opt_s"]],
-            replicas,
-            p["grad_bytes"],
-            per_epoch,
-            first_step_extra_s=first,  # measured on two ranks here, as o
+            positions,
+            epochs,
+            s["sync_every"],
+            prof.param_bytes,
+            seed,
+            strag,
+            bipartite=advice_of(c.strategy).bipartite,
+            step_overhead_s=overhead,
+            store_rtt_s=store_rtt,
+            position_part=parts,
+            first_extra_s=[x * f for x in _first_extra(prof, s["partitions"])],
+            speed=speed,
         )
-    if c.strategy == "sampled":
-        w = s["loader_workers"]
-        steps = shard_plan(prof.num_train, world, s["batch_size"])[1]
-        # a rank whose share of the training nodes is smaller than the batch (a small graph on
-        # several ranks) makes and trains smaller ones: their own costs, or scaled ones
-        b, seeds = sampled_batch_costs(prof, s["batch_size"], world)
-        compute, sample = b["compute_s"], b["main_sample_s"]
-        if w:  # a worker makes and sends the batch; the rank receives it and trains on it
-            sample = b.get("worker_s") or b["sample_s"]  # profiles from before: making alone
-            compute = b.get("compute_recv_s", compute) + b.get("recv_s", 0.0)
-        share = b.get("slowed_share", prof.slowed_share)
-        if w:  # receiving a worker's batch comes before the step's clock: never slowed
-            share *= b.get("compute_recv_s", compute) / max(compute, 1e-12)
-        # loader workers make batches on the cores the ranks leave idle first: every rank idles
-        # while the slowest one pauses (DDP's all-reduce holds the others), so a worker's
-        # batch time-shares a step only as far as it does not fit in that pause
-        idle = _pause_per_step(strag, compute * share) * prof.threads
-        busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
-        corun = _slowdown(prof, per_host, busy, "sampled_corun_factor")
-        f = corun * seeds
-        key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
-        strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
 
-        def run_sampled(speed: list[float]) -> sim.SimResult:
-            return sim.sampled(
-                cluster,
-                steps,
-                epochs,
-                compute * f + loop,
-                sample * f,
-                w,
-                prof.param_bytes,
-                strag,
-                start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
-                speed=speed,
-            )
+    beside = prof.beside_straggler.get(f"parts{s['partitions']}")
+    slow = {r for r, x in strag.slowdown.items() if x > 1.0 and r < world}
+    if beside is not None and slow:
+        # the profile measured the pool's main worker beside a sleeping straggler in a real
+        # run: that for the ranks sharing a machine with one, the co-run factor elsewhere
+        # (the stragglers' own steps after a pause: after_pause)
+        mates = {r for r in range(world) if any(r // per_host == q // per_host for q in slow)}
+        return run([beside / f if r in mates - slow else 1.0 for r in range(world)])
+    # a rank whose machine-mates idle: a lone rank's step (the co-run factor is clamped at
+    # 1 where the real loop ran faster than the profile's steps; so is this)
+    alone = _time_share(prof, 1) * max(1.0, prof.loop_factor)
+    return _corun_by_overlap(run, world, per_host, f, min(f, alone))
 
-        # a straggler's pause comes after DDP's all-reduce, and the other ranks make and train
-        # their next batch meanwhile, alone on the machine: slowed as far as they overlap
-        alone = _time_share(prof, 1, busy) * max(1.0, prof.loop_factor) * seeds
-        return _corun_by_overlap(run_sampled, world, per_host, f, min(f, alone))
-    raise ValueError(f"gnnpar advise cannot simulate --strategy {c.strategy}")
+
+def _simulate_pipeline(r: _Run) -> sim.SimResult:
+    """Stages over ranks, with replicas where the settings have them
+    (:func:`gnnpar.advise.simulate.pipeline`)."""
+    c, prof, cluster, per_host = r.c, r.prof, r.cluster, r.per_host
+    s, epochs, loop = c.settings, r.epochs, r.loop
+    replicas = s.get("replicas", 1)
+    p = prof.pipeline[f"{replicas}x{s['stages']}x{s['chunks']}"]
+    f = _slowdown(prof, per_host)
+    o = pipeline_op_overhead_s(prof, s["chunks"])
+    firsts = prof.comm.get("pipeline_first_s") or {}
+    key = _closest_chunks(firsts, s["chunks"])
+    first = firsts[key] if key else 0.0
+    per_epoch = len(image_steps(prof, replicas, True)) if prof.kind == "image" else 1
+    if per_epoch < 1:
+        raise ValueError(f"{c.label()}: no step in an epoch")  # omitted by run_advise
+    return sim.pipeline(
+        cluster,
+        [[t * f + o for t in row] for row in p["fwd_s"]],
+        [[t * f + o for t in row] for row in p["bwd_s"]],
+        p["act_bytes"],
+        epochs * per_epoch,
+        s.get("schedule", "gpipe"),
+        [t * f + loop for t in p["opt_s"]],
+        replicas,
+        p["grad_bytes"],
+        per_epoch,
+        first_step_extra_s=first,  # measured on two ranks here, as o
+    )
+
+
+def _simulate_sampled(r: _Run) -> sim.SimResult:
+    """Neighbour-sampled batches under DDP, made in the rank or by loader workers
+    (:func:`gnnpar.advise.simulate.sampled`)."""
+    c, prof, cluster, per_host, strag = r.c, r.prof, r.cluster, r.per_host, r.strag
+    s, world, epochs, loop = c.settings, c.world, r.epochs, r.loop
+    w = s["loader_workers"]
+    steps = shard_plan(prof.num_train, world, s["batch_size"])[1]
+    # a rank whose share of the training nodes is smaller than the batch (a small graph on
+    # several ranks) makes and trains smaller ones: their own costs, or scaled ones
+    b, seeds = sampled_batch_costs(prof, s["batch_size"], world)
+    compute, sample = b["compute_s"], b["main_sample_s"]
+    if w:  # a worker makes and sends the batch; the rank receives it and trains on it
+        sample = b.get("worker_s") or b["sample_s"]  # profiles from before: making alone
+        compute = b.get("compute_recv_s", compute) + b.get("recv_s", 0.0)
+    share = b.get("slowed_share", prof.slowed_share)
+    if w:  # receiving a worker's batch comes before the step's clock: never slowed
+        share *= b.get("compute_recv_s", compute) / max(compute, 1e-12)
+    # loader workers make batches on the cores the ranks leave idle first: every rank idles
+    # while the slowest one pauses (DDP's all-reduce holds the others), so a worker's
+    # batch time-shares a step only as far as it does not fit in that pause
+    idle = _pause_per_step(strag, compute * share) * prof.threads
+    busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
+    corun = _slowdown(prof, per_host, busy, "sampled_corun_factor")
+    f = corun * seeds
+    key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
+    strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
+
+    def run_sampled(speed: list[float]) -> sim.SimResult:
+        return sim.sampled(
+            cluster,
+            steps,
+            epochs,
+            compute * f + loop,
+            sample * f,
+            w,
+            prof.param_bytes,
+            strag,
+            start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
+            speed=speed,
+        )
+
+    # a straggler's pause comes after DDP's all-reduce, and the other ranks make and train
+    # their next batch meanwhile, alone on the machine: slowed as far as they overlap
+    alone = _time_share(prof, 1, busy) * max(1.0, prof.loop_factor) * seeds
+    return _corun_by_overlap(run_sampled, world, per_host, f, min(f, alone))
+
+
+SIMULATE = {
+    SIM_ONE_RANK: _simulate_one_rank,
+    SIM_LOCKSTEP: _simulate_lockstep,
+    SIM_GOSSIP: _simulate_gossip,
+    SIM_PIPELINE: _simulate_pipeline,
+    SIM_SAMPLED: _simulate_sampled,
+}
 
 
 def image_steps(prof: Profile, replicas: int, pipelined: bool) -> list[int]:
@@ -584,10 +750,9 @@ def candidate_flags(req, c: Candidate) -> dict[str, Any]:
     settings = {k.replace("_", "-"): v for k, v in c.settings.items()}
     flags = flags_for(req.base, c.strategy, **settings)
     flags["workers"] = c.world
-    if c.strategy in ("allreduce", "gossip", "gossip-bipartite", "sampled"):
-        s = req.stragglers
-        if s.slowdown:
-            flags["slowdown"] = ",".join(f"{r}={f:g}" for r, f in sorted(s.slowdown.items()))
-        if s.jitter:
-            flags["jitter"] = s.jitter
+    reads, s = registry.get(c.strategy).reads, req.stragglers
+    if s.slowdown and "slowdown" in reads:
+        flags["slowdown"] = ",".join(f"{r}={f:g}" for r, f in sorted(s.slowdown.items()))
+    if s.jitter and "jitter" in reads:
+        flags["jitter"] = s.jitter
     return flags

@@ -37,10 +37,12 @@ from gnnpar.strategies.spec import (
     AVERAGING,
     AVERAGING_KEYS,
     CLUSTER_GCN,
+    SIM_LOCKSTEP,
     STEP_CHECKPOINTS,
     STEPS_KEYS,
     STRAGGLER_KEYS,
     STRAGGLERS,
+    Advice,
     StrategySpec,
     check_stragglers,
     data_parallel,
@@ -159,6 +161,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 SPEC = StrategySpec(
     name="allreduce",
     help="synchronous data-parallel Cluster-GCN",
+    advice=Advice(SIM_LOCKSTEP),
     degrees=data_parallel,
     reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **STEP_CHECKPOINTS},
     result_keys={

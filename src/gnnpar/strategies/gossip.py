@@ -38,8 +38,10 @@ from gnnpar.strategies.spec import (
     AVERAGING,
     AVERAGING_KEYS,
     CLUSTER_GCN,
+    SIM_GOSSIP,
     STRAGGLER_KEYS,
     STRAGGLERS,
+    Advice,
     StrategySpec,
     data_parallel,
 )
@@ -124,6 +126,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
 SPEC = StrategySpec(
     name="gossip",
     help="asynchronous Cluster-GCN, averaging with one partner at a time",
+    advice=Advice(SIM_GOSSIP),
     degrees=data_parallel,
     # no --checkpoint-every-steps: gossip ranks reach no common step, only epoch ends
     reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS},

@@ -13,6 +13,7 @@ from gnnpar.config.schema import Config
 from gnnpar.errors import UsageError
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies import gossip
+from gnnpar.strategies.spec import SIM_GOSSIP, Advice
 
 
 def check(cfg: Config, dims: ParallelDims) -> None:
@@ -30,4 +31,6 @@ SPEC = replace(
     help="gossip whose active ranks pair with passive ones only",
     build=partial(gossip.build, bipartite=True),
     check=check,
+    # not in advise's default grid: the studies compare gossip's own pairing
+    advice=Advice(SIM_GOSSIP, default=False, bipartite=True),
 )

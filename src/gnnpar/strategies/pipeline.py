@@ -37,7 +37,15 @@ from gnnpar.config.schema import Config
 from gnnpar.data.registry import kind_of
 from gnnpar.errors import UsageError
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.strategies.spec import PIPELINE, STEP_CHECKPOINTS, StrategySpec, pipelined, reads
+from gnnpar.strategies.spec import (
+    PIPELINE,
+    SIM_PIPELINE,
+    STEP_CHECKPOINTS,
+    Advice,
+    StrategySpec,
+    pipelined,
+    reads,
+)
 
 if TYPE_CHECKING:
     from gnnpar.runtime.dist import DistContext
@@ -248,6 +256,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 SPEC = StrategySpec(
     name="pipeline",
     help="a GPipe pipeline of --stages stages",
+    advice=Advice(SIM_PIPELINE),
     degrees=pipelined,
     reads={**PIPELINE, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
     build=build,

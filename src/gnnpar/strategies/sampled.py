@@ -61,9 +61,11 @@ from gnnpar.errors import UsageError
 from gnnpar.models.presets import model_kind
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
+    SIM_SAMPLED,
     STEP_CHECKPOINTS,
     STEPS_KEYS,
     STRAGGLERS,
+    Advice,
     StrategySpec,
     check_stragglers,
     data_parallel,
@@ -168,6 +170,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
 SPEC = StrategySpec(
     name="sampled",
     help="neighbour-sampled mini-batches under DDP",
+    advice=Advice(SIM_SAMPLED),
     degrees=data_parallel,
     reads={
         **reads("fanouts", "batch-size", "loader-workers"),

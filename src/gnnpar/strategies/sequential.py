@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 
 from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.strategies.spec import CLUSTER_GCN, STEP_CHECKPOINTS, StrategySpec, one_process, reads
+from gnnpar.strategies.spec import (
+    CLUSTER_GCN,
+    SIM_ONE_RANK,
+    STEP_CHECKPOINTS,
+    Advice,
+    StrategySpec,
+    one_process,
+    reads,
+)
 
 if TYPE_CHECKING:
     from gnnpar.runtime.dist import DistContext
@@ -87,6 +95,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 SPEC = StrategySpec(
     name="sequential",
     help="one process, the baseline",
+    advice=Advice(SIM_ONE_RANK),
     degrees=one_process,  # --workers > 1 would train identical copies: an error
     reads={**CLUSTER_GCN, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
     build=build,

@@ -12,6 +12,8 @@ starts, and how a rank builds it:
 * ``defaults``: fills the strategy's settings the user left unset
   (:func:`gnnpar.configure.resolve`), e.g. what is averaged.
 * ``check(cfg, dims)``: the strategy's checks that need no data, once before launch.
+* ``advice``: how ``gnnpar advise`` profiles and simulates it (:class:`Advice`); None: advise
+  does not consider it (and says so).
 * ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
   training loop (:mod:`gnnpar.training.loop`). It imports torch and the training parts when it
   runs, so that the spec, and the config checks that read it, do not.
@@ -66,6 +68,43 @@ def check_stragglers(cfg: Config, dims: ParallelDims) -> None:
         )
 
 
+# ---------------------------------------------------------------- what gnnpar advise needs
+# The simulations of gnnpar.advise (each a function of gnnpar.advise.predict, on the event
+# simulations of gnnpar.advise.simulate); a strategy names the one that models its training:
+SIM_ONE_RANK = "one-rank"  # one process trains every batch in turn (the full graph or subgraphs)
+SIM_LOCKSTEP = "lockstep"  # data parallel on subgraphs, averaging every sync_every steps
+SIM_GOSSIP = "gossip"  # a shared pool of subgraphs, ranks averaging in pairs
+SIM_PIPELINE = "pipeline"  # stages over ranks (with replicas where it reads --replicas)
+SIM_SAMPLED = "sampled"  # data parallel on neighbour-sampled batches under DDP
+SIMULATIONS = (SIM_ONE_RANK, SIM_LOCKSTEP, SIM_GOSSIP, SIM_PIPELINE, SIM_SAMPLED)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """How ``gnnpar advise`` profiles and simulates a strategy: torch-free facts it reads from
+    the spec (the rest it derives from the spec itself: the settings grid from ``reads``, e.g.
+    --partitions, --sync-every, --average, --stages/--chunks/--schedule, --replicas,
+    --batch-size/--loader-workers; whether it takes --slowdown/--jitter stragglers from
+    ``reads``; its ranks from ``degrees``).
+
+    * ``simulation``: one of :data:`SIMULATIONS`; it also says what the profile measures for
+      it (the full graph or each subgraph's step; sampled batches; pipeline stages) and its
+      memory per rank.
+    * ``default``: in advise's grid when ``--strategies`` is not given.
+    * ``bipartite``: SIM_GOSSIP: active ranks pair with passive ones only.
+    """
+
+    simulation: str
+    default: bool = True
+    bipartite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.simulation not in SIMULATIONS:
+            raise ValueError(
+                f"Advice(simulation={self.simulation!r}): one of {', '.join(SIMULATIONS)}"
+            )
+
+
 # ---------------------------------------------------------------- parallel degrees
 Degrees = Callable[[StrategyConfig, int], tuple[int, int]]  # (settings, world) -> (copies, stages)
 
@@ -105,6 +144,7 @@ class StrategySpec:
     defaults: Callable[[Config], None] = _no_defaults
     # result.json keys its Plan.extra adds, {key: meaning}: gnnpar.result refuses any other
     result_keys: Mapping[str, str] = field(default_factory=dict)
+    advice: Advice | None = None  # how gnnpar advise profiles and simulates it
 
     def parallel_dims(self, cfg: Config, launched: int | None = None) -> ParallelDims:
         """The degrees ``cfg`` asks for, checked against the world size it will run with:
