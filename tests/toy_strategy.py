@@ -3,6 +3,8 @@
 
 "toy": one process, full-batch training of a graph model, scored at the end only. It reads
 --jitter (emulated straggler pauses), to show that a setting's readers come from the specs.
+Its ``advice`` makes ``gnnpar advise`` consider it: one rank training the whole graph (the
+profile's full-graph step, simulated step by step), tests/advise/test_toy_advised.py.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from functools import partial
 from gnnpar import UsageError
 from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
-from gnnpar.strategies.spec import STRAGGLER_KEYS, StrategySpec, one_process, reads
+from gnnpar.strategies.spec import (
+    SIM_ONE_RANK,
+    STRAGGLER_KEYS,
+    Advice,
+    StrategySpec,
+    one_process,
+    reads,
+)
 
 
 def check(cfg: Config, dims: ParallelDims) -> None:
@@ -62,4 +71,5 @@ SPEC = StrategySpec(
         "toy": "always true: the run was the toy strategy's",
         "jitter": STRAGGLER_KEYS["jitter"],
     },
+    advice=Advice(SIM_ONE_RANK),  # gnnpar advise: one rank training the whole graph
 )
