@@ -158,91 +158,122 @@ def take_profile(
     d = cfg.data
     if ds is None:
         ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
-    image = ds.kind == "image"
-    shapes: list[tuple[int, int, int]] = []
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
-        prof = Profile(
-            machine=cpu_model(),
-            cores=os.cpu_count() or 1,
-            threads=threads,
-            dataset=d.dataset,
-            model=cfg.model.name,
-            epochs=cfg.run.epochs,
-            seed=cfg.run.seed,
-            num_nodes=int(ds.train_x[0, 0].numel()) if image else ds.num_nodes,
-            num_train=int(ds.train_x.size(0)) if image else int(ds.data.train_mask.sum()),
-            param_bytes=params * FLOAT_BYTES,
-            base_rss_bytes=current_rss(),
-            kind=ds.kind,
-            batch_size=cfg.strategy.batch_size if image else 0,
-            max_steps=cfg.run.max_steps,
-            rounds=rounds,
-        )
+        prof = _new_profile(cfg, ds, threads, rounds)
         prof.speed_ref_s.append(reference_s())
         with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
             prof.loop_step_s = loop_overhead_s(base, ds, tmp)
-        if image:  # ViG: sequential and every pipeline shape, from one set of block timings
-            shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
-            profile_images(base, ds, shapes, prof)
-        else:
-            full = any(n.kind == "full" for n in needs)
-            parts = [n.partitions for n in needs if n.kind == "parts"]
-            sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
-            shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
-            if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
-                shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
-
-            def measure(into: Profile) -> Profile:
-                profile_graph_batches(base, ds, parts, full, into)
-                if sizes:
-                    profile_sampled(base, ds, sizes, into, workers=loader_workers)
-                if shapes:
-                    profile_pipeline(base, ds, shapes, into)
-                return into
-
-            _measure_in_rounds(measure, prof)
-            prof.speed_ref_s.append(reference_s())
-            if parts or full:
-                p = min(parts) if parts else None
-                step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
-                with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
-                    rounds, drift = real_loop_factor(base, ds, tmp, p, step_s, asked=prof.rounds)
-                prof.loop_factor = statistics.median(rounds)
-                prof.probe_rounds["loop_factor"] = rounds
-                if drift:  # the same steps timed again later, over the profile's timing (1)
-                    prof.probe_rounds["step_drift"] = [1.0, *drift]
-                prof.speed_ref_s.append(reference_s())
+        shapes = _measure_steps(base, cfg, ds, needs, prof, comm, loader_workers)
     finally:
         torch.set_num_threads(before)
-    if comm and image:  # gloo's costs only: a real 1000-image pipeline step takes minutes
+    if comm and ds.kind == "image":  # gloo's costs only: a real image pipeline step is long
         profile_comm(timeout_s, prof, threads)
     elif comm:
-        chunks = sorted({m for r, s, m in shapes if (r, s) == (1, 2)})
-        pipelines = [
-            (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
-            for m in chunks
-        ]
-        # subgraph steps on two ranks at once: for the subgraph strategies and the pipelines'
-        # blocks (predict's _slowdown); a sampled-only grid has its own factor and skips it
-        parts = sorted(n.partitions for n in needs if n.kind == "parts" and n.partitions >= 2)
-        parts = parts or ([corun_partitions] if corun_partitions else [])
-        corun = None
-        if parts and any(n.kind in ("parts", "pipeline") for n in needs):
-            flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
-            gossip = None
-            if straggle:  # and gossip's fast rank beside the straggler (the pool's main worker)
-                gossip = {
-                    **flags_for(base, "gossip", partitions=parts[0], sync_every=20),
-                    "workers": 2,
-                }
-            corun = ({**flags, "workers": 2}, straggle, gossip)
-        sampled = _sampled_probe(base, needs, prof, straggle)
-        profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)
-
+        probe = (straggle, corun_partitions)
+        _two_rank_probes(base, needs, shapes, prof, probe, timeout_s, threads)
     prof.speed_ref_s.append(reference_s())
     prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
     prof.profile_s = time.perf_counter() - t_start
     return prof
+
+
+def _new_profile(cfg, ds, threads: int, rounds: int) -> Profile:
+    """The profile's record of this machine, the run and the dataset, before any timing."""
+    image = ds.kind == "image"
+    d = cfg.data
+    params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
+    return Profile(
+        machine=cpu_model(),
+        cores=os.cpu_count() or 1,
+        threads=threads,
+        dataset=d.dataset,
+        model=cfg.model.name,
+        epochs=cfg.run.epochs,
+        seed=cfg.run.seed,
+        num_nodes=int(ds.train_x[0, 0].numel()) if image else ds.num_nodes,
+        num_train=int(ds.train_x.size(0)) if image else int(ds.data.train_mask.sum()),
+        param_bytes=params * FLOAT_BYTES,
+        base_rss_bytes=current_rss(),
+        kind=ds.kind,
+        batch_size=cfg.strategy.batch_size if image else 0,
+        max_steps=cfg.run.max_steps,
+        rounds=rounds,
+    )
+
+
+def _measure_steps(
+    base: dict, cfg, ds, needs: list[Need], prof: Profile, comm: bool, loader_workers: bool
+) -> list[tuple[int, int, int]]:
+    """Every batch kind's step in this process (in rounds), and the real loop's factor, with
+    the reference work timed after each; returns the pipeline shapes measured (replicas,
+    stages, chunks)."""
+    if ds.kind == "image":  # ViG: sequential and every pipeline shape, from one set of blocks
+        shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+        profile_images(base, ds, shapes, prof)
+        return shapes
+    full = any(n.kind == "full" for n in needs)
+    parts = [n.partitions for n in needs if n.kind == "parts"]
+    sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
+    shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
+    if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
+        shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
+
+    def measure(into: Profile) -> Profile:
+        profile_graph_batches(base, ds, parts, full, into)
+        if sizes:
+            profile_sampled(base, ds, sizes, into, workers=loader_workers)
+        if shapes:
+            profile_pipeline(base, ds, shapes, into)
+        return into
+
+    _measure_in_rounds(measure, prof)
+    prof.speed_ref_s.append(reference_s())
+    if parts or full:
+        p = min(parts) if parts else None
+        step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
+        with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
+            rounds, drift = real_loop_factor(base, ds, tmp, p, step_s, asked=prof.rounds)
+        prof.loop_factor = statistics.median(rounds)
+        prof.probe_rounds["loop_factor"] = rounds
+        if drift:  # the same steps timed again later, over the profile's timing (1)
+            prof.probe_rounds["step_drift"] = [1.0, *drift]
+        prof.speed_ref_s.append(reference_s())
+    return shapes
+
+
+def _two_rank_probes(
+    base: dict,
+    needs: list[Need],
+    shapes: list[tuple[int, int, int]],
+    prof: Profile,
+    probe: tuple[dict[str, Any] | None, int | None],
+    timeout_s: float,
+    threads: int,
+) -> None:
+    """Graphs: gloo, the two-stage pipelines' real steps, the co-run and straggler probes, on
+    two ranks (:func:`profile_comm`); ``probe``: take_profile's ``straggle`` and
+    ``corun_partitions``."""
+    straggle, corun_partitions = probe
+    chunks = sorted({m for r, s, m in shapes if (r, s) == (1, 2)})
+    pipelines = [
+        (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
+        for m in chunks
+    ]
+    # subgraph steps on two ranks at once: for the subgraph strategies and the pipelines'
+    # blocks (predict's _slowdown); a sampled-only grid has its own factor and skips it
+    parts = sorted(n.partitions for n in needs if n.kind == "parts" and n.partitions >= 2)
+    parts = parts or ([corun_partitions] if corun_partitions else [])
+    corun = None
+    if parts and any(n.kind in ("parts", "pipeline") for n in needs):
+        flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
+        gossip = None
+        if straggle:  # and gossip's fast rank beside the straggler (the pool's main worker)
+            gossip = {
+                **flags_for(base, "gossip", partitions=parts[0], sync_every=20),
+                "workers": 2,
+            }
+        corun = ({**flags, "workers": 2}, straggle, gossip)
+    sampled = _sampled_probe(base, needs, prof, straggle)
+    profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)
