@@ -22,8 +22,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gnnpar.errors import UsageError
+from gnnpar.strategies import registry
+from gnnpar.strategies.spec import SIM_GOSSIP, SIM_LOCKSTEP, SIM_PIPELINE, SIM_SAMPLED
 
-PARTS_STRATEGIES = ("allreduce", "gossip", "gossip-bipartite")
+
+def _simulation(strategy: str) -> str:
+    """The simulation a strategy's spec declares for advise (its grid's candidates have one)."""
+    advice = registry.get(strategy).advice
+    assert advice is not None, strategy  # build_grid makes candidates of advised ones only
+    return advice.simulation
 
 
 def default_partitions(world: int) -> int:
@@ -158,7 +165,7 @@ def fit_grid(req, facts: Facts) -> list[str]:
     for c in req.grid:
         s = dict(c.settings)
         if "partitions" in s:
-            parallel = c.strategy in PARTS_STRATEGIES
+            parallel = _simulation(c.strategy) in (SIM_LOCKSTEP, SIM_GOSSIP)
             if fixed.get("partitions") is not None:
                 split = facts.parts(s["partitions"])
                 # the user's own setting: refused, as gnnpar train would refuse it
@@ -177,17 +184,17 @@ def fit_grid(req, facts: Facts) -> list[str]:
                     why_out.setdefault(c.strategy, _why_no_partitions(lo, c.world, facts, default))
                     continue
                 if p != default:
-                    who = "the ranks'" if parallel else "sequential's"
+                    who = "the ranks'" if parallel else f"{c.strategy}'s"
                     key = f"parts{p}-{default}"  # the same change for both: said once
                     whose.setdefault(key, set()).add(who)
                     changes[key] = _partitions_change(
                         who if len(whose[key]) == 1 else "", p, default, facts, c.world
                     )
                 s["partitions"] = p
-        if c.strategy == "sampled":
+        if _simulation(c.strategy) == SIM_SAMPLED:
             if facts.num_train < c.world:
                 why_out.setdefault(
-                    "sampled",
+                    c.strategy,
                     f"the graph has {facts.num_train} training nodes, fewer than the {c.world} "
                     "ranks: every rank needs at least one",
                 )
@@ -195,16 +202,16 @@ def fit_grid(req, facts: Facts) -> list[str]:
             per_rank = facts.num_train // c.world
             if fixed.get("batch_size") is None and per_rank < s["batch_size"]:
                 smallest = min(
-                    x.settings["batch_size"] for x in req.grid if x.strategy == "sampled"
+                    x.settings["batch_size"] for x in req.grid if x.strategy == c.strategy
                 )
                 if s["batch_size"] > smallest and per_rank < smallest:
                     nodes = "training nodes make" if per_rank != 1 else "training node makes"
-                    changes["sampled"] = (
-                        f"sampled only at --batch-size {smallest} (each rank's {per_rank} "
+                    changes[c.strategy] = (
+                        f"{c.strategy} only at --batch-size {smallest} (each rank's {per_rank} "
                         f"{nodes} one batch at any larger size: the same run)"
                     )
                     continue
-        if c.strategy in ("pipeline", "hybrid") and not req.images:
+        if _simulation(c.strategy) == SIM_PIPELINE and not req.images:
             copies = s.get("replicas", 1)
             limit = facts.num_train if facts.microbatch == "exact" else facts.num_nodes
             what = "training nodes" if facts.microbatch == "exact" else "nodes"

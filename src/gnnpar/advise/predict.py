@@ -85,6 +85,18 @@ def default_strategies() -> tuple[str, ...]:
     return tuple(s.name for s in registry.specs() if s.advice is not None and s.advice.default)
 
 
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``ALL``, ``DEFAULT``, ``STRAGGLING``: the registry's advised, default and straggled
+    strategies at the time they are read (a strategy registered later counts too)."""
+    if name == "ALL":
+        return advised()
+    if name == "DEFAULT":
+        return default_strategies()
+    if name == "STRAGGLING":
+        return tuple(s for s in advised() if straggles(s))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def advice_of(name: str) -> Advice:
     """The advise facts of ``--strategy name`` (a ValueError where it declares none)."""
     advice = registry.get(name).advice
