@@ -36,6 +36,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gnnpar.advise.profile import Profile
+from gnnpar.strategies import registry
+from gnnpar.strategies.spec import SIM_GOSSIP, SIM_LOCKSTEP, SIM_SAMPLED
 
 FLOAT_BYTES = 4
 INDEX_BYTES = 8  # int64: edge_index, CSR, labels, node ids
@@ -261,19 +263,20 @@ def host_memory(
 ) -> dict[str, int]:
     """Bytes one host holds while training ``shape`` with ``strategy`` in gnnpar's design,
     by part (sum them for the host's need); ``rank_bytes``: one rank's bare process, model
-    state and activations (:func:`model_memory` plus the profile's bare rank).
+    state and activations (:func:`model_memory` plus the profile's bare rank). The model is
+    the one of the simulation the strategy's spec declares (``StrategySpec.advice``):
 
-    * ``sampled`` (:func:`gnnpar.training.sources.share_graph`): local rank 0 writes the CSR
+    * sampled (:func:`gnnpar.training.sources.share_graph`): local rank 0 writes the CSR
       (``rowptr``, ``col``), features and labels to ``/dev/shm`` (memory, not evictable) and
       every rank and loader worker maps it: any node may be sampled. Each sampling process
       (the rank with ``--loader-workers 0``, else each worker) keeps a node-mark array of
       ``nodes`` int64 (:class:`~gnnpar.data.sampling.sampler.NeighborSampler`). Setup peak:
       local rank 0 holds the CSR it built while the file is written (the CSR build itself,
       a stable sort of the targets, needs ``3 x edges`` int64 at once, less than that).
-    * ``allreduce``: the partitioned graph is one memory-mapped file (nodes reordered by part,
+    * lockstep (allreduce): the partitioned graph is one memory-mapped file (nodes reordered by part,
       intra-part edges); a rank's static deal reads only its own parts' pages: ``1 / world``
       of it per rank.
-    * ``gossip``: any rank may take any part from the pool, so every host reads the whole
+    * gossip pool: any rank may take any part from the pool, so every host reads the whole
       partitioned graph over an epoch.
 
     Left out (not held during training): the dataset's own cache file (memory-mapped, read at
@@ -282,19 +285,21 @@ def host_memory(
     graph)."""
     n, f, e = shape.num_nodes, shape.num_features, shape.num_edges
     out: dict[str, int] = {"ranks": ranks_per_host * rank_bytes}
-    if strategy == "sampled":
+    advice = registry.get(strategy).advice
+    simulation = advice.simulation if advice else None  # the spec's: what a rank holds
+    if simulation == SIM_SAMPLED:
         shared = (n + 1) * INDEX_BYTES + e * INDEX_BYTES + n * f * FLOAT_BYTES + n * INDEX_BYTES
         samplers = ranks_per_host * max(1, loader_workers)
         out["shared graph"] = shared
         out["sampler marks"] = samplers * n * INDEX_BYTES
         out["setup extra"] = (n + 1) * INDEX_BYTES + e * INDEX_BYTES  # the CSR, while written
         return out
-    if strategy in ("allreduce", "gossip"):
+    if simulation in (SIM_LOCKSTEP, SIM_GOSSIP):
         if intra_part_edges is None:
             raise ValueError(f"{strategy}: give the intra-part edge count")
         per_node = f * FLOAT_BYTES + INDEX_BYTES + 3 * MASK_BYTES
         whole = n * per_node + 2 * intra_part_edges * INDEX_BYTES
-        share = ranks_per_host / world if strategy == "allreduce" else 1.0
+        share = ranks_per_host / world if simulation == SIM_LOCKSTEP else 1.0
         out["partitioned graph"] = math.ceil(whole * min(1.0, share))
         return out
     raise ValueError(f"host_memory: no memory model for --strategy {strategy}")
