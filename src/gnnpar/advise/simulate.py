@@ -373,183 +373,234 @@ def gossip(
     that rank's steps take than ``position_s`` says (the cores it shares; 1 by default).
     ``compute_s`` of the result: each rank's steps, without pauses and store calls."""
     world = cluster.world
-    speed = list(speed or [1.0] * world)
-    overhead = list(step_overhead_s or [0.0] * world)
-    rtt = list(store_rtt_s or [0.0] * world)
-    owed = [0.0] * world  # store round trips of this boundary, paid before the rank goes on
-    seen: list[set[int]] = [set() for _ in range(world)]  # subgraphs each rank has trained
-    total = len(position_s)
-    sim = Sim()
-    state: list = ["avail"] * world
-    pending: list[_Exchange | None] = [None] * world
-    step_avg, published, steps = [0.0] * world, [0.0] * world, [0] * world
-    claims = [0] * world
-    rngs = [random.Random(seed * 7919 + r) for r in range(world)]
-    active = list(range(world // 2)) if bipartite else list(range(world))
-    passive = list(range(world // 2, world)) if bipartite else list(range(world))
-    cost = {}  # xid -> seconds of the exchange once both are in
+    run = _GossipRun(
+        cluster,
+        position_s,
+        every,
+        sync_bytes,
+        seed,
+        stragglers,
+        bipartite,
+        poll_s,
+        slack,
+        list(step_overhead_s or [0.0] * world),
+        list(store_rtt_s or [0.0] * world),
+        position_part,
+        first_extra_s,
+        list(speed or [1.0] * world),
+    )
+    procs = [run.sim.start(run.rank(r)) for r in range(world)]
+    _run(run.sim, procs, "gossip")
+    train = run.sim.now
+    return SimResult(
+        [train / epochs] * epochs,
+        train,
+        run.batches,
+        run.busy,
+        run.wait,
+        len(run.log),
+        run.moved[0],
+        run.moved[1],
+        run.log,
+        run.compute,
+    )
 
-    def exchange_cost(key):
-        return Rendezvous(sim, 2, cost[key], cluster.wake_s)
 
-    meet = _Keyed(exchange_cost)
-    final = Rendezvous(sim, world)
-    counter = [0]
-    busy, wait, batches = [0.0] * world, [0.0] * world, [0] * world
-    compute = [0.0] * world
-    log: list = []
-    moved = [0.0, 0.0]
+class _GossipRun:
+    """The state of one :func:`gossip` simulation and its ranks' phases: the pairing
+    protocol's store calls (:meth:`pick`, :meth:`serve_claim`, :meth:`at_boundary`), an
+    exchange (:meth:`serve`), a rank's steps (:meth:`train`) and its clean-up before it
+    retires (:meth:`retire`)."""
 
-    def candidates(r: int) -> list[int]:
-        if r not in active:
+    def __init__(
+        self,
+        cluster: Cluster,
+        position_s: Sequence[float],
+        every: int,
+        sync_bytes: float,
+        seed: int,
+        stragglers: Stragglers,
+        bipartite: bool,
+        poll_s: float,
+        slack: float,
+        overhead: list[float],
+        rtt: list[float],
+        position_part: Sequence[int] | None,
+        first_extra_s: Sequence[float] | None,
+        speed: list[float],
+    ) -> None:
+        world = cluster.world
+        self.cluster, self.world, self.position_s = cluster, world, position_s
+        self.every, self.sync_bytes, self.stragglers = every, sync_bytes, stragglers
+        self.poll_s, self.slack, self.overhead, self.rtt = poll_s, slack, overhead, rtt
+        self.position_part, self.first_extra_s, self.speed = position_part, first_extra_s, speed
+        self.owed = [0.0] * world  # store round trips of this boundary, paid before going on
+        self.seen: list[set[int]] = [set() for _ in range(world)]  # subgraphs each has trained
+        self.total = len(position_s)
+        self.sim = Sim()
+        self.state: list = ["avail"] * world
+        self.pending: list[_Exchange | None] = [None] * world
+        self.step_avg, self.published, self.steps = [0.0] * world, [0.0] * world, [0] * world
+        self.claims = [0] * world
+        self.rngs = [random.Random(seed * 7919 + r) for r in range(world)]
+        self.active = list(range(world // 2)) if bipartite else list(range(world))
+        self.passive = list(range(world // 2, world)) if bipartite else list(range(world))
+        self.cost: dict[str, float] = {}  # xid -> seconds of the exchange once both are in
+        self.meet = _Keyed(lambda key: Rendezvous(self.sim, 2, self.cost[key], cluster.wake_s))
+        self.final = Rendezvous(self.sim, world)
+        self.counter = [0]
+        self.busy, self.wait, self.batches = [0.0] * world, [0.0] * world, [0] * world
+        self.compute = [0.0] * world
+        self.log: list = []
+        self.moved = [0.0, 0.0]
+
+    def candidates(self, r: int) -> list[int]:
+        if r not in self.active:
             return []
-        return [c for c in passive if c != r]
+        return [c for c in self.passive if c != r]
 
-    def pickable(r: int) -> bool:
-        return world > 1 and r in passive
+    def pickable(self, r: int) -> bool:
+        return self.world > 1 and r in self.passive
 
-    def not_faster(r: int, c: int) -> bool:
-        theirs = published[c]
-        return theirs == 0.0 or step_avg[r] == 0.0 or theirs >= slack * step_avg[r]
+    def not_faster(self, r: int, c: int) -> bool:
+        theirs = self.published[c]
+        return theirs == 0.0 or self.step_avg[r] == 0.0 or theirs >= self.slack * self.step_avg[r]
 
-    def pick(r: int) -> None:
+    def pick(self, r: int) -> None:
+        owed, rtt, state = self.owed, self.rtt, self.state
         owed[r] += rtt[r]  # compare-and-set of its own key: available -> busy
         if state[r] != "avail":
             return
         state[r] = "busy"
-        owed[r] += rtt[r] * len(candidates(r))  # each candidate's published speed
-        order = [c for c in candidates(r) if not_faster(r, c)]
-        rngs[r].shuffle(order)
-        xid = f"{r}.{claims[r]}"
+        owed[r] += rtt[r] * len(self.candidates(r))  # each candidate's published speed
+        order = [c for c in self.candidates(r) if self.not_faster(r, c)]
+        self.rngs[r].shuffle(order)
+        xid = f"{r}.{self.claims[r]}"
         for c in order:
             owed[r] += rtt[r]  # compare-and-set of the candidate's key: available -> claim
             if state[c] == "avail":
                 state[c] = ("claim", r, xid)
-                claims[r] += 1
-                pending[r] = _Exchange(c, xid, True)
-                cost[xid] = cluster.p2p_s(r, c, sync_bytes)
+                self.claims[r] += 1
+                self.pending[r] = _Exchange(c, xid, True)
+                self.cost[xid] = self.cluster.p2p_s(r, c, self.sync_bytes)
                 return
         owed[r] += rtt[r]  # nobody available: its own key back to available
         state[r] = "avail"
 
-    def serve_claim(r: int) -> _Exchange | None:
-        s = state[r]
+    def serve_claim(self, r: int) -> _Exchange | None:
+        s = self.state[r]
         if not (isinstance(s, tuple) and s[0] == "claim"):
             return None
-        owed[r] += rtt[r]  # its key set to ready
-        state[r] = ("ready", s[1], s[2])
+        self.owed[r] += self.rtt[r]  # its key set to ready
+        self.state[r] = ("ready", s[1], s[2])
         return _Exchange(s[1], s[2], False)
 
-    def at_boundary(r: int, want: bool) -> _Exchange | None:
-        x = pending[r]
+    def at_boundary(self, r: int, want: bool) -> _Exchange | None:
+        x = self.pending[r]
         if x is not None:
-            owed[r] += rtt[r]  # a look at the partner's key
-            return x if state[x.partner] == ("ready", r, x.xid) else None
-        if pickable(r):
-            owed[r] += rtt[r]  # a look at its own key
-            served = serve_claim(r)
+            self.owed[r] += self.rtt[r]  # a look at the partner's key
+            return x if self.state[x.partner] == ("ready", r, x.xid) else None
+        if self.pickable(r):
+            self.owed[r] += self.rtt[r]  # a look at its own key
+            served = self.serve_claim(r)
             if served is not None:
                 return served
-        if want and candidates(r):
-            pick(r)
+        if want and self.candidates(r):
+            self.pick(r)
         return None
 
-    def pay(r: int):
+    def pay(self, r: int):
         """The store round trips owed since the last payment."""
-        if owed[r] > 0.0:
-            busy[r] += owed[r]
-            yield sim.delay(owed[r])
-            owed[r] = 0.0
+        if self.owed[r] > 0.0:
+            self.busy[r] += self.owed[r]
+            yield self.sim.delay(self.owed[r])
+            self.owed[r] = 0.0
 
-    def serve(r: int, x: _Exchange):
-        yield from pay(r)
+    def serve(self, r: int, x: _Exchange):
+        sim = self.sim
+        yield from self.pay(r)
         t = sim.now
-        yield meet[x.xid].arrive()
-        wait[r] += sim.now - t
+        yield self.meet[x.xid].arrive()
+        self.wait[r] += sim.now - t
         if x.initiated:
-            pending[r] = None
-            log.append((sim.now, r, x.partner))
-            moved[0] += 2 * sync_bytes
-            moved[1] += 2 * sync_bytes * cluster.crosses(r, x.partner)
-        owed[r] += rtt[r]  # its key back to available
-        state[r] = "avail"
+            self.pending[r] = None
+            self.log.append((sim.now, r, x.partner))
+            self.moved[0] += 2 * self.sync_bytes
+            self.moved[1] += 2 * self.sync_bytes * self.cluster.crosses(r, x.partner)
+        self.owed[r] += self.rtt[r]  # its key back to available
+        self.state[r] = "avail"
 
-    def record_step(r: int, seconds: float) -> None:
+    def record_step(self, r: int, seconds: float) -> None:
+        steps, step_avg = self.steps, self.step_avg
         step_avg[r] = seconds if steps[r] == 0 else 0.8 * step_avg[r] + 0.2 * seconds
         if steps[r] % 4 == 0:
-            published[r] = step_avg[r]
+            self.published[r] = step_avg[r]
         steps[r] += 1
 
-    def rank(r: int):
+    def rank(self, r: int):
+        yield from self.train(r)
+        yield from self.retire(r)
+        t = self.sim.now
+        yield self.final.arrive()
+        self.wait[r] += self.sim.now - t
+
+    def train(self, r: int):
+        """Rank ``r`` takes subgraphs from the pool until it is empty, pairing at the steps'
+        boundaries."""
+        stragglers, every = self.stragglers, self.every
         straggler = stragglers.for_rank(r)
         since, paused = 0, False
-        while counter[0] < total:
-            pos = counter[0]
-            counter[0] += 1
-            c = position_s[pos]
-            if position_part is not None and first_extra_s is not None:
-                part = position_part[pos]
-                if part not in seen[r]:
-                    seen[r].add(part)
-                    c += first_extra_s[part]
-            c = stragglers.resumed(c, paused, speed[r])
-            compute[r] += c
+        while self.counter[0] < self.total:
+            pos = self.counter[0]
+            self.counter[0] += 1
+            c = self.position_s[pos]
+            if self.position_part is not None and self.first_extra_s is not None:
+                part = self.position_part[pos]
+                if part not in self.seen[r]:
+                    self.seen[r].add(part)
+                    c += self.first_extra_s[part]
+            c = stragglers.resumed(c, paused, self.speed[r])
+            self.compute[r] += c
             pause = stragglers.pause_s(straggler, c)
             paused = pause > 0
-            c += pause + overhead[r]
-            busy[r] += c
-            batches[r] += 1
-            yield sim.delay(c)
+            c += pause + self.overhead[r]
+            self.busy[r] += c
+            self.batches[r] += 1
+            yield self.sim.delay(c)
             since += 1
-            x = at_boundary(r, since >= every - 1)
+            x = self.at_boundary(r, since >= every - 1)
             while x is not None:
-                yield from serve(r, x)
+                yield from self.serve(r, x)
                 since = 0
-                x = at_boundary(r, every == 1) if x.initiated else None
-            yield from pay(r)
-            record_step(r, c)
-        while True:  # clean-up: our pick first, then claims on us, then retire
-            x = pending[r]
+                x = self.at_boundary(r, every == 1) if x.initiated else None
+            yield from self.pay(r)
+            self.record_step(r, c)
+
+    def retire(self, r: int):
+        """Rank ``r``'s clean-up: its pick first, then claims on it, then it retires."""
+        sim, owed = self.sim, self.owed
+        while True:
+            x = self.pending[r]
             if x is not None:
                 t = sim.now
-                while at_boundary(r, False) is None:
-                    yield sim.delay(poll_s + owed[r])
+                while self.at_boundary(r, False) is None:
+                    yield sim.delay(self.poll_s + owed[r])
                     owed[r] = 0.0
-                wait[r] += sim.now - t
-                yield from serve(r, x)
+                self.wait[r] += sim.now - t
+                yield from self.serve(r, x)
                 continue
-            yield from pay(r)
-            owed[r] += rtt[r]  # compare-and-set of its own key: available -> done
-            if state[r] == "avail":
-                state[r] = "done"
-                yield from pay(r)
+            yield from self.pay(r)
+            owed[r] += self.rtt[r]  # compare-and-set of its own key: available -> done
+            if self.state[r] == "avail":
+                self.state[r] = "done"
+                yield from self.pay(r)
                 break
-            x = serve_claim(r)
+            x = self.serve_claim(r)
             if x is None:
-                raise RuntimeError(f"simulated rank {r} retiring in state {state[r]!r}")
-            yield from serve(r, x)
-        t = sim.now
-        yield final.arrive()
-        wait[r] += sim.now - t
-
-    procs = [sim.start(rank(r)) for r in range(world)]
-    _run(sim, procs, "gossip")
-    train = sim.now
-    return SimResult(
-        [train / epochs] * epochs,
-        train,
-        batches,
-        busy,
-        wait,
-        len(log),
-        moved[0],
-        moved[1],
-        log,
-        compute,
-    )
+                raise RuntimeError(f"simulated rank {r} retiring in state {self.state[r]!r}")
+            yield from self.serve(r, x)
 
 
-# ---------------------------------------------------------------- pipelines
 def schedule_ops(schedule: str, stage: int, stages: int, chunks: int) -> list[tuple[str, int]]:
     """The order in which one stage runs its forwards ("F", m) and backwards ("B", m)."""
     if schedule == "gpipe":
