@@ -330,23 +330,6 @@ def test_train_on_a_damaged_folder_is_refused_before_any_rank(tmp_path, cora_fol
     assert "indptr.npy has 64 bytes" in err and "Prepare it again" in err
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_the_memory_benchmark_runs(tmp_path):
-    """benchmarks/memory/prepared_format.py --smoke: every part, tiny (so the script stays
-    runnable); it fails itself when the curves from disk and from memory differ."""
-    out = tmp_path / "bench.json"
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/memory/prepared_format.py"), "--smoke",
-         "--tmp", str(tmp_path), "--out", str(out)],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True,
-        timeout=380,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads(out.read_text())
-    assert r["epoch"]["same_loss_curve"] and r["prepare"][0]["peak_rss_gib"] > 0
-
-
 def test_module_function_and_ogb_folder_prepare_to_the_in_memory_graph(tmp_path, monkeypatch):
     import gzip
 

@@ -145,28 +145,6 @@ def test_prepare_shards_straight_from_a_dataset_and_leaves_no_temporary(tmp_path
     _same(shards.load_sharded(out).data, prepared.load_graph(cora).data)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_partitioner_benchmark_runs(tmp_path):
-    """benchmarks/memory/shard_partitioners.py --smoke (one partitioner: the script runs)."""
-    import os
-    import subprocess
-    import sys
-
-    from helpers import ROOT
-
-    out = tmp_path / "bench.json"
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/memory/shard_partitioners.py"), "--smoke",
-         "--partitioners", "stream", "--tmp", str(tmp_path), "--out", str(out)],
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, capture_output=True, text=True,
-        timeout=280,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads(out.read_text())["partitioners"]["stream"]
-    assert 0 < r["edge_cut_share"] < 1 and r["balance"] >= 1 and r["max_peak_gib"] > 0
-
-
 def _curve(tmp_path, dataset, name):
     flags = {"model": "sage", "hidden": "16", "layers": "2", "seed": "3", "threads": "1"}
     flags |= {"strategy": "sampled", "epochs": "2", "batch-size": "64", "fanouts": "5,5"}

@@ -334,8 +334,13 @@ class RunRecord(Callback):
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         if getattr(sampler, "steps", None) is not None:
             result["steps_per_epoch"] = sampler.steps
-        unknown = [k for k in result if k not in res.KEYS]
-        if unknown:  # a programming error: declare them in gnnpar.result first
+        # gnnpar's keys and those the strategies declare on their specs (a Lightning strategy
+        # may train on sampled batches: the sampled spec declares loader_workers and the like)
+        from gnnpar.strategies import registry
+
+        declared = set(res.KEYS).union(*(s.result_keys for s in registry.specs()))
+        unknown = [k for k in result if k not in declared]
+        if unknown:  # a programming error: declare them in gnnpar.result or a spec first
             raise RuntimeError(f"result.json has keys gnnpar.result does not declare: {unknown}")
         return result
 
