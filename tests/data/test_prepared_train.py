@@ -117,17 +117,20 @@ def test_gather_rows_with_and_without_cache_is_index_select(tmp_path):
     n_id = torch.randperm(2708, generator=torch.Generator().manual_seed(0))[:500]
     want = torch.index_select(x, 0, n_id)
     assert torch.equal(gather_rows(x, n_id), want)
-    cache = tmp_path / "cache.pt"
+    cache = tmp_path / "cache.bin"
     k = prepared.cache_rows(p, "0.1", None)
     assert k == 270
     prepared.write_feature_cache(p, k, str(cache))
-    c = torch.load(cache, mmap=True, weights_only=True)
+    assert cache.stat().st_size == 4 * 2708 + k * x.size(1) * 4  # slot, then the rows: no more
+    c = prepared.open_feature_cache(str(cache), x)
+    assert c["rows"].shape == (k, x.size(1))
     held = c["slot"] >= 0
     assert int(held.sum()) == k
     # the held rows are the most frequent sources
     deg = torch.bincount(p.tensor("indices").long(), minlength=2708)
     assert int(deg[held].min()) >= int(deg[~held].max())
     assert torch.equal(gather_rows(x, n_id, c["slot"], c["rows"]), want)
+    assert torch.equal(c["rows"], x[held])  # ascending ids, the rows themselves
     assert prepared.cache_rows(p, None, 16 * x.numel()) == 2708  # a quarter of 4x the bytes
     assert prepared.cache_rows(p, None, None) == 0  # memory unknown: no cache
 

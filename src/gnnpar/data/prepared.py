@@ -767,19 +767,48 @@ def hot_rows(p: Prepared, k: int) -> np.ndarray:
 
 
 def write_feature_cache(p: Prepared, k: int, path: str) -> None:
-    """The cache file every local process maps: ``torch.save`` of ``{"slot": int32 [N] (the
-    row's place in ``rows``, -1 when not cached), "rows": [k, F] in the stored dtype}``, written
-    to ``path + ".tmp"`` and renamed. Read by :func:`gnnpar.data.sampling.loader.gather_rows`."""
+    """The cache file every local process maps, written in bounded memory (a chunk of rows at a
+    time, straight into the file: the cache is never built in the process's own memory, which
+    inside a memory cgroup would count twice): ``slot``, int32 [N] (the row's place in the cache,
+    -1 when not cached), then ``rows``, [k, F] in the stored dtype (bf16 as its bits), no header
+    (N, F and the dtype are the graph's; k follows from the size). Written to ``path + ".tmp"``
+    and renamed; read by :func:`open_feature_cache`."""
+    x = p.array("features")
+    n, f = p.num_nodes, int(x.shape[1])
+    nodes = hot_rows(p, k)
+    k = len(nodes)
+    head = 4 * n
+    with open(f"{path}.tmp", "wb") as fh:
+        fh.truncate(head + k * f * x.dtype.itemsize)
+    slot = np.memmap(f"{path}.tmp", dtype=np.int32, mode="r+", shape=(n,))
+    slot[:] = -1
+    slot[nodes] = np.arange(k, dtype=np.int32)
+    slot.flush()
+    del slot
+    if k:
+        rows = np.memmap(f"{path}.tmp", dtype=x.dtype, mode="r+", offset=head, shape=(k, f))
+        step = max(1, CHUNK_BYTES // max(1, f * x.dtype.itemsize))
+        for i in range(0, k, step):  # ascending ids: the folder's file is read front to back
+            rows[i : i + step] = x[nodes[i : i + step]]
+        rows.flush()
+        del rows
+    os.replace(f"{path}.tmp", path)
+
+
+def open_feature_cache(path: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"slot", "rows"}`` of a cache written by :func:`write_feature_cache` for the features
+    ``x`` (the folder's, as :meth:`Prepared.tensor` gives them), mapped: every process that
+    opens it shares the same pages."""
     import torch
 
-    nodes = hot_rows(p, k)
-    slot = torch.full((p.num_nodes,), -1, dtype=torch.int32)
-    slot[torch.from_numpy(nodes)] = torch.arange(len(nodes), dtype=torch.int32)
-    x = p.tensor("features")
-    rows = torch.empty((len(nodes), x.size(1)), dtype=x.dtype)
-    step = max(1, CHUNK_BYTES // max(1, x.size(1) * x.element_size()))
-    ids = torch.from_numpy(nodes)
-    for i in range(0, len(nodes), step):  # ascending ids: the file is read front to back
-        rows[i : i + step] = torch.index_select(x, 0, ids[i : i + step])
-    torch.save({"slot": slot, "rows": rows}, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
+    n, f = x.shape
+    item = x.element_size()
+    k = (os.path.getsize(path) - 4 * n) // max(1, f * item)
+    slot = torch.from_numpy(np.memmap(path, dtype=np.int32, mode="c", shape=(n,)))
+    if k == 0:
+        return {"slot": slot, "rows": x.new_empty((0, f))}
+    dtype = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}
+    rows = torch.from_numpy(
+        np.memmap(path, dtype=dtype[x.dtype], mode="c", offset=4 * n, shape=(k, f))
+    )
+    return {"slot": slot, "rows": rows.view(torch.bfloat16) if x.dtype == torch.bfloat16 else rows}

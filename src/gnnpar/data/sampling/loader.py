@@ -122,7 +122,9 @@ class SampledBatches(torch.utils.data.Dataset):
             else:
                 g = torch.load(self.graph_path, mmap=True, weights_only=True)
             if self.cache_path is not None:
-                g.update(torch.load(self.cache_path, mmap=True, weights_only=True))
+                from gnnpar.data.prepared import open_feature_cache
+
+                g.update(open_feature_cache(self.cache_path, g["x"]))
             csr = CSRGraph(g["rowptr"], g["col"])
             g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
             self._state = g
