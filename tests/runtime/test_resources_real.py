@@ -1,5 +1,6 @@
 """Resources that run out, for real: gnnpar in a memory cgroup that it cannot fit (refused before
-it starts, exit 2, both figures), a rank killed by its cgroup's limit (named as that), and a
+it starts, exit 2, both figures), a rank killed by its cgroup's limit (named as that, one rank
+running as a child of gnnpar under a limit), and a
 full disk (a 2 MiB tmpfs) while writing a checkpoint (one message, exit 2, the checkpoint
 before intact). The parsing of the cgroup files themselves: tests/runtime/test_resources.py.
 
@@ -60,22 +61,6 @@ def test_a_run_that_cannot_fit_its_cgroup_is_refused_before_it_starts(tmp_path):
     assert err.startswith("gnnpar: error: --model gcn --hidden 16777216"), err
     assert "needs at least " in err and "but the memory cgroup's limit of 1.0 GiB leaves" in err
     assert "Traceback" not in p.stderr and not (tmp_path / "run" / "result.json").exists()
-
-
-def test_a_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
-    """A user model that takes 256 MiB more at every step, on two ranks in a 1.5 GiB cgroup:
-    the kernel's OOM killer kills one; the run ends naming the rank and the limit, exit 2
-    (today: 'rank 1 failed: Signal 9 (SIGKILL) received by PID ...')."""
-    with cgroup(3 * GIB // 2) as folder:
-        p = gnnpar_in(
-            folder, "train", "--dataset", "karate", "--model", "tests.runtime.memory_hog:hog",
-            "--strategy", "allreduce", "--workers", "2", "--partitions", "2", "--epochs", "100",
-            "--out", str(tmp_path / "run"),
-        )  # fmt: skip
-    assert p.returncode == 2, p.stderr
-    err = p.stderr.strip().splitlines()[-1]
-    assert "was killed by the memory limit of 1.5 GiB (the memory cgroup's limit)" in err, err
-    assert err.startswith("gnnpar: error: rank ") and "Signal 9" not in err
 
 
 @contextlib.contextmanager
@@ -150,3 +135,18 @@ def test_evaluation_spilling_to_a_full_disk_ends_in_one_message(tmp_path, monkey
         assert "1.2 MiB needed" in str(e.value)
         assert "a tmpfs (memory, not disk)" in capsys.readouterr().err
         assert list(disk.iterdir()) == []  # its folder removed
+
+
+def test_a_single_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
+    """One rank (no --workers) that outgrows a 1.5 GiB cgroup: under a limit the rank runs as a
+    child of gnnpar, which names the kill, exit 2 (before: the process itself was killed and the
+    shell printed only 'Killed', exit 137)."""
+    with cgroup(3 * GIB // 2) as folder:
+        p = gnnpar_in(
+            folder, "train", "--dataset", "karate", "--model", "tests.runtime.memory_hog:hog",
+            "--epochs", "100", "--out", str(tmp_path / "run"),
+        )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert "was killed by the memory limit of 1.5 GiB (the memory cgroup's limit)" in err, err
+    assert err.startswith("gnnpar: error: rank 0") and "Signal 9" not in err
