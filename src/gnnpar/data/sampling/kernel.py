@@ -15,7 +15,7 @@ import ctypes
 import importlib.machinery
 from pathlib import Path
 
-_KERNEL_VERSION = 1  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
+_KERNEL_VERSION = 2  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
 _KERNEL_DIR = Path(__file__).parent
 _KERNEL_STEM = "_sampler_kernel"
 HINT = (
@@ -70,12 +70,21 @@ def load() -> ctypes.CDLL | None:
                     continue  # a stale build: perhaps a later candidate is current
                 i64, ptr = ctypes.c_int64, ctypes.c_void_p
                 lib.gnnpar_sample_hop.restype = i64
-                lib.gnnpar_sample_hop.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
+                # rowptr, col, frontier, keys, n, frontier_begin, fanout, replace, seed, local,
+                # total, out_row, out_col, out_new, n_new, table
+                lib.gnnpar_sample_hop.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64]
                 lib.gnnpar_sample_hop.argtypes += [ctypes.c_uint64, ptr, i64, ptr, ptr, ptr]
                 lib.gnnpar_sample_hop.argtypes += [ptr, ptr]
-                if hasattr(lib, "gnnpar_sample_hop32"):  # int32 col (a prepared graph's)
-                    lib.gnnpar_sample_hop32.restype = i64
-                    lib.gnnpar_sample_hop32.argtypes = lib.gnnpar_sample_hop.argtypes
+                lib.gnnpar_sample_hop32.restype = i64  # int32 col (a prepared graph's)
+                lib.gnnpar_sample_hop32.argtypes = lib.gnnpar_sample_hop.argtypes
+                # rowptr, col, col32, rows, keys, n, fanout, replace, seed, out_tgt, out_nbr,
+                # table (the owner's half of a hop over its shard)
+                lib.gnnpar_draw_hop.restype = i64
+                lib.gnnpar_draw_hop.argtypes = [ptr, ptr, i64, ptr, ptr, i64, i64, i64]
+                lib.gnnpar_draw_hop.argtypes += [ctypes.c_uint64, ptr, ptr, ptr]
+                # nbr, e, local, total, out_row, out_new (the requester's half)
+                lib.gnnpar_relabel.restype = i64
+                lib.gnnpar_relabel.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
                 lib.gnnpar_table_size.restype = i64
                 lib.gnnpar_table_size.argtypes = [i64]
             except (OSError, AttributeError):  # not loadable here, or not the kernel

@@ -30,7 +30,10 @@ by ``(row, key)``, the first ``fanout`` of each row; for rows with many more nei
 ``fanout`` neighbours uniformly (PyG's ``replace=True``). With ``fanouts = [-1] * L`` the batch is
 the exact L-hop in-neighbourhood of the seeds, so an L-layer GNN gives the seeds the same outputs
 as full-graph inference. Every random number comes from the ``torch.Generator`` passed in (the
-kernel draws one 63-bit seed per hop from it), so the same seed gives the same batches.
+kernel draws one 63-bit seed per hop from it), so the same seed gives the same batches. In the
+kernel a node's draws are keyed by (the hop's seed, the node's original id), not by its place in
+the frontier, so the process that owns a node's shard draws the same neighbours for it as one
+process over the unsharded graph (:mod:`gnnpar.data.sampling.distributed`).
 
 Relabelling uses node-mark arrays of size ``num_nodes`` owned by the sampler (reset after each
 batch, touching only the nodes it marked) instead of ``torch.unique`` over the sampled ids: a
@@ -222,7 +225,7 @@ class NeighborSampler:
             # int32 col (a prepared graph's indices, memory-mapped) is read in place when the
             # kernel has its int32 hop; anything else is read as int64
             self._hop = kernel.load().gnnpar_sample_hop
-            if csr.col.dtype == torch.int32 and hasattr(kernel.load(), "gnnpar_sample_hop32"):
+            if csr.col.dtype == torch.int32:
                 self._col = csr.col.contiguous()
                 self._hop = kernel.load().gnnpar_sample_hop32
             else:
@@ -281,8 +284,9 @@ class NeighborSampler:
     def _kernel_sample(self, seeds: torch.Tensor, gen: torch.Generator) -> SampledBatch:
         """All hops in the compiled kernel (``sampler_kernel.c``): for each frontier node,
         Floyd's algorithm (without replacement) or direct draws (with) from a splitmix64
-        stream, then the node-mark relabelling in one pass over the sampled edges. One 63-bit
-        seed per hop comes from ``gen``, so the same generator seed gives the same batch.
+        stream keyed by (the hop's seed, the node's id), then the node-mark relabelling in one
+        pass over the sampled edges. One 63-bit seed per hop comes from ``gen``, so the same
+        generator seed gives the same batch.
 
         The kernel writes straight into two buffers the sampler keeps (edges, node ids), so a
         batch costs one copy of each out of them and no per-hop concatenation."""
@@ -314,6 +318,7 @@ class NeighborSampler:
                     self._rowptr.data_ptr(),
                     self._col.data_ptr(),
                     frontier.data_ptr(),
+                    None,  # keys: the node ids are the original ids
                     n,
                     frontier_begin,
                     fanout,

@@ -9,9 +9,12 @@
  * has. It is integer-only: compiler flags change its speed, never its output.
  *
  * Random numbers: splitmix64 (Steele, Lea and Flood, OOPSLA 2014). Frontier node i of a hop draws
- * from its own stream, seeded by mix64(seed ^ mix64(i + 1)), where `seed` is one 64-bit number
- * the caller draws per hop from its torch.Generator: the same generator seed gives the same
- * batches, and node i's draws do not depend on the other nodes.
+ * from its own stream, seeded by mix64(seed ^ mix64(key_i + 1)), where `seed` is one 64-bit
+ * number the caller draws per hop from its torch.Generator and key_i is the node's ORIGINAL id
+ * (keys[i]; the node id itself when keys is NULL): the same generator seed gives the same
+ * batches, a node's draws depend neither on the other nodes nor on its place in the frontier,
+ * and whichever process samples a node (the owner of its shard, gnnpar.data.sampling.
+ * distributed) draws the same neighbours as one process over the unsharded graph.
  * Integers below m: Lemire's multiply-shift, (r * m) >> 64, bias < m / 2^64.
  * Without replacement: Floyd's algorithm (Bentley and Floyd, CACM 1987): for j = d-k .. d-1 draw
  * t in [0, j]; keep t unless already kept, else keep j. Each k-subset has probability 1/C(d, k),
@@ -20,7 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define GNNPAR_KERNEL_VERSION 1
+#define GNNPAR_KERNEL_VERSION 2
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 #define SCAN_MAX 32
 #define PREFETCH 16 /* edges ahead */
@@ -49,45 +52,37 @@ int64_t gnnpar_table_size(int64_t k) {
     return cap;
 }
 
-/* One hop.
- * rowptr, col: incoming CSR (row v lists the sources of v's in-edges); col is int32 when
- *   col32, else int64.
- * frontier[0..n): the nodes to sample for; they have local ids frontier_begin + i.
+/* Pass 1 of a hop: positions in col of the sampled in-edges of rows[0..n) (into out_pos) and
+ * the index i of the row each belongs to plus tgt_base (into out_tgt), rows in order.
+ * keys: the stream key of each row (its original node id); NULL: rows[i] itself.
  * fanout: neighbours per node (-1: all); replace: draw with replacement.
- * local[num_nodes]: local id of every node seen so far in this batch, -1 otherwise; updated.
- * total: number of nodes in the batch so far (the next new node gets local id total).
- * out_row, out_col: local (source, target) of each sampled edge, capacity given by the caller
- *   (n * fanout, or the frontier's total degree for fanout -1).
- * out_new: global ids of the nodes first reached in this hop, in order of first appearance.
  * table: scratch of gnnpar_table_size(fanout) int64 (used only when fanout > SCAN_MAX).
- * Returns the number of sampled edges; *n_new receives the number of new nodes. */
-static int64_t sample_hop(const int64_t *rowptr, const void *col, int col32,
-                          const int64_t *frontier,
-                          int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
-                          uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
-                          int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
-    int64_t e = 0, nn = 0;
+ * Returns the number of sampled edges. */
+static int64_t draw_hop(const int64_t *rowptr, const int64_t *rows, const int64_t *keys,
+                        int64_t n, int64_t tgt_base, int64_t fanout, int64_t replace,
+                        uint64_t seed, int64_t *out_pos, int64_t *out_tgt, int64_t *table) {
+    int64_t e = 0;
     int64_t kept[SCAN_MAX];
     const int64_t cap = fanout > SCAN_MAX ? gnnpar_table_size(fanout) : 0;
-    /* Pass 1: positions in col of the sampled edges (into out_row) and their targets. */
     for (int64_t i = 0; i < n; i++) {
-        const int64_t v = frontier[i];
+        const int64_t v = rows[i];
         const int64_t start = rowptr[v];
         const int64_t d = rowptr[v + 1] - start;
-        const int64_t tgt = frontier_begin + i;
+        const int64_t tgt = tgt_base + i;
         if (d == 0) continue;
         if (fanout < 0 || (!replace && d <= fanout)) {
             for (int64_t j = 0; j < d; j++) {
-                out_row[e] = start + j;
-                out_col[e++] = tgt;
+                out_pos[e] = start + j;
+                out_tgt[e++] = tgt;
             }
             continue;
         }
-        uint64_t s = mix64(seed ^ mix64((uint64_t)i + 1));
+        const uint64_t key = (uint64_t)(keys ? keys[i] : v);
+        uint64_t s = mix64(seed ^ mix64(key + 1));
         if (replace) {
             for (int64_t j = 0; j < fanout; j++) {
-                out_row[e] = start + below(&s, (uint64_t)d);
-                out_col[e++] = tgt;
+                out_pos[e] = start + below(&s, (uint64_t)d);
+                out_tgt[e++] = tgt;
             }
         } else if (fanout <= SCAN_MAX) {
             int64_t c = 0;
@@ -100,8 +95,8 @@ static int64_t sample_hop(const int64_t *rowptr, const void *col, int col32,
                     }
                 }
                 kept[c++] = t;
-                out_row[e] = start + t;
-                out_col[e++] = tgt;
+                out_pos[e] = start + t;
+                out_tgt[e++] = tgt;
             }
         } else {
             const uint64_t mask = (uint64_t)(cap - 1);
@@ -116,17 +111,20 @@ static int64_t sample_hop(const int64_t *rowptr, const void *col, int col32,
                     while (table[h] >= 0) h = (h + 1) & mask;
                 }
                 table[h] = t;
-                out_row[e] = start + t;
-                out_col[e++] = tgt;
+                out_pos[e] = start + t;
+                out_tgt[e++] = tgt;
             }
         }
     }
-    /* Pass 2: read the neighbours (random reads of col, prefetched ahead: the misses overlap)
-     * and relabel: a node seen for the first time gets the next local id. */
-#define RELABEL(COL)                                                                      \
+    return e;
+}
+
+/* Relabel e neighbours given by reader(k) with the node-mark array: a node seen for the first
+ * time gets the next local id (total + count so far) and is appended to out_new; out_row[k]
+ * receives the local id of neighbour k. Returns the number of new nodes. */
+#define RELABEL(READ)                                                                     \
     for (int64_t k = 0; k < e; k++) {                                                     \
-        if (k + PREFETCH < e) __builtin_prefetch((COL) + out_row[k + PREFETCH]);          \
-        const int64_t u = (int64_t)(COL)[out_row[k]];                                     \
+        const int64_t u = (READ);                                                         \
         int64_t l = local[u];                                                             \
         if (l < 0) {                                                                      \
             l = total + nn;                                                               \
@@ -135,31 +133,98 @@ static int64_t sample_hop(const int64_t *rowptr, const void *col, int col32,
         }                                                                                 \
         out_row[k] = l;                                                                   \
     }
+
+/* One hop.
+ * rowptr, col: incoming CSR (row v lists the sources of v's in-edges); col is int32 when
+ *   col32, else int64.
+ * frontier[0..n): the nodes to sample for; they have local ids frontier_begin + i.
+ * keys: their original ids (the streams' keys); NULL: the frontier's ids are the original ones.
+ * fanout: neighbours per node (-1: all); replace: draw with replacement.
+ * local[num_nodes]: local id of every node seen so far in this batch, -1 otherwise; updated.
+ * total: number of nodes in the batch so far (the next new node gets local id total).
+ * out_row, out_col: local (source, target) of each sampled edge, capacity given by the caller
+ *   (n * fanout, or the frontier's total degree for fanout -1).
+ * out_new: global ids of the nodes first reached in this hop, in order of first appearance.
+ * table: scratch of gnnpar_table_size(fanout) int64 (used only when fanout > SCAN_MAX).
+ * Returns the number of sampled edges; *n_new receives the number of new nodes. */
+static int64_t sample_hop(const int64_t *rowptr, const void *col, int col32,
+                          const int64_t *frontier, const int64_t *keys,
+                          int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
+                          uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
+                          int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
+    int64_t nn = 0;
+    /* Pass 1: positions in col of the sampled edges (into out_row) and their targets. */
+    const int64_t e = draw_hop(rowptr, frontier, keys, n, frontier_begin, fanout, replace, seed,
+                               out_row, out_col, table);
+    /* Pass 2: read the neighbours (random reads of col, prefetched ahead: the misses overlap)
+     * and relabel: a node seen for the first time gets the next local id. */
+#define PREFETCHED(COL) \
+    ((k + PREFETCH < e ? __builtin_prefetch((COL) + out_row[k + PREFETCH]) : (void)0), \
+     (int64_t)(COL)[out_row[k]])
     if (col32) {
-        RELABEL((const int32_t *)col)
+        const int32_t *c = (const int32_t *)col;
+        RELABEL(PREFETCHED(c))
     } else {
-        RELABEL((const int64_t *)col)
+        const int64_t *c = (const int64_t *)col;
+        RELABEL(PREFETCHED(c))
     }
-#undef RELABEL
+#undef PREFETCHED
     *n_new = nn;
     return e;
 }
 
 /* One hop over a CSR whose col is int64 (see sample_hop). */
 int64_t gnnpar_sample_hop(const int64_t *rowptr, const int64_t *col, const int64_t *frontier,
-                          int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
+                          const int64_t *keys, int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
                           uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
                           int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
-    return sample_hop(rowptr, col, 0, frontier, n, frontier_begin, fanout, replace, seed, local,
+    return sample_hop(rowptr, col, 0, frontier, keys, n, frontier_begin, fanout, replace, seed, local,
                       total, out_row, out_col, out_new, n_new, table);
 }
 
 /* The same hop over a CSR whose col is int32 (a prepared graph's indices.npy, read in place):
  * the same draws and the same output as gnnpar_sample_hop over the same values. */
 int64_t gnnpar_sample_hop32(const int64_t *rowptr, const int32_t *col, const int64_t *frontier,
-                            int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
+                            const int64_t *keys, int64_t n, int64_t frontier_begin, int64_t fanout, int64_t replace,
                             uint64_t seed, int64_t *local, int64_t total, int64_t *out_row,
                             int64_t *out_col, int64_t *out_new, int64_t *n_new, int64_t *table) {
-    return sample_hop(rowptr, col, 1, frontier, n, frontier_begin, fanout, replace, seed, local,
+    return sample_hop(rowptr, col, 1, frontier, keys, n, frontier_begin, fanout, replace, seed, local,
                       total, out_row, out_col, out_new, n_new, table);
+}
+
+/* The owner's half of a hop over its shard (gnnpar.data.sampling.distributed): for rows[0..n)
+ * (row indices of the shard's CSR) with stream keys keys[0..n) (their original ids), the same
+ * draws as sample_hop, without relabelling: out_tgt[k] the index i of the row of sampled edge k,
+ * out_nbr[k] its source (a global id, as col holds it). col is int32 when col32. Returns the
+ * number of sampled edges (capacity as sample_hop's). */
+int64_t gnnpar_draw_hop(const int64_t *rowptr, const void *col, int64_t col32,
+                        const int64_t *rows, const int64_t *keys, int64_t n, int64_t fanout,
+                        int64_t replace, uint64_t seed, int64_t *out_tgt, int64_t *out_nbr,
+                        int64_t *table) {
+    const int64_t e = draw_hop(rowptr, rows, keys, n, 0, fanout, replace, seed, out_nbr, out_tgt,
+                               table);
+    if (col32) {
+        const int32_t *c = (const int32_t *)col;
+        for (int64_t k = 0; k < e; k++) {
+            if (k + PREFETCH < e) __builtin_prefetch(c + out_nbr[k + PREFETCH]);
+            out_nbr[k] = (int64_t)c[out_nbr[k]];
+        }
+    } else {
+        const int64_t *c = (const int64_t *)col;
+        for (int64_t k = 0; k < e; k++) {
+            if (k + PREFETCH < e) __builtin_prefetch(c + out_nbr[k + PREFETCH]);
+            out_nbr[k] = c[out_nbr[k]];
+        }
+    }
+    return e;
+}
+
+/* The requester's half: relabel nbr[0..e) (global ids, the hop's sampled sources in frontier
+ * order) with the node-mark array, as sample_hop's second pass does. out_row[k]: local id of
+ * nbr[k]; out_new: nodes first reached, in order of first appearance. Returns their number. */
+int64_t gnnpar_relabel(const int64_t *nbr, int64_t e, int64_t *local, int64_t total,
+                       int64_t *out_row, int64_t *out_new) {
+    int64_t nn = 0;
+    RELABEL(nbr[k])
+    return nn;
 }
