@@ -118,6 +118,11 @@ RANK_INFO: dict[str, str] = {
     "pool_log": "gossip (PoolSource), per rank: [epoch, subgraph] in the order taken",
     "exchange_log": "gossip (GossipSync), per rank: [step, partner, exchange id, initiated]",
     "loader_start_time_s": "sampled (SampledSource), per rank: seconds to start the loader",
+    "exchange_bytes_per_step": "sampled across shards (ShardSampledSource), per rank: bytes "
+    "sent to other ranks per training step (sampling requests and answers, feature rows, split "
+    "sizes; gnnpar.data.sampling.distributed)",
+    "exchange_needed_bytes_per_step": "sampled across shards, per rank: the least those steps "
+    "needed: ids asked of other hosts, the sampled sources and float32 feature rows answered",
 }
 FINAL_MODEL: dict[str, str] = {
     "final_model": '"rank0" (every rank holds it), "average" or "best-local:rank<N>"',

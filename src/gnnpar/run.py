@@ -28,6 +28,7 @@ import torch
 from gnnpar.config.schema import Config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.data.prepared import is_sharded
+from gnnpar.data.shards import load_shard_host
 from gnnpar.errors import UsageError
 from gnnpar.models.presets import is_user_model
 from gnnpar.parallel import collectives
@@ -203,11 +204,16 @@ def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str,
             collectives.barrier()  # no rank writes a checkpoint before every rank has cleared
         set_threads(cfg, ctx.local_world_size)
         d = cfg.data
+        across = False
         if ctx.is_distributed and is_sharded(d.dataset):  # every host's shard, before any step
-            shard_hosts.agree(
-                ctx.store, ctx.rank, ctx.world_size, d.dataset, cfg.strategy.timeout_s
-            )
-        ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
+            across = shard_hosts.agree(
+                ctx.store, ctx.rank, ctx.world_size, d.dataset, cfg.strategy.timeout_s,
+                across=cfg.strategy.name == "sampled",
+            )  # fmt: skip
+        if across:  # each host holds only its shard: the sampled strategy trains across them
+            ds = load_shard_host(d.dataset, shard_hosts.host_index())
+        else:
+            ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
         outcome = train_rank(cfg, ds, ctx, dims)
         result = build_result(cfg, outcome, ds, ctx.world_size, ctx.device)
         if ctx.is_main and cfg.run.out:

@@ -224,12 +224,18 @@ def test_what_each_host_holds_and_how_the_hosts_judge_it(tmp_path, cora):
     every = shards.host_status(out, 1)
     assert every == {"host": 1, "shards": 2, "own": None, "lacks": [], "every": True}
     assert shards.host_status(out, 5)["own"] is None  # a 6th host holding every shard trains
-    shards.agreed([shards.host_status(out, 0), every])  # every host holds every shard: fine
+    # every host holds every shard: fine, each trains on the whole graph
+    assert shards.agreed([shards.host_status(out, 0), every], across=True) is False
     shutil.rmtree(out / "shard-0")
     lone = shards.host_status(out, 1)
     assert lone["own"] is None and lone["lacks"] == [0] and not lone["every"]
-    with pytest.raises(UsageError, match="^host 1 lacks shard 0: .* not built yet"):
+    with pytest.raises(UsageError, match="^host 1 lacks shard 0: only --strategy sampled "):
         shards.agreed([every, lone])
+    # the sampled strategy trains across shards: one rank per host, each with its own shard
+    only_0 = {"host": 0, "shards": 2, "own": None, "lacks": [1], "every": False}
+    assert shards.agreed([only_0, lone], across=True) is True
+    with pytest.raises(UsageError, match="^no rank runs on host 0, which holds shard 0: "):
+        shards.agreed([lone, lone], across=True)
     mine = shards.host_status(out, 0)
     assert "shard 0" in mine["own"] and "is missing" in mine["own"]
     # the first host (in rank order) whose own shard is unusable is named, on every rank alike

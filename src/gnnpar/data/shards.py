@@ -35,9 +35,10 @@ A folder holding every shard trains on one host as one graph: :func:`load_sharde
 back and gives the unsharded graph, tensor for tensor. In a run of several hosts, host h (its
 node rank: torchrun's ``GROUP_RANK``, SLURM's ``SLURM_NODEID``) owns ``shard-<h>``; the ranks
 agree through the store, within ``--timeout``, before any step (gnnpar.runtime.shard_hosts):
-a missing or damaged shard is named with its host on every rank, exit 2. A host holding only
-its own shard cannot train yet (sampled training across shards is not built); it is told so,
-exit 2.
+a missing or damaged shard is named with its host on every rank, exit 2. Hosts that each hold
+only their own shard (plus the top manifest) train across shards with ``--strategy sampled``
+(gnnpar.data.sampling.distributed: the owners sample their nodes' neighbours and serve their
+feature rows); the other strategies need every shard on every host, and are told so, exit 2.
 """
 
 from __future__ import annotations
@@ -396,10 +397,12 @@ def host_status(folder: str | os.PathLike, host: int) -> dict[str, Any]:
     return status
 
 
-def agreed(statuses: list[dict[str, Any]]) -> None:
+def agreed(statuses: list[dict[str, Any]], across: bool = False) -> bool:
     """Every rank's :func:`host_status`, in rank order, judged the same way on every rank:
-    UsageError naming the first host whose shard is missing or damaged, or the hosts that hold
-    only their own shard (sampled training across shards is not in this version)."""
+    UsageError naming the first host whose shard is missing or damaged, or (unless ``across``:
+    the strategy trains across shards) the hosts that hold only their own shard. True when the
+    run trains across shards (some host lacks another's shard), False when every host holds
+    every shard (each trains on the whole graph)."""
     for r, st in enumerate(statuses):
         if st["own"] is not None:
             raise UsageError(
@@ -408,16 +411,33 @@ def agreed(statuses: list[dict[str, Any]]) -> None:
                 f"shard-{st['host']}/ (gnnpar prepare --verify checks one)."
             )
     partial = {st["host"]: st.get("lacks", []) for st in statuses if not st["every"]}
+    hosts = {st["host"] for st in statuses}
+    n_shards = max((int(st.get("shards", 0)) for st in statuses), default=0)
+    if partial and across and hosts != set(range(n_shards)):
+        missing = sorted(set(range(n_shards)) - hosts)
+        extra = sorted(hosts - set(range(n_shards)))
+        why = (
+            f"no rank runs on host {missing[0]}, which holds shard {missing[0]}"
+            if missing
+            else f"host {extra[0]} has no shard of its own"
+        )
+        raise UsageError(
+            f"{why}: a graph of {n_shards} shards trains across shards on exactly {n_shards} "
+            f"hosts (torchrun --nnodes {n_shards}), host h (its node rank) holding shard-<h>/."
+        )
+    if partial and across:
+        return True
     if partial:
         what = "; ".join(
             f"host {h} lacks shard {', '.join(map(str, lacks))}"
             for h, lacks in sorted(partial.items())
         )
         raise UsageError(
-            f"{what}: this gnnpar trains a sharded graph on hosts that each hold every shard "
-            "(copy the whole folder to every host); training across shards that each host "
-            "holds alone is not built yet."
+            f"{what}: only --strategy sampled trains across shards that each host holds "
+            "alone; the other strategies need every shard on every host (copy the whole "
+            "folder to every host)."
         )
+    return False
 
 
 def assemble(folder: str | os.PathLike) -> dict[str, Any]:
@@ -485,6 +505,38 @@ def load_sharded(folder: str | os.PathLike):
     info = {
         "source": str(Path(folder).expanduser().absolute()),
         "sharded": len(m["shards"]),
+        "partition": m.get("partition", {}),
+        "fingerprint": hashlib.sha256(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest(),
+        "directed": bool(m.get("directed", False)),
+        "split": m.get("made", {}).get("split", "given"),
+        "split_counts": dict(m["splits"]),
+        "num_nodes": int(m["num_nodes"]),
+        "num_edges": int(m["num_edges"]),
+        "num_features": int(m["num_features"]),
+        "feature_dtype": m["feature_dtype"],
+        "made": m.get("made", {}),
+    }
+    return GraphDataset(m["name"], data, int(m["num_classes"]), bool(m.get("multilabel")), info)
+
+
+def load_shard_host(folder: str | os.PathLike, host: int):
+    """The GraphDataset of a host that holds only its own shard (training across shards): no
+    graph tensors in memory (gnnpar.data.sampling.distributed maps the shard); ``info`` says
+    where it is (``source``, ``host``, ``across_shards``) and what the whole graph is."""
+    from torch_geometric.data import Data
+
+    from gnnpar.data.types import GraphDataset
+
+    top = Path(folder).expanduser().absolute()
+    m = prepared.read_manifest(top)
+    recs = check_top(top, m)
+    Shard(top, recs[host], host)  # intact (agreed on already; checked again where it is used)
+    data = Data(num_nodes=int(m["num_nodes"]))
+    info = {
+        "source": str(top),
+        "host": host,
+        "across_shards": True,
+        "sharded": len(recs),
         "partition": m.get("partition", {}),
         "fingerprint": hashlib.sha256(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest(),
         "directed": bool(m.get("directed", False)),

@@ -24,8 +24,12 @@ def host_index() -> int:
     return 0
 
 
-def agree(store: dist.Store, rank: int, world: int, folder: str, timeout_s: float) -> None:
-    """UsageError (the same one on every rank) unless every host can train from ``folder``."""
+def agree(
+    store: dist.Store, rank: int, world: int, folder: str, timeout_s: float, across: bool = False
+) -> bool:
+    """UsageError (the same one on every rank) unless every host can train from ``folder``.
+    ``across``: the strategy can train across shards each host holds alone. True when the run
+    trains across shards, False when every host holds every shard (shards.agreed)."""
     try:
         status = shards.host_status(folder, host_index())
     except Exception as e:  # noqa: BLE001 (the top manifest itself: said to every rank too)
@@ -35,4 +39,4 @@ def agree(store: dist.Store, rank: int, world: int, folder: str, timeout_s: floa
     for r in range(world):
         wait_for_key(store, f"shards/{r}", timeout_s, f"rank {r}'s check of its host's shard")
         statuses.append(json.loads(store.get(f"shards/{r}")))
-    shards.agreed(statuses)
+    return shards.agreed(statuses, across)

@@ -52,6 +52,7 @@ gradient all-reduce time that backward did not hide (:class:`gnnpar.training.syn
 
 from __future__ import annotations
 
+import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING
@@ -112,20 +113,32 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
     from gnnpar.training.optim import build_optimizer
     from gnnpar.training.precision import autocast
     from gnnpar.training.seeding import seed_everything
-    from gnnpar.training.sources import SampledSource
+    from gnnpar.training.sources import SampledSource, ShardSampledSource
     from gnnpar.training.straggler import Straggler
     from gnnpar.training.sync import DDPHooks, NoSync
 
     s, r = cfg.strategy, cfg.run
-    train_idx = ds.data.train_mask.nonzero().view(-1)
-    if train_idx.numel() < ctx.world_size:
-        raise UsageError(
-            f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
-            f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
-        )
+    across = bool(ds.info.get("across_shards"))  # each host holds only its shard
+    if not across:
+        train_idx = ds.data.train_mask.nonzero().view(-1)
+        if train_idx.numel() < ctx.world_size:
+            raise UsageError(
+                f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
+                f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
+            )
     reuse_large_blocks()  # every step's large tensors from the same heap memory (no page faults)
     seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
-    source = SampledSource(cfg, ds, ctx, train_idx)
+    if across:
+        if s.loader_workers and ctx.is_main:
+            print(
+                "gnnpar: training across shards samples in each rank's own process (its "
+                f"exchanges with the other hosts are collectives): --loader-workers "
+                f"{s.loader_workers} is not used",
+                file=sys.stderr,
+            )
+        source = ShardSampledSource(cfg, ds, ctx)
+    else:
+        source = SampledSource(cfg, ds, ctx, train_idx)
     model = build_model(
         cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
     )
@@ -143,7 +156,15 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
     def finish() -> Final:  # the loop has closed the source: its workers are stopped
         t0 = time.perf_counter()
         scores = {"val": 0.0, "test": 0.0, "train": 0.0}
-        if ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
+        if across:  # every host scores its shard's nodes, exactly (all ranks take part)
+            from gnnpar.data.sampling.distributed import evaluate_across
+
+            with autocast(cfg.run.precision, "cpu"):
+                scores = evaluate_across(
+                    model.cpu(), source.batches.sampler.g, source.exchange, cfg.model.layers,
+                    s.batch_size, ds.multilabel,
+                )  # fmt: skip
+        elif ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
             with autocast(cfg.run.precision, "cpu"):  # the loop's is the training device's
                 scores = evaluate_graph(model.cpu(), ds)[0]
         return Final(scores, [time.perf_counter() - t0])

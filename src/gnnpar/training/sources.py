@@ -311,6 +311,73 @@ class SampledSource(BaseSource):
                 setattr(self, name, None)
 
 
+class ShardSampledSource(SampledSource):
+    """:class:`SampledSource` across shards (gnnpar.data.sampling.distributed): each host maps
+    only its shard; the batches are sampled with the owners of the frontier's nodes and their
+    features fetched from them, in this rank's own process (the exchanges are collectives of
+    the group: no loader workers). The same batches as one host over the unsharded graph."""
+
+    def __init__(self, cfg: Config, ds, ctx: DistContext) -> None:
+        from gnnpar.data.sampling import distributed as shard
+
+        s, r = cfg.strategy, cfg.run
+        self.device = ctx.device
+        t0 = time.perf_counter()
+        self.fd = self.cache_fd = None
+        graph = shard.ShardGraph.open(ds.info["source"], ds.info["host"])
+        self.exchange = shard.Exchange(graph.bounds, ds.info["host"])
+        sampler = shard.ShardSampler(graph, self.exchange, s.fanouts)
+        train_idx, train_y = shard.gather_train(graph)
+        self.setup_s = time.perf_counter() - t0
+        if train_idx.numel() < ctx.world_size:
+            from gnnpar.errors import UsageError
+
+            raise UsageError(
+                f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
+                f"{ctx.world_size} ranks: every rank needs at least one. Use fewer ranks."
+            )
+        self.per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
+        self.steps = min(steps, r.max_steps or steps)
+        self.batches = shard.ShardBatches(
+            sampler, train_idx, train_y, s.batch_size, ctx.rank, ctx.world_size, r.seed,
+            self.steps,
+        )  # fmt: skip
+        self.epochs, self.workers = r.epochs, 0
+        self.features = None
+        self.timeout_s = s.timeout_s
+        self.loader = build_loader(self.batches, r.epochs, 0, s.timeout_s)
+        self.total_steps, self.position = r.epochs * self.steps, 0
+        self._it = None
+        self.start_s = 0.0
+        self.sampled_steps = 0
+        self.train_bytes: tuple[int, int] | None = None
+
+    def epoch(self, epoch: int) -> Iterator:
+        for data in super().epoch(epoch):
+            self.sampled_steps += 1
+            yield data
+
+    def rank_info(self) -> dict:
+        """Bytes per training step this rank sent to other ranks (requests, answers, split
+        sizes), and the least it needed (the ids it asked other hosts for, the sampled sources
+        and float32 feature rows they answered), averaged over the steps trained (taken when
+        the training ends, so the final evaluation's exchanges are not in it)."""
+        steps = max(1, self.sampled_steps)
+        sent, needed = self.train_bytes if self.train_bytes else self._bytes()
+        return {
+            **super().rank_info(),
+            "exchange_bytes_per_step": sent / steps,
+            "exchange_needed_bytes_per_step": needed / steps,
+        }
+
+    def _bytes(self) -> tuple[int, int]:
+        return self.exchange.bytes_sent, self.exchange.bytes_needed
+
+    def close(self) -> None:
+        self.train_bytes = self._bytes()
+        super().close()
+
+
 def _shm_file(tag: str) -> str:
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return os.path.join(folder, f"gnnpar-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")

@@ -1,0 +1,441 @@
+"""Neighbour sampling across shards: each host maps only its shard of a sharded prepared folder
+(:mod:`gnnpar.data.shards`), samples its own nodes' neighbours for every rank, and serves its
+nodes' feature rows.
+
+Ids are the sharded folder's (renumbered: shard h owns the contiguous range
+``[bounds[h], bounds[h+1])``); the random stream of a node's neighbour draw is keyed by (the
+hop's seed, the node's *original* id) in the compiled kernel, so a node's owner draws for it
+exactly what one process over the unsharded graph draws. Per hop of a batch:
+
+1. the requester splits the frontier by owner (stable: each owner's nodes stay in frontier
+   order) and sends each owner its nodes plus the hop's seed (drawn from the requester's batch
+   generator, as :meth:`NeighborSampler._kernel_sample` draws it);
+2. each owner draws them with the kernel (``gnnpar_draw_hop``: rows of its shard's CSR, keys from
+   its ``orig_ids.npy``) and answers, per node, the count and the sampled sources (global ids);
+3. the requester puts the answers back in frontier order and relabels them with its node-mark
+   array (``gnnpar_relabel``), as the kernel's second pass does over one graph.
+
+So the batch (``n_id`` in sharded ids, edges in local ids) is the unsharded batch with its ids
+renumbered, and an L-layer model sees the same tensors. Then the batch's feature rows come the
+same way from their owners (one request and one answer per step); the seeds' labels are local:
+every rank holds the (small) list of training nodes and their labels, gathered once.
+
+Every exchange is an ``all_to_all_single`` over the whole group (gloo on CPU), preceded by an
+exchange of the split sizes (one int64 per peer); every rank takes part in every exchange, even
+with nothing to ask, and every rank runs the same number of steps (the sampled strategy's
+equal-steps plan), so no rank waits on a collective another never enters. The collectives run
+under the process group's timeout (``--timeout``); a rank that stops answering is named by the
+run's heartbeat watch (gnnpar.runtime.dist.peer_failure). Where a host runs several ranks, each
+answers for its host's shard: requester r asks, on every host, the rank of the same place among
+that host's ranks (itself on its own host), so the work of answering is spread.
+
+``bytes_sent``: the payload this rank sent to other ranks (requests, answers, split sizes; what
+it sends itself is not counted), for result.json's ``exchange_bytes_per_step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gnnpar.data.sampling import kernel
+from gnnpar.data.sampling.sampler import SampledBatch, _ranges
+from gnnpar.errors import UsageError
+
+
+@dataclass
+class ShardGraph:
+    """This host's shard, memory-mapped: its in-edge CSR (rows: its nodes ``first .. end-1``;
+    sources: global ids), original ids, features and labels, and every shard's range."""
+
+    rowptr: torch.Tensor  # int64 [n_h + 1]
+    col: torch.Tensor  # int32 / int64 [E_h], global ids
+    orig_ids: torch.Tensor  # int64 [n_h]
+    x: torch.Tensor  # [n_h, F] as stored (float32, float16 or bfloat16)
+    y: torch.Tensor  # [n_h] or [n_h, C]
+    train: torch.Tensor  # int64, global ids of the shard's training nodes, ascending
+    splits: dict  # "train", "val", "test": global ids of the shard's nodes in each, ascending
+    first: int
+    end: int
+    bounds: torch.Tensor  # int64 [H + 1]: shard h owns [bounds[h], bounds[h+1])
+
+    def split(self, name: str) -> torch.Tensor:
+        return self.splits[name]
+
+    @property
+    def num_nodes(self) -> int:  # of the whole graph
+        return int(self.bounds[-1])
+
+    @classmethod
+    def open(cls, folder: str | Path, host: int) -> ShardGraph:
+        from gnnpar.data import prepared, shards
+
+        top = Path(folder).expanduser().absolute()
+        m = prepared.read_manifest(top)
+        recs = shards.check_top(top, m)
+        s = shards.Shard(top, recs[host], host)
+
+        def t(name: str) -> torch.Tensor:
+            return torch.from_numpy(np.asarray(s.array(name)))
+
+        x = t("features")
+        if m["feature_dtype"] == "bf16":
+            x = x.view(torch.bfloat16)
+        bounds = torch.tensor([r["nodes"][0] for r in recs] + [int(m["num_nodes"])])
+        splits = {name: t(name) for name in ("train", "val", "test")}
+        return cls(
+            t("indptr"), t("indices"), t("orig_ids"), x, t("labels"), splits["train"], splits,
+            s.first, s.end, bounds,
+        )  # fmt: skip
+
+
+class Exchange:
+    """Who answers for which node, and the all_to_all with split sizes every request uses."""
+
+    def __init__(self, bounds: torch.Tensor, host: int, group=None) -> None:  # noqa: ANN001
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        every = [torch.zeros(1, dtype=torch.long) for _ in range(self.world)]
+        dist.all_gather(every, torch.tensor([host], dtype=torch.long), group=group)
+        hosts = torch.cat(every)
+        n_hosts = bounds.numel() - 1
+        ranks_of = [[r for r in range(self.world) if int(hosts[r]) == h] for h in range(n_hosts)]
+        lacking = [h for h in range(n_hosts) if not ranks_of[h]]
+        if lacking:
+            raise UsageError(
+                f"no rank runs on host {lacking[0]}: a graph of {n_hosts} shards trains across "
+                f"shards on {n_hosts} hosts, host h (its node rank) holding shard-<h>/."
+            )
+        place = ranks_of[host].index(self.rank)
+        self.answerer = torch.tensor([r[place % len(r)] for r in ranks_of], dtype=torch.long)
+        self.bounds = bounds
+        self.bytes_sent = 0
+        # the least this rank's steps could have moved: the ids it asked other hosts for, the
+        # sampled sources and feature rows they answered (and it answered them)
+        self.bytes_needed = 0
+        self.host_of_rank = hosts
+        self.host = host
+
+    def owner_rank(self, ids: torch.Tensor) -> torch.Tensor:
+        host = torch.searchsorted(self.bounds[1:], ids, right=True)
+        return self.answerer[host]
+
+    def all_to_all(self, send: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """``send`` (rows grouped by destination rank, ``counts[r]`` rows for rank r) to every
+        rank; (the rows received, grouped by source rank; how many from each)."""
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)
+        rc, sc = recv_counts.tolist(), counts.tolist()
+        out = torch.empty((sum(rc), *send.shape[1:]), dtype=send.dtype)
+        dist.all_to_all_single(out, send, rc, sc, group=self.group)
+        row = send[0].numel() * send.element_size() if send.numel() else 0
+        others = sum(sc) - sc[self.rank]
+        self.bytes_sent += 8 * (self.world - 1) + others * row
+        return out, rc
+
+    def ask(
+        self, ids: torch.Tensor, extra: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+        """Send every id to its owner's answering rank (stably: each owner's ids in their
+        order here). ``extra``: one int64 per destination rank, sent with its ids (the hop's
+        seed). (order of ids as sent, counts per destination, the ids received grouped by
+        source, how many from each). The extra values received come first in each group."""
+        dest = self.owner_rank(ids)
+        order = torch.argsort(dest, stable=True)
+        counts = torch.bincount(dest, minlength=self.world)
+        send = ids[order]
+        if extra is not None:  # [extra_r, ids for r...] per destination r
+            begin = torch.cumsum(counts, 0) - counts
+            at = begin + torch.arange(self.world)  # where extra_r goes in the message
+            msg = torch.empty(send.numel() + self.world, dtype=torch.long)
+            keep = torch.ones(msg.numel(), dtype=torch.bool)
+            keep[at] = False
+            msg[at] = extra
+            msg[keep] = send
+            got, rc = self.all_to_all(msg, counts + 1)
+            return order, counts, got, rc
+        got, rc = self.all_to_all(send, counts)
+        return order, counts, got, rc
+
+
+class ShardSampler:
+    """The sampled mini-batches of one rank over the shards of every host (see the module
+    docstring): :meth:`sample` gives the :class:`SampledBatch` one process would sample over
+    the unsharded graph with the same generator, its ids the sharded folder's."""
+
+    def __init__(
+        self, graph: ShardGraph, ex: Exchange, fanouts: list[int], replace: bool = False
+    ) -> None:
+        lib = kernel.load()
+        if lib is None:
+            raise UsageError(
+                f"training across shards needs the compiled sampler kernel ({kernel.where()}): "
+                f"{kernel.HINT}"
+            )
+        self.lib, self.g, self.ex = lib, graph, ex
+        self.fanouts, self.replace = list(fanouts), replace
+        self.rowptr = graph.rowptr.long().contiguous()
+        self.col = graph.col.contiguous()
+        if self.col.dtype not in (torch.int32, torch.int64):
+            self.col = self.col.long()
+        self.col32 = int(self.col.dtype == torch.int32)
+        self.keys = graph.orig_ids.long().contiguous()
+        self.table = torch.empty(lib.gnnpar_table_size(max(max(fanouts, default=1), 1)))
+        self.table = self.table.long()
+        # the node-mark array over the whole graph's ids (int64 per node, as one host's)
+        self.local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+
+    def _answer(self, got: torch.Tensor, rc: list, fanout: int) -> tuple[torch.Tensor, list]:
+        """The owner's half: for each source rank's [seed, ids...], the counts and sampled
+        sources of its ids; (the answers, grouped by source rank, and their sizes)."""
+        parts, sizes, at = [], [], 0
+        for c in rc:
+            seed, ids = int(got[at]), got[at + 1 : at + c]
+            at += c
+            n = ids.numel()
+            rows = (ids - self.g.first).contiguous()
+            keys = self.keys[rows].contiguous()
+            if n == 0:
+                parts.append(torch.empty(0, dtype=torch.long))
+                sizes.append(0)
+                continue
+            deg = self.rowptr[rows + 1] - self.rowptr[rows]
+            cap = int(deg.sum()) if fanout < 0 else n * fanout
+            tgt = torch.empty(cap, dtype=torch.long)
+            nbr = torch.empty(cap, dtype=torch.long)
+            e = self.lib.gnnpar_draw_hop(
+                self.rowptr.data_ptr(), self.col.data_ptr(), self.col32, rows.data_ptr(),
+                keys.data_ptr(), n, fanout, int(self.replace), seed,
+                tgt.data_ptr(), nbr.data_ptr(), self.table.data_ptr(),
+            )  # fmt: skip
+            counts = torch.bincount(tgt[:e], minlength=n)
+            parts.append(torch.cat([counts, nbr[:e]]))
+            sizes.append(n + e)
+        return torch.cat(parts), sizes
+
+    def _hop(self, frontier: torch.Tensor, fanout: int, seed: int) -> torch.Tensor:
+        """The sampled sources of ``frontier``'s nodes, node after node in frontier order
+        (global ids), and the count of each node's."""
+        ex = self.ex
+        seeds = torch.full((ex.world,), seed, dtype=torch.long)
+        order, counts, got, rc = ex.ask(frontier, seeds)
+        answers, sizes = self._answer(got, rc, fanout)
+        back, _ = ex.all_to_all(answers, torch.tensor(sizes, dtype=torch.long))
+        # back: per destination rank r (in rank order), [counts of its ids, their sources]
+        n_per = counts.tolist()
+        cnt_parts, nbr_parts, at = [], [], 0
+        for r in range(ex.world):
+            k = n_per[r]
+            c = back[at : at + k]
+            e = int(c.sum()) if k else 0
+            cnt_parts.append(c)
+            nbr_parts.append(back[at + k : at + k + e])
+            at += k + e
+        remote = [r for r in range(ex.world) if int(ex.host_of_rank[r]) != ex.host]
+        ex.bytes_needed += 8 * sum(n_per[r] for r in remote)  # the ids asked for
+        ex.bytes_needed += 8 * sum(int(nbr_parts[r].numel()) for r in remote)  # their sources
+        cnt_sent = torch.cat(cnt_parts)  # in the order sent (frontier[order])
+        nbr_sent = torch.cat(nbr_parts)
+        cnt = torch.empty_like(cnt_sent)
+        cnt[order] = cnt_sent
+        start_sent = torch.cumsum(cnt_sent, 0) - cnt_sent
+        pos_of = torch.empty_like(order)
+        pos_of[order] = torch.arange(order.numel())
+        nbr = nbr_sent[_ranges(start_sent[pos_of], cnt)]
+        return nbr, cnt
+
+    def sample(self, seeds: torch.Tensor, gen: torch.Generator) -> SampledBatch:
+        local = self.local
+        k = seeds.numel()
+        n_ids = [seeds.long()]
+        local[seeds] = torch.arange(k)
+        total, frontier = k, seeds.long()
+        rows, cols = [], []
+        num_nodes, num_edges = [k], []
+        try:
+            for fanout in self.fanouts:
+                seed = int(torch.empty((), dtype=torch.long).random_(generator=gen))
+                nbr, cnt = self._hop(frontier.contiguous(), fanout, seed)
+                e = nbr.numel()
+                row = torch.empty(e, dtype=torch.long)
+                new = torch.empty(e, dtype=torch.long)
+                nn = self.lib.gnnpar_relabel(
+                    nbr.data_ptr(), e, local.data_ptr(), total, row.data_ptr(), new.data_ptr()
+                )
+                begin = total - frontier.numel()
+                col = begin + torch.repeat_interleave(torch.arange(frontier.numel()), cnt)
+                rows.append(row)
+                cols.append(col)
+                frontier = new[:nn].clone()
+                n_ids.append(frontier)
+                num_nodes.append(nn)
+                num_edges.append(e)
+                total += nn
+        finally:
+            n_id = torch.cat(n_ids)
+            local[n_id] = -1
+        if rows:
+            edge_index = torch.stack([torch.cat(rows), torch.cat(cols)])
+        else:
+            edge_index = torch.empty(2, 0, dtype=torch.long)
+        return SampledBatch(n_id, edge_index, k, num_nodes, num_edges)
+
+    def features(self, n_id: torch.Tensor) -> torch.Tensor:
+        """``x[n_id]`` as float32, every row from its owner (one request and one answer)."""
+        order, counts, got, rc = self.ex.ask(n_id)
+        rows = got - self.g.first
+        srt = torch.argsort(rows)  # read the mapped file front to back
+        answer = torch.empty((rows.numel(), self.g.x.size(1)), dtype=torch.float32)
+        answer[srt] = torch.index_select(self.g.x, 0, rows[srt]).float()
+        back, _ = self.ex.all_to_all(answer, torch.tensor(rc, dtype=torch.long))
+        out = torch.empty_like(back)
+        out[order] = back
+        remote = self.ex.owner_rank(n_id)
+        remote = int((self.ex.host_of_rank[remote] != self.ex.host).sum())
+        self.ex.bytes_needed += remote * (8 + 4 * self.g.x.size(1))  # ids asked, rows answered
+        return out
+
+
+def gather_train(graph: ShardGraph, group=None) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+    """Every training node of the graph (global ids, in the order of their ORIGINAL ids, as one
+    host lists them) and their labels, on every rank: each host contributes its shard's
+    (every rank of a host sends the same; one copy per host is kept)."""
+    rows = graph.train - graph.first
+    orig = graph.orig_ids[rows].long()
+    labels = graph.y[rows]
+    lab = labels.reshape(labels.size(0), -1).long()
+    mine = torch.cat([graph.train.view(-1, 1), orig.view(-1, 1), lab], 1)
+    world = dist.get_world_size(group)
+    size = torch.tensor([mine.size(0)], dtype=torch.long)
+    sizes = [torch.empty_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    most = max(int(s) for s in sizes)
+    pad = torch.zeros((most, mine.size(1)), dtype=torch.long)
+    pad[: mine.size(0)] = mine
+    every = [torch.empty_like(pad) for _ in range(world)]
+    dist.all_gather(every, pad, group=group)
+    allrows = torch.cat([e[: int(s)] for e, s in zip(every, sizes, strict=True)])
+    uniq = torch.unique(allrows[:, 1], return_inverse=False)
+    by_orig = torch.full((int(uniq.max()) + 1 if uniq.numel() else 0,), -1, dtype=torch.long)
+    by_orig[allrows[:, 1]] = torch.arange(allrows.size(0))
+    pick = by_orig[uniq]  # one row per training node, in ascending original id
+    table = allrows[pick]
+    y = table[:, 2:].to(graph.y.dtype)
+    y = y.view(-1) if graph.y.dim() == 1 else y
+    return table[:, 0].contiguous(), y
+
+
+class ShardBatches(torch.utils.data.Dataset):
+    """Mini-batch ``i`` of a run across shards: epoch ``i // steps``, step ``i % steps`` of this
+    rank, the seeds and generator of :class:`gnnpar.data.sampling.loader.SampledBatches` (the
+    same batches, ids renumbered). Sampled in the rank's own process (its collectives): no
+    loader workers."""
+
+    def __init__(
+        self,
+        sampler: ShardSampler,
+        train_idx: torch.Tensor,
+        train_y: torch.Tensor,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        steps: int,
+    ) -> None:
+        self.sampler, self.train_idx, self.batch_size = sampler, train_idx, batch_size
+        self.rank, self.world_size, self.seed, self.steps = rank, world_size, seed, steps
+        self.label_row = torch.full((sampler.g.num_nodes,), -1, dtype=torch.long)
+        self.label_row[train_idx] = torch.arange(train_idx.numel())
+        self.train_y = train_y
+        self._epoch: tuple[int, list[torch.Tensor]] | None = None
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> SampledBatch:
+        from gnnpar.data.sampling.loader import _mix, epoch_seeds
+
+        epoch, step = divmod(int(i), self.steps)
+        if self._epoch is None or self._epoch[0] != epoch:
+            seeds = epoch_seeds(
+                self.train_idx, self.seed, epoch, self.rank, self.world_size, self.batch_size
+            )
+            self._epoch = (epoch, seeds)
+        seeds = self._epoch[1][step]
+        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
+        b = self.sampler.sample(seeds, gen)
+        b.x = self.sampler.features(b.n_id)
+        b.y = self.train_y[self.label_row[seeds]]
+        return b
+
+
+@torch.no_grad()
+def evaluate_across(
+    model: torch.nn.Module,
+    graph: ShardGraph,
+    ex: Exchange,
+    layers: int,
+    batch_size: int,
+    multilabel: bool,
+) -> dict[str, float]:
+    """The model's scores on the train, val and test nodes of every shard, each host scoring its
+    own shard's nodes (its ranks a share each) over their exact ``layers``-hop in-neighbourhoods
+    (fan-outs -1, sampled with the owners as in training): an L-layer message-passing model
+    gives them the outputs full-graph inference gives (up to the order of float sums). The
+    counts behind each score are summed over the group (all_reduce), so every rank returns the
+    same scores. Every rank runs the same number of batches (the most any rank needs; empty
+    ones where it has none left), so each enters every exchange."""
+    sampler = ShardSampler(graph, ex, [-1] * layers)
+    host_ranks = [r for r in range(ex.world) if int(ex.host_of_rank[r]) == ex.host]
+    place, share = host_ranks.index(ex.rank), len(host_ranks)
+    splits = ("train", "val", "test")
+    ids, tags = [], []
+    for t, name in enumerate(splits):
+        mine = graph.split(name)[place::share]
+        ids.append(mine)
+        tags.append(torch.full((mine.numel(),), t, dtype=torch.long))
+    ids_all, tag_all = torch.cat(ids), torch.cat(tags)
+    steps = torch.tensor([-(-ids_all.numel() // batch_size)], dtype=torch.long)
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=ex.group)
+    counts = torch.zeros(len(splits), 3, dtype=torch.float64)  # correct|tp, total|fp, 0|fn
+    was = model.training
+    model.eval()
+    try:
+        for i in range(int(steps)):
+            seeds = ids_all[i * batch_size : (i + 1) * batch_size]
+            tag = tag_all[i * batch_size : (i + 1) * batch_size]
+            b = sampler.sample(seeds, torch.Generator().manual_seed(0))
+            x = sampler.features(b.n_id)
+            if seeds.numel() == 0:
+                continue
+            out = model(x, b.edge_index)[: seeds.numel()]
+            y = graph.y[seeds - graph.first]
+            for t in range(len(splits)):
+                m = tag == t
+                if not bool(m.any()):
+                    continue
+                if multilabel:
+                    pred, truth = out[m] > 0, y[m] > 0.5
+                    counts[t, 0] += float((pred & truth).sum())
+                    counts[t, 1] += float((pred & ~truth).sum())
+                    counts[t, 2] += float((~pred & truth).sum())
+                else:
+                    counts[t, 0] += float((out[m].argmax(dim=-1) == y[m]).sum())
+                    counts[t, 1] += float(m.sum())
+    finally:
+        model.train(was)
+    dist.all_reduce(counts, group=ex.group)
+    scores = {}
+    for t, name in enumerate(splits):
+        a, b, c = (float(v) for v in counts[t])
+        if multilabel:
+            denom = 2 * a + b + c
+            scores[name] = 2 * a / denom if denom else 1.0
+        else:
+            scores[name] = a / b if b else 0.0
+    return scores
