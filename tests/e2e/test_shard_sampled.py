@@ -1,0 +1,190 @@
+"""Sampled training across shards (gnnpar.data.sampling.distributed): H hosts, each a real
+process of a gloo group whose folder holds only the top manifest and its own shard, sample the
+mini-batches one host samples over the unsharded graph (the same seeds, the same n_id by
+original id, the same edges, features and labels) and train the same loss curve, bit for bit, as
+H ranks over the whole graph.
+
+The ranks are forked from the test process (no interpreter start, no torch import: the test
+costs a few seconds) and join the group through torch.distributed's env:// rendezvous on
+localhost, as the hosts of ``torchrun --nnodes H`` do (GROUP_RANK picks the shard)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import traceback
+
+import pytest
+import torch
+
+from gnnpar.data.prepare_command import run_prepare
+from gnnpar.runtime.launch import free_port
+
+pytestmark = pytest.mark.slow
+
+FANOUTS = [5, 5]
+BATCH = 64
+SEED = 3
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """{H: (the folder holding every shard, [host h's folder: manifest + shard-h only])}"""
+    tmp = tmp_path_factory.mktemp("sharded")
+    got = {}
+    for h, method in ((2, "metis"), (3, "stream")):
+        full = tmp / f"full-{h}"
+        run_prepare("cora", str(full), None, None, None, str(tmp / "root"), None, True,
+                    shards=str(h), partitioner=method)  # fmt: skip
+        hosts = []
+        for s in range(h):
+            g = tmp / f"{h}-host-{s}" / "g"
+            g.mkdir(parents=True)
+            shutil.copy(full / "manifest.json", g / "manifest.json")
+            shutil.copytree(full / f"shard-{s}", g / f"shard-{s}")
+            hosts.append(g)
+        got[h] = (full, hosts)
+    return got
+
+
+def _env(h: int, world: int, port: int) -> None:
+    os.environ.update(
+        RANK=str(h), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+        GROUP_RANK=str(h), GROUP_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        del os.environ[k]
+    torch.set_num_threads(1)
+
+
+def _child(fn, h: int, world: int, port: int, out: str, *args) -> None:  # noqa: ANN001
+    """A forked rank: run ``fn``, write what it returns (or its error) to ``out``."""
+    try:
+        _env(h, world, port)
+        torch.save({"ok": fn(h, world, *args)}, out)
+    except BaseException:  # noqa: BLE001 (said to the test)
+        torch.save({"error": traceback.format_exc()}, out)
+    finally:
+        os._exit(0)
+
+
+def _ranks(tmp_path, world: int, fn, folders: list, *args) -> list:  # noqa: ANN001
+    """``fn(h, world, folders[h], *args)`` in ``world`` forked ranks; what each returned."""
+    ctx = mp.get_context("fork")  # the ranks start in milliseconds: no interpreter, no imports
+    port = free_port()
+    outs = [str(tmp_path / f"rank-{fn.__name__}-{h}.pt") for h in range(world)]
+    procs = [
+        ctx.Process(target=_child, args=(fn, h, world, port, outs[h], str(folders[h]), *args))
+        for h in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    got = [torch.load(o, weights_only=False) for o in outs]
+    for g in got:
+        assert "ok" in g, g.get("error")
+    return [g["ok"] for g in got]
+
+
+def _sharded_batches(h: int, world: int, folder: str) -> list:
+    """Every batch of this rank's two epochs, sampled across shards, ids made original."""
+    import torch.distributed as dist
+
+    from gnnpar.data.sampling import distributed as shard
+    from gnnpar.data.sampling.loader import shard_plan
+
+    dist.init_process_group("gloo")
+    graph = shard.ShardGraph.open(folder, h)
+    ex = shard.Exchange(graph.bounds, h)
+    train_idx, train_y = shard.gather_train(graph)
+    _, steps = shard_plan(train_idx.numel(), world, BATCH)
+    batches = shard.ShardBatches(
+        shard.ShardSampler(graph, ex, FANOUTS), train_idx, train_y, BATCH, h, world, SEED, steps
+    )
+    # the original id of every node, gathered (for the comparison only: training never needs it)
+    every = [torch.empty(graph.num_nodes, dtype=torch.long) for _ in range(world)]
+    mine = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+    mine[graph.first : graph.end] = graph.orig_ids
+    dist.all_gather(every, mine)
+    orig = torch.stack(every).max(0).values
+    out = []
+    for i in range(EPOCHS * steps):
+        b = batches[i]
+        out.append((orig[b.n_id], b.edge_index, b.x, b.y, b.batch_size))
+    sent, needed = ex.bytes_sent, ex.bytes_needed
+    dist.destroy_process_group()
+    return out, sent, needed
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(tmp_path, sharded, hosts):
+    from gnnpar.data.sampling.loader import SampledBatches, save_shared_graph, shard_plan
+    from gnnpar.data.sampling.sampler import CSRGraph
+    from gnnpar.data.shards import load_sharded
+
+    full, folders = sharded[hosts]
+    got = _ranks(tmp_path, hosts, _sharded_batches, folders)
+    # one host over the unsharded graph (original ids), as the sampled strategy samples it
+    ds = load_sharded(full)
+    d = ds.data
+    path = str(tmp_path / "graph.pt")
+    save_shared_graph(path, CSRGraph.from_edge_index(d.edge_index, d.num_nodes), d.x, d.y)
+    train_idx = d.train_mask.nonzero().view(-1)
+    _, steps = shard_plan(train_idx.numel(), hosts, BATCH)
+    for r in range(hosts):
+        ref = SampledBatches(path, train_idx, FANOUTS, BATCH, r, hosts, SEED, steps)
+        batches, sent, needed = got[r]
+        assert len(batches) == EPOCHS * steps and sent > 0
+        for i, (n_id, edge_index, x, y, k) in enumerate(batches):
+            want = ref[i]
+            assert k == want.batch_size
+            assert torch.equal(n_id, want.n_id), (r, i)
+            assert torch.equal(edge_index, want.edge_index), (r, i)
+            assert torch.equal(x, want.x) and torch.equal(y, want.y), (r, i)
+    # what crossed between hosts: within the framing (counts, seeds, split sizes) of the least
+    total_sent = sum(g[1] for g in got)
+    total_needed = sum(g[2] for g in got)
+    assert total_needed <= total_sent <= 1.2 * total_needed, (total_sent, total_needed)
+
+
+def _train(h: int, world: int, folder: str, out: str) -> dict | None:
+    from gnnpar.configure import build_config
+    from gnnpar.run import prepare, run_rank
+
+    flags = {"model": "sage", "hidden": "16", "layers": "2", "seed": str(SEED), "threads": "1"}
+    flags |= {"strategy": "sampled", "epochs": str(EPOCHS), "batch-size": str(BATCH)}
+    flags |= {"fanouts": ",".join(map(str, FANOUTS)), "quiet": True, "dataset": folder}
+    flags |= {"out": f"{out}-{h}", "timeout": "60"}
+    cfg = build_config(None, flags)
+    run_rank(cfg, prepare(cfg), direct=True)
+    if h == 0:
+        return json.loads((open(f"{out}-0/result.json")).read())
+    return None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_shards_train_the_loss_curve_of_the_whole_graph(tmp_path, sharded, hosts):
+    full, folders = sharded[hosts]
+    across = _ranks(tmp_path, hosts, _train, folders, str(tmp_path / "a"))[0]
+    # the same ranks, each host holding every shard: each trains on the whole graph
+    whole = _ranks(tmp_path, hosts, _train, [full] * hosts, str(tmp_path / "w"))[0]
+    assert len(across["loss_curve"]) == EPOCHS
+    assert across["loss_curve"] == whole["loss_curve"]
+    # the final scores: exact L-hop neighbourhoods across shards, full-graph inference on one
+    for k in ("val_score", "test_score", "train_score"):
+        assert across[k] == pytest.approx(whole[k], abs=1e-9), k
+    sent = across["exchange_bytes_per_step"]
+    needed = across["exchange_needed_bytes_per_step"]
+    assert len(sent) == hosts and all(s > 0 for s in sent)
+    assert sum(needed) <= sum(sent) <= 1.2 * sum(needed)
+    assert "exchange_bytes_per_step" not in whole
