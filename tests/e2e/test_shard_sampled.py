@@ -50,21 +50,22 @@ def sharded(tmp_path_factory):
     return got
 
 
-def _env(h: int, world: int, port: int) -> None:
+def _env(rank: int, world: int, port: int, per_host: int) -> None:
+    """torchrun's variables for global rank ``rank``, ``per_host`` ranks on each host."""
     os.environ.update(
-        RANK=str(h), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-        GROUP_RANK=str(h), GROUP_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
+        LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host),
+        GROUP_WORLD_SIZE=str(world // per_host), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )  # fmt: skip
     for k in [k for k in os.environ if k.startswith("SLURM_")]:
         del os.environ[k]
     torch.set_num_threads(1)
 
 
-def _child(fn, h: int, world: int, port: int, out: str, *args) -> None:  # noqa: ANN001
+def _child(fn, h: int, world: int, port: int, per: int, out: str, *args) -> None:  # noqa: ANN001
     """A forked rank: run ``fn``, write what it returns (or its error) to ``out``."""
     try:
-        _env(h, world, port)
+        _env(h, world, port, per)
         torch.save({"ok": fn(h, world, *args)}, out)
     except BaseException:  # noqa: BLE001 (said to the test)
         torch.save({"error": traceback.format_exc()}, out)
@@ -72,13 +73,17 @@ def _child(fn, h: int, world: int, port: int, out: str, *args) -> None:  # noqa:
         os._exit(0)
 
 
-def _ranks(tmp_path, world: int, fn, folders: list, *args) -> list:  # noqa: ANN001
-    """``fn(h, world, folders[h], *args)`` in ``world`` forked ranks; what each returned."""
+def _ranks(tmp_path, world: int, fn, folders: list, *args, per_host: int = 1) -> list:  # noqa: ANN001
+    """``fn(rank, world, folders[rank // per_host], *args)`` in ``world`` forked ranks,
+    ``per_host`` on each host; what each returned."""
     ctx = mp.get_context("fork")  # the ranks start in milliseconds: no interpreter, no imports
     port = free_port()
     outs = [str(tmp_path / f"rank-{fn.__name__}-{h}.pt") for h in range(world)]
     procs = [
-        ctx.Process(target=_child, args=(fn, h, world, port, outs[h], str(folders[h]), *args))
+        ctx.Process(
+            target=_child,
+            args=(fn, h, world, port, per_host, outs[h], str(folders[h // per_host]), *args),
+        )
         for h in range(world)
     ]
     for p in procs:
@@ -102,8 +107,9 @@ def _sharded_batches(h: int, world: int, folder: str) -> list:
     from gnnpar.data.sampling.loader import shard_plan
 
     dist.init_process_group("gloo")
-    graph = shard.ShardGraph.open(folder, h)
-    ex = shard.Exchange(graph.bounds, h)
+    host = int(os.environ["GROUP_RANK"])
+    graph = shard.ShardGraph.open(folder, host)
+    ex = shard.Exchange(graph.bounds, host)
     train_idx, train_y = shard.gather_train(graph)
     _, steps = shard_plan(train_idx.numel(), world, BATCH)
     batches = shard.ShardBatches(
@@ -125,23 +131,26 @@ def _sharded_batches(h: int, world: int, folder: str) -> list:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("hosts", [2, 3])
-def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(tmp_path, sharded, hosts):
+@pytest.mark.parametrize(("hosts", "per_host"), [(2, 1), (3, 1), (2, 2)])
+def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
+    tmp_path, sharded, hosts, per_host
+):
     from gnnpar.data.sampling.loader import SampledBatches, save_shared_graph, shard_plan
     from gnnpar.data.sampling.sampler import CSRGraph
     from gnnpar.data.shards import load_sharded
 
     full, folders = sharded[hosts]
-    got = _ranks(tmp_path, hosts, _sharded_batches, folders)
+    world = hosts * per_host  # several ranks per host share its shard and answer for it
+    got = _ranks(tmp_path, world, _sharded_batches, folders, per_host=per_host)
     # one host over the unsharded graph (original ids), as the sampled strategy samples it
     ds = load_sharded(full)
     d = ds.data
     path = str(tmp_path / "graph.pt")
     save_shared_graph(path, CSRGraph.from_edge_index(d.edge_index, d.num_nodes), d.x, d.y)
     train_idx = d.train_mask.nonzero().view(-1)
-    _, steps = shard_plan(train_idx.numel(), hosts, BATCH)
-    for r in range(hosts):
-        ref = SampledBatches(path, train_idx, FANOUTS, BATCH, r, hosts, SEED, steps)
+    _, steps = shard_plan(train_idx.numel(), world, BATCH)
+    for r in range(world):
+        ref = SampledBatches(path, train_idx, FANOUTS, BATCH, r, world, SEED, steps)
         batches, sent, needed = got[r]
         assert len(batches) == EPOCHS * steps and sent > 0
         for i, (n_id, edge_index, x, y, k) in enumerate(batches):
