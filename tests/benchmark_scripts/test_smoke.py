@@ -59,11 +59,14 @@ def test_scripts_are_grouped_by_topic_and_take_smoke():
 # The three heaviest smoke runs (~50 CPU seconds of the ~125 on 2 cores): each runs real ranks
 # through paths the suite's own tests already run (tests/e2e/test_two_hosts_outage.py,
 # tests/training/test_checkpoint.py's restarts, the shared graph of tests/data/test_sampling.py),
-# so the suite's time stays under CI's 20 minutes. GNNPAR_SMOKE_ALL=1 runs them too.
+# so the suite's time stays under CI's 20 minutes. GNNPAR_SMOKE_ALL=1 runs them too. Likewise
+# the two hosts across shards (two ranks from a fresh interpreter each; the path
+# tests/e2e/test_shard_sampled.py runs).
 HEAVY = (
     "benchmarks.memory.shared_graph_ranks",
     "benchmarks.robustness.outage_cost",
     "benchmarks.robustness.checkpoint_cost",
+    "benchmarks.comm.shard_sampled_two_hosts",
 )
 
 
