@@ -123,6 +123,8 @@ RANK_INFO: dict[str, str] = {
     "sizes; gnnpar.data.sampling.distributed)",
     "exchange_needed_bytes_per_step": "sampled across shards, per rank: the least those steps "
     "needed: ids asked of other hosts, the sampled sources and float32 feature rows answered",
+    "remote_rows_cached": "sampled across shards, per rank: other hosts' feature rows held "
+    "(--feature-cache: the most sampled ones, fetched once before training)",
 }
 FINAL_MODEL: dict[str, str] = {
     "final_model": '"rank0" (every rank holds it), "average" or "best-local:rank<N>"',

@@ -99,7 +99,7 @@ def _ranks(tmp_path, world: int, fn, folders: list, *args, per_host: int = 1) ->
     return [g["ok"] for g in got]
 
 
-def _sharded_batches(h: int, world: int, folder: str) -> list:
+def _sharded_batches(h: int, world: int, folder: str, cache: int) -> list:
     """Every batch of this rank's two epochs, sampled across shards, ids made original."""
     import torch.distributed as dist
 
@@ -112,9 +112,11 @@ def _sharded_batches(h: int, world: int, folder: str) -> list:
     ex = shard.Exchange(graph.bounds, host)
     train_idx, train_y = shard.gather_train(graph)
     _, steps = shard_plan(train_idx.numel(), world, BATCH)
-    batches = shard.ShardBatches(
-        shard.ShardSampler(graph, ex, FANOUTS), train_idx, train_y, BATCH, h, world, SEED, steps
-    )
+    sampler = shard.ShardSampler(graph, ex, FANOUTS)
+    if cache:  # the remote rows sampled most, held: the same batches, fewer rows asked for
+        assert sampler.cache_hot_rows(cache) == cache
+        ex.bytes_sent = ex.bytes_needed = 0
+    batches = shard.ShardBatches(sampler, train_idx, train_y, BATCH, h, world, SEED, steps)
     # the original id of every node, gathered (for the comparison only: training never needs it)
     every = [torch.empty(graph.num_nodes, dtype=torch.long) for _ in range(world)]
     mine = torch.full((graph.num_nodes,), -1, dtype=torch.long)
@@ -126,14 +128,15 @@ def _sharded_batches(h: int, world: int, folder: str) -> list:
         b = batches[i]
         out.append((orig[b.n_id], b.edge_index, b.x, b.y, b.batch_size))
     sent, needed = ex.bytes_sent, ex.bytes_needed
+    hits = getattr(sampler, "cache_hits", 0)
     dist.destroy_process_group()
-    return out, sent, needed
+    return out, sent, needed, hits
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("hosts", "per_host"), [(2, 1), (3, 1), (2, 2)])
+@pytest.mark.parametrize(("hosts", "per_host", "cache"), [(2, 1, 0), (3, 1, 300), (2, 2, 0)])
 def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
-    tmp_path, sharded, hosts, per_host
+    tmp_path, sharded, hosts, per_host, cache
 ):
     from gnnpar.data.sampling.loader import SampledBatches, save_shared_graph, shard_plan
     from gnnpar.data.sampling.sampler import CSRGraph
@@ -141,7 +144,7 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
 
     full, folders = sharded[hosts]
     world = hosts * per_host  # several ranks per host share its shard and answer for it
-    got = _ranks(tmp_path, world, _sharded_batches, folders, per_host=per_host)
+    got = _ranks(tmp_path, world, _sharded_batches, folders, cache, per_host=per_host)
     # one host over the unsharded graph (original ids), as the sampled strategy samples it
     ds = load_sharded(full)
     d = ds.data
@@ -151,8 +154,9 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
     _, steps = shard_plan(train_idx.numel(), world, BATCH)
     for r in range(world):
         ref = SampledBatches(path, train_idx, FANOUTS, BATCH, r, world, SEED, steps)
-        batches, sent, needed = got[r]
+        batches, sent, needed, hits = got[r]
         assert len(batches) == EPOCHS * steps and sent > 0
+        assert (hits > 0) == (cache > 0)  # held rows were used, not asked for
         for i, (n_id, edge_index, x, y, k) in enumerate(batches):
             want = ref[i]
             assert k == want.batch_size

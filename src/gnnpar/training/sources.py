@@ -328,6 +328,15 @@ class ShardSampledSource(SampledSource):
         self.exchange = shard.Exchange(graph.bounds, ds.info["host"])
         sampler = shard.ShardSampler(graph, self.exchange, s.fanouts)
         train_idx, train_y = shard.gather_train(graph)
+        self.cached_rows = 0
+        if s.feature_cache is not None:  # remote hot rows: bytes, or a share of all features
+            from gnnpar.data.prepared import parse_cache_size
+
+            size, fraction = parse_cache_size(s.feature_cache)
+            row = 4 * graph.x.size(1)  # held as float32
+            budget = size if size is not None else int(fraction * graph.num_nodes * row)
+            self.cached_rows = sampler.cache_hot_rows(budget // row)
+        self.exchange.bytes_sent = self.exchange.bytes_needed = 0  # the steps' alone
         self.setup_s = time.perf_counter() - t0
         if train_idx.numel() < ctx.world_size:
             from gnnpar.errors import UsageError
@@ -358,7 +367,7 @@ class ShardSampledSource(SampledSource):
             yield data
 
     def rank_info(self) -> dict:
-        """Bytes per training step this rank sent to other ranks (requests, answers, split
+        """Remote feature rows held (``--feature-cache``). Bytes per training step this rank sent to other ranks (requests, answers, split
         sizes), and the least it needed (the ids it asked other hosts for, the sampled sources
         and float32 feature rows they answered), averaged over the steps trained (taken when
         the training ends, so the final evaluation's exchanges are not in it)."""
@@ -368,6 +377,7 @@ class ShardSampledSource(SampledSource):
             **super().rank_info(),
             "exchange_bytes_per_step": sent / steps,
             "exchange_needed_bytes_per_step": needed / steps,
+            "remote_rows_cached": self.cached_rows,
         }
 
     def _bytes(self) -> tuple[int, int]:

@@ -111,7 +111,7 @@ class Exchange:
                 f"no rank runs on host {lacking[0]}: a graph of {n_hosts} shards trains across "
                 f"shards on {n_hosts} hosts, host h (its node rank) holding shard-<h>/."
             )
-        place = ranks_of[host].index(self.rank)
+        place = self.place = ranks_of[host].index(self.rank)
         self.answerer = torch.tensor([r[place % len(r)] for r in ranks_of], dtype=torch.long)
         self.bounds = bounds
         self.bytes_sent = 0
@@ -285,8 +285,45 @@ class ShardSampler:
             edge_index = torch.empty(2, 0, dtype=torch.long)
         return SampledBatch(n_id, edge_index, k, num_nodes, num_edges)
 
+    def cache_hot_rows(self, k: int) -> int:
+        """Hold the feature rows of the ``k`` remote nodes that sampling reaches most (the most
+        frequent sources of the whole graph's in-edges, counted by each host over its shard and
+        summed; ties by id), fetched once from their owners: :meth:`features` then asks the
+        owners only for the others. Every rank calls it (an exchange). The rows held."""
+        g, ex = self.g, self.ex
+        n = g.num_nodes
+        counts = torch.zeros(n, dtype=torch.long)
+        first_of_host = ex.place == 0  # one count per host
+        if first_of_host and k > 0:
+            step = 1 << 24
+            for i in range(0, self.col.numel(), step):
+                counts += torch.bincount(self.col[i : i + step].long(), minlength=n)
+        dist.all_reduce(counts, group=ex.group)
+        counts[g.first : g.end] = -1  # its own rows are read from its shard
+        remote = int(n - (g.end - g.first))
+        k = max(0, min(k, remote))
+        order = torch.sort(-counts, stable=True).indices[:k]  # most reached first, ties by id
+        hot = torch.sort(order).values
+        rows = self.features(hot)
+        self.slot = torch.full((n,), -1, dtype=torch.int32)
+        self.slot[hot] = torch.arange(k, dtype=torch.int32)
+        self.cached, self.cache_hits = rows, 0
+        return k
+
     def features(self, n_id: torch.Tensor) -> torch.Tensor:
-        """``x[n_id]`` as float32, every row from its owner (one request and one answer)."""
+        """``x[n_id]`` as float32, every row from its owner (one request and one answer); the
+        rows of :meth:`cache_hot_rows` from the cache instead."""
+        if getattr(self, "cached", None) is not None and self.cached.size(0):
+            slot = self.slot[n_id]
+            hit = slot >= 0
+            self.cache_hits += int(hit.sum())
+            out = torch.empty((n_id.numel(), self.g.x.size(1)), dtype=torch.float32)
+            out[hit] = self.cached[slot[hit].long()]
+            out[~hit] = self._fetch(n_id[~hit])
+            return out
+        return self._fetch(n_id)
+
+    def _fetch(self, n_id: torch.Tensor) -> torch.Tensor:
         order, counts, got, rc = self.ex.ask(n_id)
         rows = got - self.g.first
         srt = torch.argsort(rows)  # read the mapped file front to back
