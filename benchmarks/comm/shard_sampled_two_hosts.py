@@ -96,14 +96,14 @@ def run_hosts(args, folders: list[Path], work: Path, hosts=None, limit: int | No
         t0 = time.perf_counter()
         for h, g in enumerate(folders):
             argv = train_args(args, g, outs[h])
-            if groups[h] is not None:
-                argv = resources.in_cgroup(groups[h], argv)
             if hosts is not None:
                 ns, dev = ((hosts.a, hosts.if_a), (hosts.b, hosts.if_b))[h]
                 argv = ["ip", "netns", "exec", ns, *argv]
                 env = host_env(h, len(folders), hosts.addr_a, port, dev)
             else:
                 env = host_env(h, len(folders), "127.0.0.1", port, None)
+            if groups[h] is not None:  # outside `ip netns exec`, which remounts /sys
+                argv = resources.in_cgroup(groups[h], argv)
             log = open(work / f"host-{h}.log", "w")  # noqa: SIM115 (closed below)
             procs.append((subprocess.Popen(argv, env=env, cwd=work, stdout=log, stderr=log), log))
         codes = []

@@ -426,8 +426,10 @@ def evaluate_across(
     gives them the outputs full-graph inference gives (up to the order of float sums). The
     counts behind each score are summed over the group (all_reduce), so every rank returns the
     same scores. Every rank runs the same number of batches (the most any rank needs; empty
-    ones where it has none left), so each enters every exchange."""
+    ones where it has none left), so each enters every exchange. A full neighbourhood grows
+    with every hop, so a batch holds ``batch_size / 4**(layers - 1)`` seeds (at least one)."""
     sampler = ShardSampler(graph, ex, [-1] * layers)
+    batch_size = max(1, batch_size // 4 ** max(0, layers - 1))
     host_ranks = [r for r in range(ex.world) if int(ex.host_of_rank[r]) == ex.host]
     place, share = host_ranks.index(ex.rank), len(host_ranks)
     splits = ("train", "val", "test")
