@@ -194,8 +194,9 @@ def test_shards_train_the_loss_curve_of_the_whole_graph(tmp_path, sharded, hosts
     assert len(across["loss_curve"]) == EPOCHS
     assert across["loss_curve"] == whole["loss_curve"]
     # the final scores: exact L-hop neighbourhoods across shards, full-graph inference on one
-    for k in ("val_score", "test_score", "train_score"):
+    for k in ("val_score", "test_score"):
         assert across[k] == pytest.approx(whole[k], abs=1e-9), k
+    assert across["train_score"] is None  # not computed across shards (its cost)
     sent = across["exchange_bytes_per_step"]
     needed = across["exchange_needed_bytes_per_step"]
     assert len(sent) == hosts and all(s > 0 for s in sent)
