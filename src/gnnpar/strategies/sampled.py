@@ -156,12 +156,12 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
     def finish() -> Final:  # the loop has closed the source: its workers are stopped
         t0 = time.perf_counter()
         scores = {"val": 0.0, "test": 0.0, "train": 0.0}
-        if across:  # every host scores its shard's nodes, exactly (all ranks take part)
+        if across:  # every host scores its shard's nodes, sampled (all ranks take part)
             from gnnpar.data.sampling.distributed import evaluate_across
 
             with autocast(cfg.run.precision, "cpu"):
                 scores = evaluate_across(
-                    model.cpu(), source.batches.sampler.g, source.exchange, cfg.model.layers,
+                    model.cpu(), source.batches.sampler.g, source.exchange, s.fanouts,
                     s.batch_size, ds.multilabel,
                 )  # fmt: skip
         elif ctx.is_main:  # exact full-graph scores, on the CPU where the graph is

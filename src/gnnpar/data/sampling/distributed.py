@@ -416,22 +416,23 @@ def evaluate_across(
     model: torch.nn.Module,
     graph: ShardGraph,
     ex: Exchange,
-    layers: int,
+    fanouts: list[int],
     batch_size: int,
     multilabel: bool,
-) -> dict[str, float]:
-    """The model's scores on the val and test nodes of every shard (``train``: None, not
-    computed: the training nodes are often most of the labelled ones, and each full
-    neighbourhood's feature rows cross the link), each host scoring its
-    own shard's nodes (its ranks a share each) over their exact ``layers``-hop in-neighbourhoods
-    (fan-outs -1, sampled with the owners as in training): an L-layer message-passing model
-    gives them the outputs full-graph inference gives (up to the order of float sums). The
-    counts behind each score are summed over the group (all_reduce), so every rank returns the
-    same scores. Every rank runs the same number of batches (the most any rank needs; empty
-    ones where it has none left), so each enters every exchange. A full neighbourhood grows
-    with every hop, so a batch holds ``batch_size / 4**(layers - 1)`` seeds (at least one)."""
-    sampler = ShardSampler(graph, ex, [-1] * layers)
-    batch_size = max(1, batch_size // 4 ** max(0, layers - 1))
+) -> dict[str, float | None]:
+    """The model's scores on the val and test nodes of every shard, each host scoring its own
+    shard's nodes (its ranks a share each: every ``share``-th, from its place among them), in
+    batches of ``batch_size`` in ascending id, over neighbourhoods sampled with ``fanouts``
+    (the training's: a batch of the size a training step has, whatever the degrees; with the
+    owners, as in training; batch i's generator seeded with i), so the scores are those of
+    sampled inference: the same batches one host samples over the unsharded graph for those
+    seeds. (Exact full neighbourhoods were tried: on a power-law graph a hub's in-neighbours
+    alone can outgrow a host's memory.) ``train``: None, not computed (the training nodes are
+    often most of the labelled ones). The counts behind each score are summed over the group
+    (all_reduce), so every rank returns the same scores. Every rank runs the same number of
+    batches (the most any rank needs; empty ones where it has none left), so each enters
+    every exchange."""
+    sampler = ShardSampler(graph, ex, fanouts)
     host_ranks = [r for r in range(ex.world) if int(ex.host_of_rank[r]) == ex.host]
     place, share = host_ranks.index(ex.rank), len(host_ranks)
     splits = ("val", "test")
@@ -450,7 +451,7 @@ def evaluate_across(
         for i in range(int(steps)):
             seeds = ids_all[i * batch_size : (i + 1) * batch_size]
             tag = tag_all[i * batch_size : (i + 1) * batch_size]
-            b = sampler.sample(seeds, torch.Generator().manual_seed(0))
+            b = sampler.sample(seeds, torch.Generator().manual_seed(i))
             x = sampler.features(b.n_id)
             if seeds.numel() == 0:
                 continue
