@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 FANOUTS = [5, 5]
 BATCH = 64
+EVAL_BATCH = 400  # few evaluation batches: each is a round of exchanges
 SEED = 3
 EPOCHS = 2
 
@@ -129,7 +130,7 @@ def _sharded_batches(h: int, world: int, folder: str, cache: int) -> list:
         out.append((orig[b.n_id], b.edge_index, b.x, b.y, b.batch_size))
     sent, needed = ex.bytes_sent, ex.bytes_needed
     hits = getattr(sampler, "cache_hits", 0)
-    scores = shard.evaluate_across(_model(), graph, ex, FANOUTS, BATCH, False)
+    scores = shard.evaluate_across(_model(), graph, ex, FANOUTS, EVAL_BATCH, False)
     dist.destroy_process_group()
     return out, sent, needed, hits, scores
 
@@ -144,7 +145,7 @@ def _model():  # noqa: ANN202
 
 def _reference_scores(full, hosts: int, per_host: int, d) -> dict:  # noqa: ANN001
     """What evaluate_across must find: each rank's share of its host's val and test nodes, in
-    batches of BATCH, sampled over the unsharded graph with batch i's generator seeded i."""
+    batches of EVAL_BATCH, sampled over the unsharded graph with batch i's generator seeded i."""
     from gnnpar.data import shards
     from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
 
@@ -158,12 +159,12 @@ def _reference_scores(full, hosts: int, per_host: int, d) -> dict:  # noqa: ANN0
         ids = [torch.from_numpy(p.array(sp).copy())[place::per_host] for sp in ("val", "test")]
         tags = ["val"] * ids[0].numel() + ["test"] * ids[1].numel()
         seeds_all = orig[torch.cat(ids)]
-        for i in range(-(-seeds_all.numel() // BATCH)):
-            seeds = seeds_all[i * BATCH : (i + 1) * BATCH]
+        for i in range(-(-seeds_all.numel() // EVAL_BATCH)):
+            seeds = seeds_all[i * EVAL_BATCH : (i + 1) * EVAL_BATCH]
             b = sampler.sample(seeds, torch.Generator().manual_seed(i))
             with torch.no_grad():
                 hit = model(d.x[b.n_id], b.edge_index)[: seeds.numel()].argmax(-1) == d.y[seeds]
-            for t, h in zip(tags[i * BATCH : (i + 1) * BATCH], hit.tolist(), strict=True):
+            for t, h in zip(tags[i * EVAL_BATCH : (i + 1) * EVAL_BATCH], hit.tolist(), strict=True):
                 right[t] += int(h)
                 total[t] += 1
     return {t: right[t] / total[t] for t in right}
