@@ -374,14 +374,32 @@ def test_gossip_pays_a_store_round_trip_per_call_at_each_boundary():
 
 def test_gossip_at_k1_pays_the_pairing_protocols_store_calls():
     """K = 1: a pick is a compare-and-set of its own key, a look at the candidate's speed and
-    a compare-and-set of the candidate's key; then looks at the partner's key, the partner's
-    answer, both releases: between 2 and 8 round trips a step, the exchanges unchanged."""
+    a compare-and-set of the candidate's key; then looks at the partner's key: between 2 and 8
+    round trips a step (its sets, the answer to a claim and both releases, wait for nothing).
+    The exchanges land a little later, so their number may differ by one."""
     c = one_host(2, p2p=sim.Link(0.25, INF))
     free = sim.gossip(c, [1.0] * 40, 1, 1, 16, 0)
     paid = sim.gossip(c, [1.0] * 40, 1, 1, 16, 0, store_rtt_s=[0.01, 0.01])
     per_step = (sum(paid.busy_s) - sum(free.busy_s)) / 40 / 0.01
-    assert 2 <= per_step <= 8 and paid.exchanges == free.exchanges > 0
-    assert paid.train_time_s > free.train_time_s
+    assert 2 <= per_step <= 8 and abs(paid.exchanges - free.exchanges) <= 1
+    assert free.exchanges > 10
+
+
+def test_gossip_store_sets_cost_nothing_and_land_half_a_round_trip_later():
+    """torch's TCPStore.set sends and returns without an answer; get and compare_set wait for
+    theirs. Rank 0 beside the store (no round trip) claims rank 1, whose round trip is 0.5 s;
+    1 s steps, 4 subgraphs, exchanges of 0.25 s, K = 1, only rank 0 picks (bipartite). At 1
+    rank 0 claims rank 1; rank 1 looks at its key (at the store at 1.25, answer at 1.5), sets
+    it ready (lands at 1.75: it waits for nothing) and waits in the exchange. Rank 0 finds
+    it ready at 2: exchange 2-2.25. Its pick again at 2.25 finds rank 1 still ready (the
+    release lands at 2.5): no claim. Rank 1 takes the last subgraph at 2.25, looks at its key
+    at 3.25 (answer 3.75), retires with a compare-and-set at 4.25. Charging each set a round
+    trip, as before, made rank 1 reach the exchange at 2 and take no subgraph after it."""
+    c = one_host(2, p2p=sim.Link(0.25, INF))
+    r = sim.gossip(c, [1.0] * 4, 1, 1, 16, 0, bipartite=True, poll_s=0.25,
+                   store_rtt_s=[0.0, 0.5])  # fmt: skip
+    assert r.train_time_s == 4.25 and r.log == [(2.25, 0, 1)] and r.batches == [2, 2]
+    assert r.busy_s == [2.0, 2.0 + 3 * 0.5]  # rank 1: its 2 steps, a look twice, retiring
 
 
 def test_gossip_first_step_on_a_subgraph_costs_extra_once_per_rank():

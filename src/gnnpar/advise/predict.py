@@ -568,9 +568,9 @@ def _simulate_gossip(r: _Run) -> sim.SimResult:
     lat = cluster.network.latency_s if cluster.network else 0.0
     # the store lives with rank 0: a round trip from another host crosses the link twice
     store_rtt = [rtt + 2 * lat * (cluster.host(r) != 0) for r in range(world)]
-    # per step: one take from the pool, a quarter of a publish of its speed (the pairing's
-    # store calls are charged by the simulation, call by call)
-    overhead = [1.25 * t for t in store_rtt]
+    # per step: one take from the pool (an add: a round trip); publishing its speed is a set,
+    # which waits for no answer (the pairing's store calls are simulated call by call)
+    overhead = list(store_rtt)
 
     def run(speed: list[float]) -> sim.SimResult:
         return sim.gossip(

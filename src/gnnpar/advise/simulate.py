@@ -16,7 +16,9 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
   claimer's next boundary; a rank due to average (``since >= K - 1``) picks a uniformly random
   ``avail`` partner among those whose published step time is not under 80% of its own, with the
   same ``random.Random(seed * 7919 + rank)`` the code shuffles with; the published step time is
-  the code's moving average, written every 4th step; with ``K = 1`` the claimer picks again at
+  the code's moving average, written every 4th step; each store call acts on the store half
+  a round trip after it was made, and only the calls that wait for an answer cost the rank
+  time (a ``set`` does not: :meth:`_GossipRun.put`); with ``K = 1`` the claimer picks again at
   once after its exchange. Out of work, a rank finishes its pick (polling every 1 ms, as
   ``Pairing.retire``), serves claims made on it, retires, and waits at the final barrier.
 * :func:`pipeline` (pipeline, hybrid): each stage runs torch's op order (ScheduleGPipe: every
@@ -361,12 +363,15 @@ def gossip(
 ) -> SimResult:
     """``position_s[i]``: seconds of the step that trains the subgraph at pool position ``i``
     (``epochs * parts`` positions; the order is the pool's, :meth:`WorkPool.order`).
-    ``step_overhead_s[rank]``: the store round trips of every step (taking from the pool,
-    publishing its speed), not slowed by the straggler (they come before and after its timed
-    step). ``store_rtt_s[rank]``: one round trip to the store; the pairing protocol
-    (parallel/gossip/protocol.py) pays it per store call at a step boundary, as the real one
-    does: a look at its own key (or at its pick's partner's), the answer to a claim, a pick's
-    compare-and-sets and its look at each candidate's speed, and the release after an exchange.
+    ``step_overhead_s[rank]``: the store round trips of every step (taking from the pool),
+    not slowed by the straggler (they come before its timed step). ``store_rtt_s[rank]``: one
+    round trip to the store; the pairing protocol (parallel/gossip/protocol.py) pays it per
+    store call that waits for an answer, at a step boundary, as the real one does: a look at
+    its own key (or at its pick's partner's), a pick's compare-and-sets and its look at each
+    candidate's speed. Its sets (the answer to a claim, the release after an exchange, the
+    published speed) cost it nothing: torch's ``TCPStore.set`` does not wait for the store.
+    Every call acts on the store half a round trip after the rank made it: a rank far from
+    the store is seen ready, released or claimed that much later.
     ``position_part[i]``: the subgraph at pool position ``i``; ``first_extra_s[part]``: what a
     rank's first step on that subgraph costs beyond ``position_s`` (each rank derives what its
     model keeps from a subgraph the first time it takes it). ``speed[rank]``: how much longer
@@ -434,7 +439,6 @@ class _GossipRun:
         self.every, self.sync_bytes, self.stragglers = every, sync_bytes, stragglers
         self.poll_s, self.slack, self.overhead, self.rtt = poll_s, slack, overhead, rtt
         self.position_part, self.first_extra_s, self.speed = position_part, first_extra_s, speed
-        self.owed = [0.0] * world  # store round trips of this boundary, paid before going on
         self.seen: list[set[int]] = [set() for _ in range(world)]  # subgraphs each has trained
         self.total = len(position_s)
         self.sim = Sim()
@@ -462,63 +466,115 @@ class _GossipRun:
     def pickable(self, r: int) -> bool:
         return self.world > 1 and r in self.passive
 
-    def not_faster(self, r: int, c: int) -> bool:
-        theirs = self.published[c]
+    def not_faster(self, r: int, theirs: float) -> bool:
+        """Whether a candidate whose published step time is ``theirs`` is not much faster."""
         return theirs == 0.0 or self.step_avg[r] == 0.0 or theirs >= self.slack * self.step_avg[r]
 
-    def pick(self, r: int) -> None:
-        owed, rtt, state = self.owed, self.rtt, self.state
-        owed[r] += rtt[r]  # compare-and-set of its own key: available -> busy
-        if state[r] != "avail":
-            return
-        state[r] = "busy"
-        owed[r] += rtt[r] * len(self.candidates(r))  # each candidate's published speed
-        order = [c for c in self.candidates(r) if self.not_faster(r, c)]
-        self.rngs[r].shuffle(order)
-        xid = f"{r}.{self.claims[r]}"
-        for c in order:
-            owed[r] += rtt[r]  # compare-and-set of the candidate's key: available -> claim
-            if state[c] == "avail":
-                state[c] = ("claim", r, xid)
-                self.claims[r] += 1
-                self.pending[r] = _Exchange(c, xid, True)
-                self.cost[xid] = self.cluster.p2p_s(r, c, self.sync_bytes)
-                return
-        owed[r] += rtt[r]  # nobody available: its own key back to available
-        state[r] = "avail"
+    def call(self, r: int, op, busy: bool = True):
+        """One store call of rank ``r`` that waits for its answer (``get``, ``compare_set``,
+        ``add``): the request reaches the store half a round trip after it is sent, ``op`` runs
+        there (on the store's state at that instant), and the answer is back half a round trip
+        later. Returns ``op``'s result. ``busy``: the round trip counts as the rank's work (a
+        rank polling for its partner in its clean-up waits instead)."""
+        half = self.rtt[r] / 2
+        if busy:
+            self.busy[r] += self.rtt[r]
+        if half > 0:
+            yield self.sim.delay(half)
+        out = op()
+        if half > 0:
+            yield self.sim.delay(half)
+        return out
 
-    def serve_claim(self, r: int) -> _Exchange | None:
-        s = self.state[r]
-        if not (isinstance(s, tuple) and s[0] == "claim"):
+    def put(self, r: int, op) -> None:
+        """A store ``set`` of rank ``r``: torch's ``TCPStore.set`` sends the request and returns
+        without an answer (the rank goes on at once), and ``op`` takes effect when the request
+        reaches the store, half a round trip later (after every earlier call of the rank: one
+        TCP stream)."""
+        half = self.rtt[r] / 2
+        if half > 0:
+            self.sim.at(self.sim.now + half, op)
+        else:
+            op()
+
+    def _cas(self, key: int, old, new) -> bool:
+        if self.state[key] == old:
+            self.state[key] = new
+            return True
+        return False
+
+    def _retire_at_store(self, r: int):
+        """``compare_set(own key, avail, done)`` at the store: the value it found."""
+        found = self.state[r]
+        self._cas(r, "avail", "done")
+        return found
+
+    def _set_state(self, r: int, value) -> None:
+        self.state[r] = value
+
+    def pick(self, r: int):
+        """The claimer's pick (``Pairing._pick``): its own key available -> busy, a look at each
+        candidate's published speed, then available -> claim on the candidates in random order
+        until one succeeds; its own key back to available where nobody was claimed (a set).
+        Its calls reach the store as one step, half a round trip after the rank sent the first
+        (the model checker's steps are atomic too): two picks that overlap resolve to one
+        claim, as they do in a real run, whose timings never repeat exactly, where two exactly
+        equal simulated ranks would fail each other's claims at every boundary. The rank waits
+        a round trip per call, and takes the exchange as its own once the last answer is back."""
+        calls, claimed = [1], []
+
+        def at_store() -> None:
+            if not self._cas(r, "avail", "busy"):
+                return  # claimed meanwhile: served at its next boundary
+            cands = self.candidates(r)
+            calls[0] += len(cands)  # each candidate's published speed
+            order = [c for c in cands if self.not_faster(r, self.published[c])]
+            self.rngs[r].shuffle(order)
+            xid = f"{r}.{self.claims[r]}"
+            for c in order:
+                calls[0] += 1
+                if self._cas(c, "avail", ("claim", r, xid)):
+                    self.claims[r] += 1
+                    self.cost[xid] = self.cluster.p2p_s(r, c, self.sync_bytes)
+                    claimed.append(_Exchange(c, xid, True))
+                    return
+            self.state[r] = "avail"  # nobody available (a set: no answer awaited)
+
+        yield from self.call(r, at_store)
+        more = (calls[0] - 1) * self.rtt[r]
+        if more > 0:
+            self.busy[r] += more
+            yield self.sim.delay(more)
+        if claimed:
+            self.pending[r] = claimed[0]
+
+    def serve_claim(self, r: int, value) -> _Exchange | None:
+        """``value``, what rank ``r`` read of its own key: a claim is answered by setting the
+        key ready (``Pairing._serve``)."""
+        if not (isinstance(value, tuple) and value[0] == "claim"):
             return None
-        self.owed[r] += self.rtt[r]  # its key set to ready
-        self.state[r] = ("ready", s[1], s[2])
-        return _Exchange(s[1], s[2], False)
+        ready = ("ready", value[1], value[2])
+        self.put(r, lambda: self._set_state(r, ready))
+        return _Exchange(value[1], value[2], False)
 
-    def at_boundary(self, r: int, want: bool) -> _Exchange | None:
+    def at_boundary(self, r: int, want: bool, busy: bool = True):
+        """``Pairing.at_boundary``: the exchange to perform now, or None."""
         x = self.pending[r]
-        if x is not None:
-            self.owed[r] += self.rtt[r]  # a look at the partner's key
-            return x if self.state[x.partner] == ("ready", r, x.xid) else None
-        if self.pickable(r):
-            self.owed[r] += self.rtt[r]  # a look at its own key
-            served = self.serve_claim(r)
+        if x is not None:  # a look at the partner's key
+            ready = ("ready", r, x.xid)
+            seen = yield from self.call(r, lambda: self.state[x.partner] == ready, busy)
+            return x if seen else None
+        if self.pickable(r):  # a look at its own key
+            value = yield from self.call(r, lambda: self.state[r], busy)
+            served = self.serve_claim(r, value)
             if served is not None:
                 return served
         if want and self.candidates(r):
-            self.pick(r)
+            yield from self.pick(r)
         return None
-
-    def pay(self, r: int):
-        """The store round trips owed since the last payment."""
-        if self.owed[r] > 0.0:
-            self.busy[r] += self.owed[r]
-            yield self.sim.delay(self.owed[r])
-            self.owed[r] = 0.0
 
     def serve(self, r: int, x: _Exchange):
         sim = self.sim
-        yield from self.pay(r)
         t = sim.now
         yield self.meet[x.xid].arrive()
         self.wait[r] += sim.now - t
@@ -527,14 +583,14 @@ class _GossipRun:
             self.log.append((sim.now, r, x.partner))
             self.moved[0] += 2 * self.sync_bytes
             self.moved[1] += 2 * self.sync_bytes * self.cluster.crosses(r, x.partner)
-        self.owed[r] += self.rtt[r]  # its key back to available
-        self.state[r] = "avail"
+        self.put(r, lambda: self._set_state(r, "avail"))  # its key back to available
 
     def record_step(self, r: int, seconds: float) -> None:
         steps, step_avg = self.steps, self.step_avg
         step_avg[r] = seconds if steps[r] == 0 else 0.8 * step_avg[r] + 0.2 * seconds
-        if steps[r] % 4 == 0:
-            self.published[r] = step_avg[r]
+        if steps[r] % 4 == 0:  # a store set: the rank does not wait for it
+            avg = step_avg[r]
+            self.put(r, lambda: self.published.__setitem__(r, avg))
         steps[r] += 1
 
     def rank(self, r: int):
@@ -568,36 +624,33 @@ class _GossipRun:
             self.batches[r] += 1
             yield self.sim.delay(c)
             since += 1
-            x = self.at_boundary(r, since >= every - 1)
+            x = yield from self.at_boundary(r, since >= every - 1)
             while x is not None:
                 yield from self.serve(r, x)
                 since = 0
-                x = self.at_boundary(r, every == 1) if x.initiated else None
-            yield from self.pay(r)
+                x = (yield from self.at_boundary(r, every == 1)) if x.initiated else None
             self.record_step(r, c)
 
     def retire(self, r: int):
-        """Rank ``r``'s clean-up: its pick first, then claims on it, then it retires."""
-        sim, owed = self.sim, self.owed
+        """Rank ``r``'s clean-up (``Pairing.retire``): its pick first (a look at the partner's
+        key every ``poll_s``), then claims on it, then it retires (available -> done)."""
+        sim = self.sim
         while True:
             x = self.pending[r]
             if x is not None:
                 t = sim.now
-                while self.at_boundary(r, False) is None:
-                    yield sim.delay(self.poll_s + owed[r])
-                    owed[r] = 0.0
+                while (yield from self.at_boundary(r, False, busy=False)) is None:
+                    yield sim.delay(self.poll_s)
                 self.wait[r] += sim.now - t
                 yield from self.serve(r, x)
                 continue
-            yield from self.pay(r)
-            owed[r] += self.rtt[r]  # compare-and-set of its own key: available -> done
-            if self.state[r] == "avail":
-                self.state[r] = "done"
-                yield from self.pay(r)
+            # compare-and-set of its own key, available -> done: the value it found
+            found = yield from self.call(r, lambda: self._retire_at_store(r))
+            if found == "avail":
                 break
-            x = self.serve_claim(r)
+            x = self.serve_claim(r, found)
             if x is None:
-                raise RuntimeError(f"simulated rank {r} retiring in state {self.state[r]!r}")
+                raise RuntimeError(f"simulated rank {r} retiring in state {found!r}")
             yield from self.serve(r, x)
 
 
