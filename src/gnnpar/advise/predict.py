@@ -392,6 +392,15 @@ def memory_per_rank(c: Candidate, prof: Profile) -> int:
     return int(prof.base_rss_bytes + need)
 
 
+def _graph_loop_s(prof: Profile) -> float:
+    """What the training loop adds to a subgraph's or the full graph's step beyond the
+    profile's factors: nothing where the profile timed the real loop on these batches (the
+    loop factor, and the co-run factor, are the real loop's whole step over the step alone,
+    the loop's own work included: adding its cost, ``loop_step_s``, again counted it twice),
+    else ``loop_step_s``."""
+    return 0.0 if "loop_factor" in prof.probe_rounds else prof.loop_step_s
+
+
 def _time_share(prof: Profile, ranks_per_host: int, busy_workers: float = 0.0) -> float:
     """How much longer a step takes when a host's ranks (and their busy loader workers) ask for
     more cores than there are: their threads time-share them."""
@@ -416,7 +425,7 @@ def _slowdown(
     # this machine faster than two hosts of their own)
     measured = prof.comm.get(kind) or prof.comm.get("corun_factor", 1.0)
     shared_then = max(1.0, 2 * prof.threads / cores)
-    return share * max(1.0, prof.loop_factor, measured / shared_then)
+    return share * max(prof.loop_factor, measured / shared_then)
 
 
 def _corun_by_overlap(
@@ -516,6 +525,7 @@ def _simulate_one_rank(r: _Run) -> sim.SimResult:
     if prof.kind == "image":
         steps = [image_step_s(prof, n) * f + loop for n in image_steps(prof, 1, False)]
         return sim.lockstep(cluster, [[steps] * epochs], 1, 0)
+    loop = _graph_loop_s(prof)
     if "partitions" in s:
         steps = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
         extra = _first_extra(prof, s["partitions"])
@@ -530,7 +540,8 @@ def _simulate_lockstep(r: _Run) -> sim.SimResult:
     """Data parallel on subgraphs dealt to the ranks, averaging every ``sync_every`` steps
     (:func:`gnnpar.advise.simulate.lockstep`)."""
     c, prof, cluster, per_host, strag = r.c, r.prof, r.cluster, r.per_host, r.strag
-    s, seed, world, epochs, loop = c.settings, prof.seed, c.world, r.epochs, r.loop
+    s, seed, world, epochs = c.settings, prof.seed, c.world, r.epochs
+    loop = _graph_loop_s(prof)
     f = _slowdown(prof, per_host)
     strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
     part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
@@ -557,7 +568,8 @@ def _simulate_gossip(r: _Run) -> sim.SimResult:
     how much the others computed (:func:`_corun_by_overlap`) or the profile's rank beside a
     straggler."""
     c, prof, cluster, per_host, strag = r.c, r.prof, r.cluster, r.per_host, r.strag
-    s, seed, world, epochs, loop = c.settings, prof.seed, c.world, r.epochs, r.loop
+    s, seed, world, epochs = c.settings, prof.seed, c.world, r.epochs
+    loop = _graph_loop_s(prof)
     f = _slowdown(prof, per_host)  # every rank of the machine computing all the time
     strag = _resumed(strag, prof, f"parts{s['partitions']}", f)
     part_s = [t * f + loop for t in prof.parts_step_s[str(s["partitions"])]]
@@ -597,9 +609,10 @@ def _simulate_gossip(r: _Run) -> sim.SimResult:
         # (the stragglers' own steps after a pause: after_pause)
         mates = {r for r in range(world) if any(r // per_host == q // per_host for q in slow)}
         return run([beside / f if r in mates - slow else 1.0 for r in range(world)])
-    # a rank whose machine-mates idle: a lone rank's step (the co-run factor is clamped at
-    # 1 where the real loop ran faster than the profile's steps; so is this)
-    alone = _time_share(prof, 1) * max(1.0, prof.loop_factor)
+    # a rank whose machine-mates idle: a lone rank's step in the real loop, as one rank's
+    # (below 1 where the real loop ran faster than the profile's steps alone: a clamp at 1
+    # here made gossip's near-lone rank across a link slower than sequential's one rank)
+    alone = _time_share(prof, 1) * prof.loop_factor
     return _corun_by_overlap(run, world, per_host, f, min(f, alone))
 
 
