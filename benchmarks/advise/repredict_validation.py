@@ -9,6 +9,9 @@ had its delay: netem or the emulated link). Prints, per case, the prediction rec
 the prediction now, the median measured and both errors; then median and largest |error|.
 
     python -m benchmarks.advise.repredict_validation runs/advise-check/advice.json [more advice.json ...]
+
+``--json OUT`` also writes every case (both predictions, the measurement, both errors) and the
+summaries per file, with the machine it was re-predicted on.
 """
 
 from __future__ import annotations
@@ -66,11 +69,13 @@ def repredict(path: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__)
     ap.add_argument("advice", nargs="*", type=Path)
+    ap.add_argument("--json", type=Path, help="write the cases and summaries here")
     args = ap.parse_args(argv)
     if args.smoke:  # a stored grid, simulated again
         args.advice = SMOKE
     if not args.advice:
         ap.error("name at least one advice.json")
+    files = {}
     for path in args.advice:
         rows = repredict(path)
         print(f"\n{path}")
@@ -83,9 +88,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {r['case']} | {r['then'] * 1e3:.1f} | {r['now'] * 1e3:.1f} | "
                 f"{r['measured'] * 1e3:.1f} | {r['err_then']:+.0%} | {r['err_now']:+.0%} |"
             )
+        summary = {}
         for key in ("err_then", "err_now"):
             e = [abs(r[key]) for r in rows]
+            summary[key] = {"median_abs": statistics.median(e), "largest_abs": max(e)}
             print(f"{key}: median |error| {statistics.median(e):.0%}, largest {max(e):.0%}")
+        files[str(path)] = {"cases": rows, "summary": summary}
+    if args.json:
+        harness.write_json(args.json, {"machine": harness.machine(), "files": files})
     return 0
 
 

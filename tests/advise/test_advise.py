@@ -439,7 +439,12 @@ def test_validate_across_two_namespace_hosts_on_a_shaped_link(validations):
         assert c["hosts"] == 2 and "100 Mbit/s, 5 ms one way" in c["link"], c
         assert "netem" in c["link"] or "emulated in user space" in c["link"], c
         assert c["measured_epoch_s"] > 0 and c["predicted_epoch_s"] > 0, c
-        assert c["predicted_epoch_s"] >= c["predicted_epoch_s_asked_network"] > 0, c
+        # no faster than on hosts of their own: lock-step ranks exactly (their epoch grows
+        # with every step), gossip within 5%: its pairing is not monotone in the step times
+        # (a slower step can bring a boundary nearer the partner's ready; 0.7% in a 2-epoch
+        # run of 8 subgraph steps on a 2-vCPU AMD EPYC at load 20)
+        slack = 1.0 if c["strategy"] == "allreduce" else 0.95
+        assert c["predicted_epoch_s"] >= slack * c["predicted_epoch_s_asked_network"] > 0, c
         if c["strategy"] == "allreduce":  # 2 steps, each all-reduce waits >= 2 one-way delays
             assert c["measured_epoch_s"] > 0.02, c
         assert "gnnpar torchrun --nnodes 2" in c["command"], c
