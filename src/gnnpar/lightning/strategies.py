@@ -180,13 +180,7 @@ class GossipStrategy(_LocalSteps):
     def setup(self, trainer) -> None:
         super().setup(trainer)
         self._paused = self._finished = False
-        # Lightning broadcasts a SIGTERM flag from rank 0 before every training batch, which
-        # would hold every rank to rank 0's pace and hang ranks that run different numbers of
-        # steps (the work pool's point). Gossip ranks are never in step: each rank handles its
-        # own SIGTERM instead (Lightning still checks it on every rank).
-        loop = trainer.fit_loop.epoch_loop
-        if hasattr(loop, "_broadcast_sigterm_tensor"):
-            loop._broadcast_sigterm_tensor = _own_sigterm(trainer)
+        _unlock_batches(trainer)
 
     def work_pool(self, size: int, epochs: int, seed: int, start_epoch: int = 0):
         """gnnpar's shared work pool of ``size`` items per epoch (each once per epoch, to
@@ -259,6 +253,49 @@ class GossipStrategy(_LocalSteps):
     @property
     def exchange_log(self) -> list:
         return [] if self.sync is None else self.sync.log
+
+
+# Lightning releases whose training loop GossipStrategy has been checked against (pyproject's
+# `lightning` extra pins the same range)
+LIGHTNING_CHECKED = ((2, 2), (2, 7))
+
+
+def _unlock_batches(trainer) -> None:
+    """Let the ranks run their training batches out of step: Lightning's one per-batch collective
+    is replaced by each rank's own SIGTERM check.
+
+    Why: from Lightning 2.5.2 on (its pull request #20825), ``_TrainingEpochLoop.advance``
+    broadcasts a SIGTERM flag from rank 0 before every training batch, on the default process
+    group, whenever ``torch.distributed.is_initialized() and trainer.world_size > 1``. That
+    holds every rank to rank 0's pace and, once the work pool gives the ranks different numbers
+    of batches (its point), pairs one rank's broadcast with another's next collective: a hang.
+
+    Why a private name: Lightning offers no public way around that broadcast. It runs before
+    any hook of the batch (``on_train_batch_start`` of callbacks, modules and strategies comes
+    after it), no ``Trainer`` setting turns it off (2.6.x; an open upstream proposal,
+    pull request #21640, would only space it out), and its two conditions are the run's world
+    itself: a strategy reporting ``world_size == 1`` would break the samplers, logging and
+    checkpoints, and a run without a default process group of all ranks would need every
+    collective of the strategy and of gnnpar's gossip transport rebuilt on a hand-made group.
+    So the loop's method is replaced on this trainer's loop instance only, and only in the
+    Lightning releases checked (:data:`LIGHTNING_CHECKED`, pinned by the ``lightning`` extra):
+    outside them the strategy stops with a message instead of risking a hang. Lightning still
+    checks SIGTERM on every rank after each batch (``trainer.received_sigterm``), so a rank
+    that receives one stops there; the check below stops it before its next batch as well."""
+    import lightning
+
+    version = tuple(int(p) for p in lightning.__version__.split(".")[:2] if p.isdigit())
+    low, high = LIGHTNING_CHECKED
+    if not low <= version < high:
+        raise UsageError(
+            f"GossipStrategy needs Lightning {low[0]}.{low[1]} to before {high[0]}.{high[1]} "
+            f"(installed: {lightning.__version__}): its ranks run their batches out of step, "
+            "which newer releases are not checked for. Install a release in that range: "
+            f'pip install "lightning>={low[0]}.{low[1]},<{high[0]}.{high[1]}".'
+        )
+    loop = trainer.fit_loop.epoch_loop
+    if hasattr(type(loop), "_broadcast_sigterm_tensor"):  # 2.5.2 on; absent before
+        loop._broadcast_sigterm_tensor = _own_sigterm(trainer)
 
 
 def _own_sigterm(trainer):
