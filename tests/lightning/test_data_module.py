@@ -177,6 +177,8 @@ def test_strategy_and_callback_settings_are_checked():
         GossipStrategy(average="mean")
     with pytest.raises(UsageError, match="timeout must be positive"):
         GossipStrategy(timeout=0)
+    with pytest.raises(UsageError, match="checkpoint_every must be at least 1"):
+        GossipStrategy(checkpoint_every=0)
     with pytest.raises(UsageError, match="factors >= 1"):
         Slowdown({1: 0.5})
     assert Slowdown("1=3,2=1.5").slowdown == {1: 3.0, 2: 1.5}

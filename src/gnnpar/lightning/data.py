@@ -203,25 +203,40 @@ class PoolSampler(DistributedSampler):
     later epoch is kept for that epoch. No length: a rank trains what it takes. A rank holds at
     most ``loader_workers + 1`` items it has taken but not trained yet (Lightning fetches one
     batch ahead, each loader worker makes one), which the others wait for at an epoch's end:
-    epochs of many more batches than that keep the pool's balance."""
+    epochs of many more batches than that keep the pool's balance. ``pending``: on a resume,
+    the items ``[epoch, item]`` this rank had taken but not trained, given first."""
 
-    def __init__(self, pool, rank: int, world_size: int) -> None:
+    def __init__(self, pool, rank: int, world_size: int, pending=()) -> None:
         self.pool, self.rank, self.num_replicas = pool, rank, world_size
         self.epoch, self.shuffle, self.drop_last = 0, True, False
-        self.taken: list[list[int]] = []  # [epoch, item] in the order taken
-        self._next: tuple[int, int, int] | None = None
+        self.taken: list[list[int]] = []  # [epoch, item] in the order given to the loader
+        self.pending = [(None, int(e), int(i)) for e, i in pending]
+        self.seen = 0  # the pool's positions handed out, as far as this rank has seen
+        self._next: tuple[int | None, int, int] | None = None
         self._empty = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _take(self) -> tuple[int | None, int, int] | None:
+        if self.pending:
+            return self.pending.pop(0)
+        if self._empty:
+            return None
+        item = self.pool.take()
+        if item is None:
+            self._empty = True
+            self.seen = max(self.seen, self.pool.total)
+        else:
+            self.seen = max(self.seen, item[0] + 1)
+        return item
+
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch
-        while not self._empty:
-            item = self._next if self._next is not None else self.pool.take()
+        while True:
+            item = self._next if self._next is not None else self._take()
             self._next = None
             if item is None:
-                self._empty = True
                 return
             _, e, idx = item
             if e > epoch:  # the pool moved on: this belongs to our next epoch
@@ -229,6 +244,12 @@ class PoolSampler(DistributedSampler):
                 return
             self.taken.append([e, idx])
             yield e * self.pool.size + idx
+
+    def untrained(self, started: int) -> list[list[int]]:
+        """The items taken but not trained once ``started`` batches of this fit have begun:
+        given to the loader after those, held for the next epoch, or still pending."""
+        held = [] if self._next is None else [list(self._next[1:])]
+        return self.taken[started:] + held + [[e, i] for _, e, i in self.pending]
 
     def __len__(self) -> int:
         raise TypeError("a rank's share of the work pool has no length: it trains what it takes")
@@ -509,9 +530,12 @@ class GraphDataModule(pl.LightningDataModule):
             dataset = PartBatches(self._parts, lambda e, j: parts[j], size, "train")
             kwargs, convert = {}, _identity
         pool = strategy.work_pool(size, epochs, r.seed, start_epoch=self.trainer.current_epoch)
-        return GraphLoader(
-            dataset, PoolSampler(pool, ranks.rank, ranks.world_size), convert, **kwargs
-        )
+        sampler = PoolSampler(pool, ranks.rank, ranks.world_size, strategy.pending_items())
+        # Lightning starts iterating before its set_epoch (its fetcher fetches one ahead): a
+        # resumed run's first epoch is the one it resumes in, not 0
+        sampler.set_epoch(self.trainer.current_epoch)
+        strategy.sampler = sampler  # for its checkpoints: what this rank took, not trained
+        return GraphLoader(dataset, sampler, convert, **kwargs)
 
     def _eval_loader(self, split: str) -> GraphLoader:
         ranks = self._need_setup()
