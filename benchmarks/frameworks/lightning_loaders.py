@@ -429,7 +429,7 @@ def driver(args: argparse.Namespace) -> None:
                 f"epoch {loaders[f'{side} x{ranks}']['epoch_s']:.3f} s"
             )
     straggler: dict[str, dict] = {}
-    if not args.smoke:
+    if not args.smoke and not args.no_straggler:
         kinds = ["ddp", "gossip"]
         runs = {k: [] for k in kinds}
         for rep in range(args.reps):
@@ -507,6 +507,7 @@ def main() -> None:
         help="an interpreter with DGL and Lightning (DGL side; skipped without)",
     )
     p.add_argument("--out", default=None, help="JSON record (default: none)")
+    p.add_argument("--no-straggler", action="store_true", help="the loaders' figures only")
     # one side (internal)
     p.add_argument("--side", choices=("gnnpar", "pyg", "dgl"))
     p.add_argument("--ranks", type=int, default=1)

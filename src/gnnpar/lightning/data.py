@@ -267,13 +267,15 @@ class GraphLoader(DataLoader):
         self.convert = convert
         self.yielded = 0  # batches of the current epoch handed out
 
-    def __iter__(self) -> Iterator[Any]:
+    def _start(self) -> int:
         sampler = self.sampler
-        start = 0
         if isinstance(sampler, EpochSampler) and sampler._resume is not None:
             if sampler._resume[0] == sampler.epoch:
-                start = sampler._resume[1]
-        self.yielded = start
+                return sampler._resume[1]
+        return 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.yielded = self._start()
         for item in super().__iter__():
             self.yielded += 1
             yield self.convert(item)
@@ -281,9 +283,46 @@ class GraphLoader(DataLoader):
 
 class ResumableLoader(GraphLoader):
     """The training loader: ``state_dict`` is (epoch, batches trained in it), which Lightning
-    saves in its checkpoints and gives back through ``load_state_dict`` before iterating."""
+    saves in its checkpoints and gives back through ``load_state_dict`` before iterating.
+
+    One stream of batches for the whole run, not one per epoch: batch ``epoch * steps + step``
+    depends on nothing else, so the loader workers go on to the next epoch's first batches
+    while the model trains on this epoch's last ones, as ``gnnpar train``'s one loader pass
+    does. With a DataLoader per epoch (Lightning's ``iter`` at every epoch start) each epoch
+    would begin with the loop waiting for a whole batch to be sampled. The stream is made
+    again only where an epoch does not begin where it stopped (a resume, a different
+    ``set_epoch``); it ends at ``end`` (the run's last batch, when the Trainer's
+    ``max_epochs`` is known)."""
 
     trainer: pl.Trainer | None = None
+
+    def __init__(self, dataset, sampler, convert, end: int | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, sampler, convert, **kwargs)
+        # the stream's iterator draws its base seed from the loader's own generator too
+        kwargs = {**kwargs, "generator": self.generator}
+        self._stream_kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}
+        self._end = end
+        self._stream: Iterator[Any] | None = None
+        self._stream_at = -1  # the index of the stream's next batch
+
+    def __iter__(self) -> Iterator[Any]:
+        self.yielded = self._start()
+        indices = list(iter(self.sampler))  # consecutive: this epoch's batches still to train
+        if not indices:
+            return
+        first = indices[0]
+        if self._stream is None or self._stream_at != first:
+            self._stream = None  # ends the old stream's workers
+            end = self._end if self._end is not None and self._end > first else 2**62
+            loader = DataLoader(
+                self.dataset, batch_size=None, sampler=range(first, end), **self._stream_kwargs
+            )
+            self._stream, self._stream_at = iter(loader), first
+        for _ in indices:
+            item = next(self._stream)
+            self._stream_at += 1
+            self.yielded += 1
+            yield self.convert(item)
 
     def _trained(self) -> int:
         """Batches of the epoch trained: Lightning's count where a Trainer runs (the loader has
@@ -501,10 +540,12 @@ class GraphDataModule(pl.LightningDataModule):
 
             dataset = PartBatches(self._parts, plan, steps, "train")
             kwargs, convert = {}, _identity
-        loader = ResumableLoader(
-            dataset, EpochSampler(steps, ranks.rank, ranks.world_size, r.seed), convert, **kwargs
-        )
-        loader.trainer = getattr(self, "trainer", None)
+        trainer = getattr(self, "trainer", None)
+        epochs = None if trainer is None else trainer.max_epochs
+        end = steps * epochs if epochs is not None and epochs > 0 else None
+        sampler = EpochSampler(steps, ranks.rank, ranks.world_size, r.seed)
+        loader = ResumableLoader(dataset, sampler, convert, end, **kwargs)
+        loader.trainer = trainer
         return loader
 
     def _parts_with(self, split: str) -> list[int]:
