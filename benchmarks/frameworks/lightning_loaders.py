@@ -475,6 +475,73 @@ def driver(args: argparse.Namespace) -> None:
         print(f"wrote {args.out}")
 
 
+def stream_check(args: argparse.Namespace) -> None:
+    """gnnpar's training loader alone, in one process, the model's step replaced by a sleep of
+    ``--step-s``: a DataLoader pass per epoch (what Lightning's ``iter`` at each epoch start
+    gives a plain DataLoader, persistent workers) against the run-long stream
+    (``ResumableLoader``), the same dataset and workers, alternating. ``wait`` is the time spent
+    in the loader per epoch; the figures are medians over the epochs after the first."""
+    import torch
+
+    from gnnpar.lightning import GraphDataModule
+    from gnnpar.lightning.data import GraphLoader, ResumableLoader
+
+    torch.set_num_threads(1)
+    dm = GraphDataModule(
+        dataset=args.dataset,
+        scale=args.scale if args.dataset.startswith("synthetic-") else None,
+        batch_size=args.batch_size,
+        fanouts=FANOUTS,
+        loader_workers=max(1, args.workers),
+        seed=0,
+    )
+    dm.setup()
+    epochs = args.epochs
+    waits: dict[str, list[list[float]]] = {"per-epoch": [], "stream": []}
+    for rep in range(args.reps):
+        for side in list(waits) if rep % 2 == 0 else list(waits)[::-1]:
+            made = dm.train_dataloader()
+            kw = {
+                k: getattr(made, k)
+                for k in ("num_workers", "multiprocessing_context", "worker_init_fn", "timeout")
+            }
+            kw.update(persistent_workers=True, prefetch_factor=made.prefetch_factor)
+            if side == "stream":
+                end = epochs * made.sampler.steps
+                loader = ResumableLoader(made.dataset, made.sampler, made.convert, end, **kw)
+            else:
+                loader = GraphLoader(made.dataset, made.sampler, made.convert, **kw)
+            run = []
+            for epoch in range(epochs):
+                loader.sampler.set_epoch(epoch)
+                wait, t = 0.0, time.perf_counter()
+                for _ in loader:
+                    wait += time.perf_counter() - t
+                    time.sleep(args.step_s)
+                    t = time.perf_counter()
+                run.append(wait)
+            waits[side].append(run)
+            print(f"{side}: wait per epoch {[round(w, 3) for w in run]}", flush=True)
+            del loader, made
+    later_ = {k: statistics.median(w for r in v for w in r[1:]) for k, v in waits.items()}
+    ratio = later_["stream"] / later_["per-epoch"]
+    print(f"median wait per epoch after the first: {later_} (stream / per-epoch {ratio:.2f})")
+    record = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "load": os.getloadavg(),
+        "settings": vars(args),
+        "waits": waits,
+        "median_later": later_,
+        "ratio": ratio,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.out}")
+
+
 def _cpu() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -508,6 +575,12 @@ def main() -> None:
     )
     p.add_argument("--out", default=None, help="JSON record (default: none)")
     p.add_argument("--no-straggler", action="store_true", help="the loaders' figures only")
+    p.add_argument(
+        "--stream-check",
+        action="store_true",
+        help="gnnpar's loader alone: a DataLoader pass per epoch against the run-long stream",
+    )
+    p.add_argument("--step-s", type=float, default=0.5, help="--stream-check's simulated step")
     # one side (internal)
     p.add_argument("--side", choices=("gnnpar", "pyg", "dgl"))
     p.add_argument("--ranks", type=int, default=1)
@@ -519,6 +592,9 @@ def main() -> None:
     args = p.parse_args()
     if args.side:
         side_main(args)
+        return
+    if args.stream_check:
+        stream_check(args)
         return
     if args.smoke:
         args.dataset, args.scale, args.epochs, args.reps, args.workers = "cora", 1.0, 1, 1, 0
