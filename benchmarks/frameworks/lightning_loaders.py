@@ -63,9 +63,18 @@ def side_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch_geometric.nn import SAGEConv
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
+    if args.side == "dgl":
+        SAGE, dm = dgl_side(args, pl, torch, F)
+    else:
+        SAGE, dm = pyg_model(pl, torch, F), None
+    _fit(args, pl, torch, dist, SAGE, dm)
+
+
+def pyg_model(pl, torch, F):
+    """Study 002's GraphSAGE on PyG batches (gnnpar's and PyG's sides)."""
+    from torch_geometric.nn import SAGEConv
 
     class SAGE(pl.LightningModule):
         """Study 002's GraphSAGE: 3 x 256, mean, dropout 0.5; Adam 5e-3, weight decay 5e-4."""
@@ -96,6 +105,75 @@ def side_main(args: argparse.Namespace) -> None:
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=5e-3, weight_decay=5e-4)
 
+    return SAGE
+
+
+def dgl_side(args, pl, torch, F):
+    """DGL's side as DGL's Lightning example writes it (examples/pytorch/graphsage/lightning):
+    ``dgl.dataloading.NeighborSampler`` with the features and labels prefetched into the
+    blocks, ``dgl.dataloading.DataLoader`` over the training ids (``use_ddp`` under DDP, loader
+    workers for CPU sampling), a ``SAGEConv`` per block. Study 002's sizes and optimiser."""
+    import dgl
+    import dgl.nn.pytorch as dglnn
+
+    graph = torch.load(args.graph, weights_only=True)
+    g = dgl.graph((graph["edge_index"][0], graph["edge_index"][1]), num_nodes=graph["x"].size(0))
+    g.ndata["feat"], g.ndata["label"] = graph["x"], graph["y"]
+    in_dim, classes = graph["x"].size(1), int(graph["num_classes"])
+
+    class SAGE(pl.LightningModule):
+        def __init__(self, in_dim: int, num_classes: int, hidden: int = 256) -> None:
+            super().__init__()
+            dims = [in_dim, hidden, hidden, num_classes]
+            self.layers = torch.nn.ModuleList(
+                dglnn.SAGEConv(a, b, "mean") for a, b in zip(dims, dims[1:])
+            )
+            self.dropout = torch.nn.Dropout(0.5)
+
+        def forward(self, blocks, x):
+            h = x
+            for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+                h = layer(block, h)
+                if i != len(self.layers) - 1:
+                    h = self.dropout(F.relu(h))
+            return h
+
+        def training_step(self, batch, batch_idx):
+            _, _, blocks = batch
+            out = self(blocks, blocks[0].srcdata["feat"])
+            return F.cross_entropy(out, blocks[-1].dstdata["label"])
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=5e-3, weight_decay=5e-4)
+
+    class DGLData(pl.LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sampler = dgl.dataloading.NeighborSampler(
+                FANOUTS, prefetch_node_feats=["feat"], prefetch_labels=["label"]
+            )
+
+        def train_dataloader(self):
+            return dgl.dataloading.DataLoader(
+                g,
+                graph["train_idx"],
+                self.sampler,
+                device="cpu",
+                batch_size=args.batch_size,
+                shuffle=True,
+                drop_last=False,
+                num_workers=args.workers,
+                persistent_workers=args.workers > 0,
+                use_uva=False,
+                use_ddp=args.ranks > 1,
+            )
+
+    dm = DGLData()
+    dm.dims = (in_dim, classes)
+    return SAGE, dm
+
+
+def _fit(args, pl, torch, dist, SAGE, dm) -> None:
     class Times(pl.Callback):
         def __init__(self) -> None:
             self.epochs: list[dict] = []
@@ -120,8 +198,10 @@ def side_main(args: argparse.Namespace) -> None:
                 {"epoch_s": now - self.t_epoch, "data_wait_s": self.wait, "steps": self.steps}
             )
 
-    if args.side == "gnnpar":
-        from gnnpar.lightning import GossipStrategy, GraphDataModule, Slowdown
+    if args.side == "dgl":
+        in_dim, classes = dm.dims
+    elif args.side == "gnnpar":
+        from gnnpar.lightning import GossipStrategy, GraphDataModule
 
         dm = GraphDataModule(
             dataset=args.dataset,
@@ -170,6 +250,8 @@ def side_main(args: argparse.Namespace) -> None:
 
         callbacks.append(Slowdown(args.slowdown))
     if args.strategy == "gossip":
+        from gnnpar.lightning import GossipStrategy
+
         strategy = GossipStrategy(sync_every=1)
     else:
         strategy = "ddp" if args.ranks > 1 else "auto"
@@ -187,6 +269,8 @@ def side_main(args: argparse.Namespace) -> None:
         num_sanity_val_steps=0,
         limit_val_batches=0,
         callbacks=callbacks,
+        # DGL's DataLoader shards the ids itself under DDP (use_ddp)
+        use_distributed_sampler=args.side != "dgl",
     )
     trainer.fit(model, datamodule=dm)
     acc = None
@@ -237,6 +321,8 @@ def run_side(args, side: str, ranks: int, graph: Path, folder: Path, **extra) ->
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     if side == "pyg":
         env["PYTHONPATH"] = os.pathsep.join([args.peer_path, str(ROOT / "src")])
+    if side == "dgl":  # DGL's own interpreter (torch 2.2.1): nothing of gnnpar on its path
+        cmd[0], env["PYTHONPATH"], env["DGLBACKEND"] = args.dgl_python, "", "pytorch"
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, cwd=str(folder), timeout=3000
     )
@@ -251,6 +337,17 @@ def peer_ready(path: str) -> bool:
     return (
         subprocess.run([sys.executable, "-c", check], env=env, capture_output=True).returncode == 0
     )
+
+
+def dgl_ready(python: str | None) -> bool:
+    if not python:
+        return False
+    check = "import dgl, lightning"
+    env = {**os.environ, "PYTHONPATH": "", "DGLBACKEND": "pytorch"}
+    try:
+        return subprocess.run([python, "-c", check], env=env, capture_output=True).returncode == 0
+    except OSError:
+        return False
 
 
 def save_graph(args, folder: Path) -> Path:
@@ -305,6 +402,14 @@ def driver(args: argparse.Namespace) -> None:
         sides.append("pyg")
     else:
         print(f"pyg side skipped: pyg-lib not importable from --peer-path {args.peer_path!r}")
+    if dgl_ready(args.dgl_python):
+        sides.append("dgl")
+    else:
+        print(
+            f"dgl side skipped: --dgl-python {args.dgl_python!r} cannot import dgl and "
+            "lightning (build it with /work/shared/anchors/setup.sh dgl DIR, then "
+            '`DIR/bin/python -m pip install "lightning>=2.2,<2.7"`)'
+        )
     rank_counts = [1] if args.smoke else [1, 2]
     loaders: dict[str, dict] = {}
     for ranks in rank_counts:
@@ -324,7 +429,7 @@ def driver(args: argparse.Namespace) -> None:
                 f"epoch {loaders[f'{side} x{ranks}']['epoch_s']:.3f} s"
             )
     straggler: dict[str, dict] = {}
-    if not args.smoke:
+    if not args.smoke and not args.no_straggler:
         kinds = ["ddp", "gossip"]
         runs = {k: [] for k in kinds}
         for rep in range(args.reps):
@@ -370,6 +475,73 @@ def driver(args: argparse.Namespace) -> None:
         print(f"wrote {args.out}")
 
 
+def stream_check(args: argparse.Namespace) -> None:
+    """gnnpar's training loader alone, in one process, the model's step replaced by a sleep of
+    ``--step-s``: a DataLoader pass per epoch (what Lightning's ``iter`` at each epoch start
+    gives a plain DataLoader, persistent workers) against the run-long stream
+    (``ResumableLoader``), the same dataset and workers, alternating. ``wait`` is the time spent
+    in the loader per epoch; the figures are medians over the epochs after the first."""
+    import torch
+
+    from gnnpar.lightning import GraphDataModule
+    from gnnpar.lightning.data import GraphLoader, ResumableLoader
+
+    torch.set_num_threads(1)
+    dm = GraphDataModule(
+        dataset=args.dataset,
+        scale=args.scale if args.dataset.startswith("synthetic-") else None,
+        batch_size=args.batch_size,
+        fanouts=FANOUTS,
+        loader_workers=max(1, args.workers),
+        seed=0,
+    )
+    dm.setup()
+    epochs = args.epochs
+    waits: dict[str, list[list[float]]] = {"per-epoch": [], "stream": []}
+    for rep in range(args.reps):
+        for side in list(waits) if rep % 2 == 0 else list(waits)[::-1]:
+            made = dm.train_dataloader()
+            kw = {
+                k: getattr(made, k)
+                for k in ("num_workers", "multiprocessing_context", "worker_init_fn", "timeout")
+            }
+            kw.update(persistent_workers=True, prefetch_factor=made.prefetch_factor)
+            if side == "stream":
+                end = epochs * made.sampler.steps
+                loader = ResumableLoader(made.dataset, made.sampler, made.convert, end, **kw)
+            else:
+                loader = GraphLoader(made.dataset, made.sampler, made.convert, **kw)
+            run = []
+            for epoch in range(epochs):
+                loader.sampler.set_epoch(epoch)
+                wait, t = 0.0, time.perf_counter()
+                for _ in loader:
+                    wait += time.perf_counter() - t
+                    time.sleep(args.step_s)
+                    t = time.perf_counter()
+                run.append(wait)
+            waits[side].append(run)
+            print(f"{side}: wait per epoch {[round(w, 3) for w in run]}", flush=True)
+            del loader, made
+    later_ = {k: statistics.median(w for r in v for w in r[1:]) for k, v in waits.items()}
+    ratio = later_["stream"] / later_["per-epoch"]
+    print(f"median wait per epoch after the first: {later_} (stream / per-epoch {ratio:.2f})")
+    record = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "load": os.getloadavg(),
+        "settings": vars(args),
+        "waits": waits,
+        "median_later": later_,
+        "ratio": ratio,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(f"wrote {args.out}")
+
+
 def _cpu() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -396,9 +568,21 @@ def main() -> None:
         help="batch of the straggler runs: an epoch of many batches, for the work pool to share",
     )
     p.add_argument("--peer-path", default="/tmp/pygpeer", help="folder holding pyg-lib (PyG side)")
+    p.add_argument(
+        "--dgl-python",
+        default=os.environ.get("GNNPAR_DGL_PYTHON"),
+        help="an interpreter with DGL and Lightning (DGL side; skipped without)",
+    )
     p.add_argument("--out", default=None, help="JSON record (default: none)")
+    p.add_argument("--no-straggler", action="store_true", help="the loaders' figures only")
+    p.add_argument(
+        "--stream-check",
+        action="store_true",
+        help="gnnpar's loader alone: a DataLoader pass per epoch against the run-long stream",
+    )
+    p.add_argument("--step-s", type=float, default=0.5, help="--stream-check's simulated step")
     # one side (internal)
-    p.add_argument("--side", choices=("gnnpar", "pyg"))
+    p.add_argument("--side", choices=("gnnpar", "pyg", "dgl"))
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--graph")
     p.add_argument("--result")
@@ -408,6 +592,9 @@ def main() -> None:
     args = p.parse_args()
     if args.side:
         side_main(args)
+        return
+    if args.stream_check:
+        stream_check(args)
         return
     if args.smoke:
         args.dataset, args.scale, args.epochs, args.reps, args.workers = "cora", 1.0, 1, 1, 0

@@ -48,6 +48,25 @@ class GnnparSage(pl.LightningModule):
         # model's initialisation; GraphDataModule's loaders draw from their own generators
         torch.empty((), dtype=torch.int64).random_()
         self.steps: list[dict] = []
+        self.saves: list[dict] = []  # this rank's state as each checkpoint wrote it
+        self.resumed_from: dict | None = None  # this rank's state when a resumed fit starts
+
+    def _state(self) -> dict:
+        strategy = self.trainer.strategy
+        opt = self.trainer.optimizers[0].state_dict()["state"]
+        return {
+            "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+            "adam": {k: v["exp_avg"].clone() for k, v in opt.items()},
+            "exchanges": getattr(strategy, "exchanges", 0),
+            "global_step": self.trainer.global_step,
+        }
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        self.saves.append({**self._state(), "trained": len(self.steps)})
+
+    def on_train_start(self) -> None:
+        if self.trainer.ckpt_path is not None:
+            self.resumed_from = self._state()
 
     def training_step(self, batch, batch_idx):
         bs = batch.batch_size
@@ -103,6 +122,8 @@ def save(out: Path, name: str, t: pl.Trainer, module: GnnparSage, **extra) -> No
             "steps": module.steps,
             "initial": module.initial,
             "final": {k: v.clone() for k, v in module.model.state_dict().items()},
+            "saves": module.saves,
+            "resumed_from": module.resumed_from,
             **extra,
         },
         out / f"{name}-rank{t.global_rank}.pt",
@@ -139,18 +160,35 @@ def main(out: Path) -> None:
     t = trainer(out, PeriodicAverageStrategy(sync_every=1, average="grads"))
     t.fit(m, datamodule=dm)
     save(out, "grads1", t, m)
+    # (a checkpoint after every step), and resumed after step 3: the ranks' models differ there
     m = GnnparSage(0.0, *dims)
-    t = trainer(out, PeriodicAverageStrategy(sync_every=2, average="params"))
+    ckpt = ModelCheckpoint(dirpath=out / "ckpt-params2", every_n_train_steps=1, save_top_k=-1)
+    strategy = PeriodicAverageStrategy(sync_every=2, average="params")
+    t = trainer(out, strategy, callbacks=[ckpt], enable_checkpointing=True)
     t.fit(m, datamodule=dm)
     save(out, "params2", t, m, exchanges=t.strategy.exchanges)
+    m = GnnparSage(0.0, *dims)
+    t = trainer(out, PeriodicAverageStrategy(sync_every=2, average="params"))
+    t.fit(m, datamodule=dm, ckpt_path=str(out / "ckpt-params2" / "epoch=0-step=3.ckpt"))
+    save(out, "params2-resumed", t, m, exchanges=t.strategy.exchanges)
 
-    # 5. gossip over the work pool, rank 1 three times slower, recorded by RunRecord
+    # 5. gossip over the work pool, rank 1 three times slower, recorded by RunRecord, a
+    # checkpoint every 4 batches of the pool; then resumed from one written mid epoch 1
     m = GnnparSage(0.5, *dims)
     run = out / "gossip-run"
     callbacks = [Slowdown({1: 3.0}), RunRecord(run, model="sage")]
-    t = trainer(out, GossipStrategy(sync_every=1), epochs=3, callbacks=callbacks)
+    strategy = GossipStrategy(sync_every=1, checkpoint_every=4, checkpoint_dir=out / "ckpt-gossip")
+    t = trainer(out, strategy, epochs=3, callbacks=callbacks)
     t.fit(m, datamodule=dm)
-    save(out, "gossip", t, m, exchanges=t.strategy.exchanges, pool=t.strategy.pools)
+    saved = t.strategy.saved
+    save(out, "gossip", t, m, exchanges=t.strategy.exchanges, pool=t.strategy.pools, saved=saved)
+    size = t.strategy.pool.size
+    mid = [i for i, f in enumerate(saved) if size < int(f.split("=")[-1][:-5]) < 2 * size - 1]
+    m = GnnparSage(0.5, *dims)
+    strategy = GossipStrategy(sync_every=1, checkpoint_every=4, checkpoint_dir=out / "ckpt-g2")
+    t = trainer(out, strategy, epochs=3, callbacks=[Slowdown({1: 3.0})])
+    t.fit(m, datamodule=dm, ckpt_path=saved[mid[0]])
+    save(out, "gossip-resumed", t, m, exchanges=t.strategy.exchanges, index=mid[0])
 
 
 if __name__ == "__main__":

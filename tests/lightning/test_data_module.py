@@ -177,8 +177,51 @@ def test_strategy_and_callback_settings_are_checked():
         GossipStrategy(average="mean")
     with pytest.raises(UsageError, match="timeout must be positive"):
         GossipStrategy(timeout=0)
+    with pytest.raises(UsageError, match="checkpoint_every must be at least 1"):
+        GossipStrategy(checkpoint_every=0)
     with pytest.raises(UsageError, match="factors >= 1"):
         Slowdown({1: 0.5})
     assert Slowdown("1=3,2=1.5").slowdown == {1: 3.0, 2: 1.5}
     s = PeriodicAverageStrategy(sync_every=4, average="params")
     assert (s.sync_every, s.average, s.timeout_s) == (4, "params", 120.0)
+
+
+def test_gossip_strategy_runs_only_on_the_lightning_releases_it_was_checked_against(monkeypatch):
+    """GossipStrategy replaces the one per-batch collective of Lightning's training loop (a
+    private method: strategies._unlock_batches says why). The range it checks at run time is
+    the one pyproject's extra pins, and the method it replaces exists where it says it does."""
+    import inspect
+    import re
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    import lightning
+    from gnnpar.lightning import strategies
+    from helpers import ROOT
+
+    low, high = strategies.LIGHTNING_CHECKED
+    extra = re.search(
+        r'^lightning = \["lightning(.*)"\]', (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    assert extra.group(1) == f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    version = tuple(int(p) for p in lightning.__version__.split(".")[:2])
+    if version >= (2, 5):  # the broadcast arrived in 2.5.2: the installed loop runs it per batch
+        source = inspect.getsource(_TrainingEpochLoop.advance)
+        assert "self._broadcast_sigterm_tensor()" in source
+        assert "torch.distributed.broadcast" in inspect.getsource(
+            _TrainingEpochLoop._broadcast_sigterm_tensor
+        )
+
+    loop = _TrainingEpochLoop.__new__(_TrainingEpochLoop)
+    trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop), received_sigterm=False)
+    strategies._unlock_batches(trainer)
+    loop._broadcast_sigterm_tensor()  # this rank's own check: no collective, no SIGTERM
+    trainer.received_sigterm = True
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    with pytest.raises(SIGTERMException):
+        loop._broadcast_sigterm_tensor()
+    monkeypatch.setattr(lightning, "__version__", f"{high[0]}.{high[1]}.0")
+    with pytest.raises(UsageError, match=r'pip install "lightning>=2.2,<2.7"'):
+        strategies._unlock_batches(trainer)

@@ -149,6 +149,54 @@ def test_periodic_average_strategy(runs):
     assert p0["steps"][1]["loss"] != load(runs, "plain", 0)["steps"][1]["loss"]  # local steps
 
 
+def test_periodic_average_resumed_mid_epoch_equals_the_uninterrupted_run(runs):
+    """Parameters averaged every 2 steps, resumed from the checkpoint after step 3: between
+    averagings the ranks' models differ, and each rank resumes with its own."""
+    at3 = [load(runs, "params2", r)["saves"][2] for r in (0, 1)]
+    assert at3[0]["global_step"] == 3
+    assert any(not torch.equal(v, at3[1]["model"][k]) for k, v in at3[0]["model"].items())
+    for rank in (0, 1):
+        plain, resumed = load(runs, "params2", rank), load(runs, "params2-resumed", rank)
+        start = resumed["resumed_from"]
+        for part in ("model", "adam"):
+            assert all(torch.equal(v, start[part][k]) for k, v in at3[rank][part].items())
+        assert [s["epoch"] for s in resumed["steps"]] == [0, 0] + [1] * STEPS
+        for a, b in zip(plain["steps"][3:], resumed["steps"], strict=True):
+            assert torch.equal(a["seeds"], b["seeds"]) and a["loss"] == b["loss"]
+        for k, v in plain["final"].items():
+            assert torch.equal(v, resumed["final"][k])
+        assert resumed["exchanges"] == plain["exchanges"] == 5  # the averaging step went on
+
+
+def test_gossip_resumed_mid_epoch_trains_every_batch_once_from_each_ranks_own_state(runs):
+    """Gossip ranks are never in step and take what they are fast enough to take, so two runs
+    never train the same batches on the same rank: what a resumed run must equal is the
+    uninterrupted run's state at the checkpoint (each rank's own model, optimiser, step and
+    exchange count) and its work (every batch of every epoch once, across the interruption)."""
+    runs_ = [load(runs, "gossip", r) for r in (0, 1)]
+    resumed = [load(runs, "gossip-resumed", r) for r in (0, 1)]
+    saved, index = runs_[0]["saved"], resumed[0]["index"]
+    positions = [int(f.rsplit("=", 1)[1].removesuffix(".ckpt")) for f in saved]
+    size = -(-TRAIN // 16)
+    # checkpoint_every=4: one checkpoint each time the pool passed the next multiple of 4
+    nexts = [4] + [4 * (p // 4 + 1) for p in positions[:-1]]
+    assert all(p >= m for p, m in zip(positions, nexts, strict=True))
+    assert size < positions[index] < 2 * size - 1  # written in the middle of epoch 1
+    for rank in (0, 1):
+        at, start = runs_[rank]["saves"][index], resumed[rank]["resumed_from"]
+        for part in ("model", "adam"):
+            assert all(torch.equal(v, start[part][k]) for k, v in at[part].items())
+        assert (start["global_step"], start["exchanges"]) == (at["global_step"], at["exchanges"])
+        assert resumed[rank]["exchanges"] > at["exchanges"]  # and the exchanges went on
+    for epoch in range(3):
+        seeds = []
+        for rank in (0, 1):
+            before = runs_[rank]["steps"][: runs_[rank]["saves"][index]["trained"]]
+            seeds += [s["seeds"] for s in before + resumed[rank]["steps"] if s["epoch"] == epoch]
+        seeds = torch.cat(seeds)
+        assert seeds.numel() == TRAIN and seeds.unique().numel() == TRAIN
+
+
 def test_gossip_strategy_pool_gives_every_batch_once_per_epoch(runs):
     result = json.loads((runs / "gossip-run" / "result.json").read_text())
     size = -(-TRAIN // 16)  # the pool's batches per epoch: every training node once

@@ -203,25 +203,40 @@ class PoolSampler(DistributedSampler):
     later epoch is kept for that epoch. No length: a rank trains what it takes. A rank holds at
     most ``loader_workers + 1`` items it has taken but not trained yet (Lightning fetches one
     batch ahead, each loader worker makes one), which the others wait for at an epoch's end:
-    epochs of many more batches than that keep the pool's balance."""
+    epochs of many more batches than that keep the pool's balance. ``pending``: on a resume,
+    the items ``[epoch, item]`` this rank had taken but not trained, given first."""
 
-    def __init__(self, pool, rank: int, world_size: int) -> None:
+    def __init__(self, pool, rank: int, world_size: int, pending=()) -> None:
         self.pool, self.rank, self.num_replicas = pool, rank, world_size
         self.epoch, self.shuffle, self.drop_last = 0, True, False
-        self.taken: list[list[int]] = []  # [epoch, item] in the order taken
-        self._next: tuple[int, int, int] | None = None
+        self.taken: list[list[int]] = []  # [epoch, item] in the order given to the loader
+        self.pending = [(None, int(e), int(i)) for e, i in pending]
+        self.seen = 0  # the pool's positions handed out, as far as this rank has seen
+        self._next: tuple[int | None, int, int] | None = None
         self._empty = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def _take(self) -> tuple[int | None, int, int] | None:
+        if self.pending:
+            return self.pending.pop(0)
+        if self._empty:
+            return None
+        item = self.pool.take()
+        if item is None:
+            self._empty = True
+            self.seen = max(self.seen, self.pool.total)
+        else:
+            self.seen = max(self.seen, item[0] + 1)
+        return item
+
     def __iter__(self) -> Iterator[int]:
         epoch = self.epoch
-        while not self._empty:
-            item = self._next if self._next is not None else self.pool.take()
+        while True:
+            item = self._next if self._next is not None else self._take()
             self._next = None
             if item is None:
-                self._empty = True
                 return
             _, e, idx = item
             if e > epoch:  # the pool moved on: this belongs to our next epoch
@@ -229,6 +244,12 @@ class PoolSampler(DistributedSampler):
                 return
             self.taken.append([e, idx])
             yield e * self.pool.size + idx
+
+    def untrained(self, started: int) -> list[list[int]]:
+        """The items taken but not trained once ``started`` batches of this fit have begun:
+        given to the loader after those, held for the next epoch, or still pending."""
+        held = [] if self._next is None else [list(self._next[1:])]
+        return self.taken[started:] + held + [[e, i] for _, e, i in self.pending]
 
     def __len__(self) -> int:
         raise TypeError("a rank's share of the work pool has no length: it trains what it takes")
@@ -246,13 +267,15 @@ class GraphLoader(DataLoader):
         self.convert = convert
         self.yielded = 0  # batches of the current epoch handed out
 
-    def __iter__(self) -> Iterator[Any]:
+    def _start(self) -> int:
         sampler = self.sampler
-        start = 0
         if isinstance(sampler, EpochSampler) and sampler._resume is not None:
             if sampler._resume[0] == sampler.epoch:
-                start = sampler._resume[1]
-        self.yielded = start
+                return sampler._resume[1]
+        return 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.yielded = self._start()
         for item in super().__iter__():
             self.yielded += 1
             yield self.convert(item)
@@ -260,9 +283,46 @@ class GraphLoader(DataLoader):
 
 class ResumableLoader(GraphLoader):
     """The training loader: ``state_dict`` is (epoch, batches trained in it), which Lightning
-    saves in its checkpoints and gives back through ``load_state_dict`` before iterating."""
+    saves in its checkpoints and gives back through ``load_state_dict`` before iterating.
+
+    One stream of batches for the whole run, not one per epoch: batch ``epoch * steps + step``
+    depends on nothing else, so the loader workers go on to the next epoch's first batches
+    while the model trains on this epoch's last ones, as ``gnnpar train``'s one loader pass
+    does. With a DataLoader per epoch (Lightning's ``iter`` at every epoch start) each epoch
+    would begin with the loop waiting for a whole batch to be sampled. The stream is made
+    again only where an epoch does not begin where it stopped (a resume, a different
+    ``set_epoch``); it ends at ``end`` (the run's last batch, when the Trainer's
+    ``max_epochs`` is known)."""
 
     trainer: pl.Trainer | None = None
+
+    def __init__(self, dataset, sampler, convert, end: int | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, sampler, convert, **kwargs)
+        # the stream's iterator draws its base seed from the loader's own generator too
+        kwargs = {**kwargs, "generator": self.generator}
+        self._stream_kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}
+        self._end = end
+        self._stream: Iterator[Any] | None = None
+        self._stream_at = -1  # the index of the stream's next batch
+
+    def __iter__(self) -> Iterator[Any]:
+        self.yielded = self._start()
+        indices = list(iter(self.sampler))  # consecutive: this epoch's batches still to train
+        if not indices:
+            return
+        first = indices[0]
+        if self._stream is None or self._stream_at != first:
+            self._stream = None  # ends the old stream's workers
+            end = self._end if self._end is not None and self._end > first else 2**62
+            loader = DataLoader(
+                self.dataset, batch_size=None, sampler=range(first, end), **self._stream_kwargs
+            )
+            self._stream, self._stream_at = iter(loader), first
+        for _ in indices:
+            item = next(self._stream)
+            self._stream_at += 1
+            self.yielded += 1
+            yield self.convert(item)
 
     def _trained(self) -> int:
         """Batches of the epoch trained: Lightning's count where a Trainer runs (the loader has
@@ -480,10 +540,12 @@ class GraphDataModule(pl.LightningDataModule):
 
             dataset = PartBatches(self._parts, plan, steps, "train")
             kwargs, convert = {}, _identity
-        loader = ResumableLoader(
-            dataset, EpochSampler(steps, ranks.rank, ranks.world_size, r.seed), convert, **kwargs
-        )
-        loader.trainer = getattr(self, "trainer", None)
+        trainer = getattr(self, "trainer", None)
+        epochs = None if trainer is None else trainer.max_epochs
+        end = steps * epochs if epochs is not None and epochs > 0 else None
+        sampler = EpochSampler(steps, ranks.rank, ranks.world_size, r.seed)
+        loader = ResumableLoader(dataset, sampler, convert, end, **kwargs)
+        loader.trainer = trainer
         return loader
 
     def _parts_with(self, split: str) -> list[int]:
@@ -509,9 +571,12 @@ class GraphDataModule(pl.LightningDataModule):
             dataset = PartBatches(self._parts, lambda e, j: parts[j], size, "train")
             kwargs, convert = {}, _identity
         pool = strategy.work_pool(size, epochs, r.seed, start_epoch=self.trainer.current_epoch)
-        return GraphLoader(
-            dataset, PoolSampler(pool, ranks.rank, ranks.world_size), convert, **kwargs
-        )
+        sampler = PoolSampler(pool, ranks.rank, ranks.world_size, strategy.pending_items())
+        # Lightning starts iterating before its set_epoch (its fetcher fetches one ahead): a
+        # resumed run's first epoch is the one it resumes in, not 0
+        sampler.set_epoch(self.trainer.current_epoch)
+        strategy.sampler = sampler  # for its checkpoints: what this rank took, not trained
+        return GraphLoader(dataset, sampler, convert, **kwargs)
 
     def _eval_loader(self, split: str) -> GraphLoader:
         ranks = self._need_setup()
