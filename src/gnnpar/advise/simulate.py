@@ -697,96 +697,137 @@ def pipeline(
     beyond the others (torch.distributed.pipelining's set-up on first use), charged once
     before the first stage's first forward, so every stage waits for it. Rank
     ``replica * S + s`` holds stage ``s`` of copy ``replica``."""
-    S, M = len(fwd), len(fwd[0])
+    S = len(fwd)
     world = replicas * S
     if world != cluster.world:
         raise ValueError(f"{replicas} copies x {S} stages need {world} ranks, not {cluster.world}")
     if steps_per_epoch < 1 or steps % steps_per_epoch:
         raise ValueError(f"{steps} steps are not whole epochs of {steps_per_epoch} steps")
-    opt_s = opt_s or [0.0] * S
-    sim = Sim()
-    arrive = _Keyed(lambda key: Event(sim))  # ("F"|"B", copy, step, stage, m)
-    dp = _Keyed(
-        lambda key: Rendezvous(
-            sim,
-            replicas,
-            cluster.allreduce_s(grad_bytes[key[1]], [q * S + key[1] for q in range(replicas)]),
-            cluster.wake_s,
-        )
+    run = _PipelineRun(
+        cluster, fwd, bwd, act_bytes, steps, schedule, opt_s or [0.0] * S, replicas, grad_bytes
     )
-    ends = [[0.0] * steps for _ in range(world)]
-    busy, wait = [0.0] * world, [0.0] * world
-    moved = [0.0, 0.0]
-    sent: dict[tuple, tuple] = {}  # message -> (sent at, sender, receiver, bytes)
-    posted: dict[tuple, float] = {}  # message -> when its receiver posted the receive
-    free: dict[tuple[int, int], float] = {}  # (sender, receiver) -> connection free from
+    procs = [
+        run.sim.start(run.stage(q, s, first_step_extra_s))
+        for q in range(replicas)
+        for s in range(S)
+    ]
+    _run(run.sim, procs, "pipeline")
+    return run.result(steps_per_epoch)
 
-    def deliver(key: tuple) -> None:
+
+class _PipelineRun:
+    """The state of one :func:`pipeline` simulation: the point-to-point messages between stages
+    (:meth:`send`, :meth:`receive`, delivered by :meth:`deliver` once both sides are in), one
+    stage's schedule (:meth:`stage`) and the result (:meth:`result`)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        fwd: Sequence[Sequence[float]],
+        bwd: Sequence[Sequence[float]],
+        act_bytes: Sequence[float],
+        steps: int,
+        schedule: str,
+        opt_s: Sequence[float],
+        replicas: int,
+        grad_bytes: Sequence[float] | None,
+    ) -> None:
+        self.cluster, self.fwd, self.bwd, self.act_bytes = cluster, fwd, bwd, act_bytes
+        self.steps, self.schedule, self.opt_s = steps, schedule, opt_s
+        self.replicas, self.grad_bytes = replicas, grad_bytes
+        self.S, self.M = len(fwd), len(fwd[0])
+        S, world = self.S, replicas * self.S
+        self.world = world
+        self.sim = sim = Sim()
+        self.arrive = _Keyed(lambda key: Event(sim))  # ("F"|"B", copy, step, stage, m)
+        self.dp = _Keyed(
+            lambda key: Rendezvous(
+                sim,
+                replicas,
+                cluster.allreduce_s(grad_bytes[key[1]], [q * S + key[1] for q in range(replicas)]),
+                cluster.wake_s,
+            )
+        )
+        self.ends = [[0.0] * steps for _ in range(world)]
+        self.busy, self.wait = [0.0] * world, [0.0] * world
+        self.moved = [0.0, 0.0]
+        self.sent: dict[tuple, tuple] = {}  # message -> (sent at, sender, receiver, bytes)
+        self.posted: dict[tuple, float] = {}  # message -> when its receiver posted the receive
+        self.free: dict[tuple[int, int], float] = {}  # (sender, receiver) -> connection free from
+
+    def deliver(self, key: tuple) -> None:
         """Schedule a message's arrival once it is both sent and its receive posted."""
-        if key not in sent or key not in posted:
+        if key not in self.sent or key not in self.posted:
             return
-        t, a, b, nbytes = sent.pop(key)
-        at, free[a, b] = cluster.p2p_delivery(a, b, nbytes, t, posted.pop(key), free.get((a, b), 0))
-        arrive[key].succeed(delay=at - sim.now)
+        t, a, b, nbytes = self.sent.pop(key)
+        at, self.free[a, b] = self.cluster.p2p_delivery(
+            a, b, nbytes, t, self.posted.pop(key), self.free.get((a, b), 0)
+        )
+        self.arrive[key].succeed(delay=at - self.sim.now)
 
-    def send(kind: str, q: int, i: int, src: int, dst: int, m: int, nbytes: float) -> None:
-        a, b = q * S + src, q * S + dst
+    def send(self, kind: str, q: int, i: int, src: int, dst: int, m: int, nbytes: float) -> None:
+        a, b = q * self.S + src, q * self.S + dst
         key = (kind, q, i, dst, m)
-        sent[key] = (sim.now, a, b, nbytes)
-        deliver(key)
-        moved[0] += nbytes
-        moved[1] += nbytes * cluster.crosses(a, b)
+        self.sent[key] = (self.sim.now, a, b, nbytes)
+        self.deliver(key)
+        self.moved[0] += nbytes
+        self.moved[1] += nbytes * self.cluster.crosses(a, b)
 
-    def receive(kind: str, q: int, i: int, s: int, m: int) -> Event:
+    def receive(self, kind: str, q: int, i: int, s: int, m: int) -> Event:
         key = (kind, q, i, s, m)
-        posted[key] = sim.now
-        deliver(key)
-        return arrive[key]
+        self.posted[key] = self.sim.now
+        self.deliver(key)
+        return self.arrive[key]
 
-    def stage(q: int, s: int):
-        r = q * S + s
-        ops = schedule_ops(schedule, s, S, M)
+    def stage(self, q: int, s: int, first_step_extra_s: float):
+        """Stage ``s`` of copy ``q``: its schedule's operations, step after step, each step
+        ended by the copies' gradient all-reduce (hybrid) and the optimizer step."""
+        sim, S, r = self.sim, self.S, q * self.S + s
+        busy, wait = self.busy, self.wait
+        ops = schedule_ops(self.schedule, s, S, self.M)
         if s == 0 and first_step_extra_s > 0:
             busy[r] += first_step_extra_s
             yield sim.delay(first_step_extra_s)
-        for i in range(steps):
+        for i in range(self.steps):
             for kind, m in ops:
                 t = sim.now
                 if kind == "F" and s > 0:
-                    yield receive("F", q, i, s, m)
+                    yield self.receive("F", q, i, s, m)
                 if kind == "B" and s < S - 1:
-                    yield receive("B", q, i, s, m)
+                    yield self.receive("B", q, i, s, m)
                 wait[r] += sim.now - t
-                c = fwd[s][m] if kind == "F" else bwd[s][m]
+                c = self.fwd[s][m] if kind == "F" else self.bwd[s][m]
                 busy[r] += c
                 yield sim.delay(c)
                 if kind == "F" and s < S - 1:
-                    send("F", q, i, s, s + 1, m, act_bytes[s])
+                    self.send("F", q, i, s, s + 1, m, self.act_bytes[s])
                 if kind == "B" and s > 0:
-                    send("B", q, i, s, s - 1, m, act_bytes[s - 1])
-            if replicas > 1:
+                    self.send("B", q, i, s, s - 1, m, self.act_bytes[s - 1])
+            if self.replicas > 1:
                 t = sim.now
-                yield dp["dp", s, i].arrive()
+                yield self.dp["dp", s, i].arrive()
                 wait[r] += sim.now - t
-            yield sim.delay(opt_s[s])
-            busy[r] += opt_s[s]
-            ends[r][i] = sim.now
+            yield sim.delay(self.opt_s[s])
+            busy[r] += self.opt_s[s]
+            self.ends[r][i] = sim.now
 
-    procs = [sim.start(stage(q, s)) for q in range(replicas) for s in range(S)]
-    _run(sim, procs, "pipeline")
-    n = 0
-    if replicas > 1:
-        for s in range(S):
-            group = [q * S + s for q in range(replicas)]
-            a, b = cluster.allreduce_bytes(grad_bytes[s], group)
-            moved[0] += a * steps
-            moved[1] += b * steps
-            n += steps
-    last = [max(ends[r][i] for r in range(world)) for i in range(steps)]
-    last = last[steps_per_epoch - 1 :: steps_per_epoch]  # where each epoch ends
-    epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, len(last))]
-    batches = [steps * M] * world
-    return SimResult(epoch_s, max(last), batches, busy, wait, n, moved[0], moved[1])
+    def result(self, steps_per_epoch: int) -> SimResult:
+        """The run's figures: the copies' gradient bytes added to the activations moved, the
+        steps' end times grouped into epochs."""
+        S, steps, world, moved = self.S, self.steps, self.world, self.moved
+        n = 0
+        if self.replicas > 1:
+            for s in range(S):
+                group = [q * S + s for q in range(self.replicas)]
+                a, b = self.cluster.allreduce_bytes(self.grad_bytes[s], group)
+                moved[0] += a * steps
+                moved[1] += b * steps
+                n += steps
+        last = [max(self.ends[r][i] for r in range(world)) for i in range(steps)]
+        last = last[steps_per_epoch - 1 :: steps_per_epoch]  # where each epoch ends
+        epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, len(last))]
+        batches = [steps * self.M] * world
+        return SimResult(epoch_s, max(last), batches, self.busy, self.wait, n, moved[0], moved[1])
 
 
 # ---------------------------------------------------------------- sampled DDP
@@ -812,27 +853,70 @@ def sampled(
     As in the loop, DDP's all-reduce ends the backward, and a straggler pauses after it (the
     other ranks go on to their next batch meanwhile). ``compute_s`` of the result: each rank's
     steps and, with ``W = 0``, its own batch making, without pauses."""
-    world, total, W = cluster.world, steps_per_epoch * epochs, loader_workers
+    world, total = cluster.world, steps_per_epoch * epochs
     speed = list(speed) if speed is not None else [1.0] * world
 
     def per_step(v):
         return [float(v)] * total if isinstance(v, int | float) else list(v)
 
-    comp, samp = per_step(compute_s), per_step(sample_s)
-    sim = Sim()
-    cost = cluster.allreduce_s(grad_bytes, pairs=False) if world > 1 else 0.0  # DDP's, gloo's
-    meet = _Keyed(lambda key: Rendezvous(sim, world, cost, cluster.wake_s))
-    ends = [[0.0] * epochs for _ in range(world)]
-    busy, wait, compute = [0.0] * world, [0.0] * world, [0.0] * world
+    run = _SampledRun(
+        cluster, steps_per_epoch, epochs, per_step(compute_s), per_step(sample_s),
+        loader_workers, grad_bytes, stragglers, prefetch, start_s, speed,
+    )  # fmt: skip
+    procs = [run.sim.start(run.rank(r)) for r in range(world)]
+    _run(run.sim, procs, "sampled training")
+    return run.result()
 
-    def loader(r: int, w: int, dispatched: _Keyed, ready: _Keyed):
-        yield sim.delay(start_s)
-        for i in range(w, total, W):
+
+class _SampledRun:
+    """The state of one :func:`sampled` simulation: a rank's loader workers (:meth:`loader`), the
+    rank's steps (:meth:`rank`) and the result (:meth:`result`)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        steps_per_epoch: int,
+        epochs: int,
+        comp: list[float],
+        samp: list[float],
+        loader_workers: int,
+        grad_bytes: float,
+        stragglers: Stragglers,
+        prefetch: int,
+        start_s: float,
+        speed: list[float],
+    ) -> None:
+        world = cluster.world
+        self.cluster, self.world, self.steps_per_epoch, self.epochs = (
+            cluster, world, steps_per_epoch, epochs,
+        )  # fmt: skip
+        self.total, self.W = steps_per_epoch * epochs, loader_workers
+        self.comp, self.samp, self.grad_bytes, self.stragglers = comp, samp, grad_bytes, stragglers
+        self.prefetch, self.start_s, self.speed = prefetch, start_s, speed
+        self.sim = sim = Sim()
+        # DDP's all-reduce, gloo's
+        self.cost = cost = cluster.allreduce_s(grad_bytes, pairs=False) if world > 1 else 0.0
+        self.meet = _Keyed(lambda key: Rendezvous(sim, world, cost, cluster.wake_s))
+        self.ends = [[0.0] * epochs for _ in range(world)]
+        self.busy, self.wait, self.compute = [0.0] * world, [0.0] * world, [0.0] * world
+
+    def loader(self, r: int, w: int, dispatched: _Keyed, ready: _Keyed):
+        """Worker ``w`` of rank ``r``'s DataLoader: batches ``w``, ``w + W``, ... once each
+        is dispatched."""
+        sim = self.sim
+        yield sim.delay(self.start_s)
+        for i in range(w, self.total, self.W):
             yield dispatched[r, i]
-            yield sim.delay(samp[i] * speed[r])
+            yield sim.delay(self.samp[i] * self.speed[r])
             ready[r, i].succeed()
 
-    def rank(r: int):
+    def rank(self, r: int):
+        """Rank ``r``'s steps: take (or make) a batch, compute, meet the others at DDP's
+        all-reduce, pause if a straggler."""
+        sim, W, total, prefetch = self.sim, self.W, self.total, self.prefetch
+        stragglers, speed, compute, busy, wait = (
+            self.stragglers, self.speed, self.compute, self.busy, self.wait,
+        )  # fmt: skip
         straggler = stragglers.for_rank(r)
         paused = False
         dispatched = _Keyed(lambda key: Event(sim))
@@ -841,7 +925,7 @@ def sampled(
             for i in range(min(total, prefetch * W)):
                 dispatched[r, i].succeed()
             for w in range(W):
-                sim.start(loader(r, w, dispatched, ready))
+                sim.start(self.loader(r, w, dispatched, ready))
         for i in range(total):
             t = sim.now
             if W:
@@ -849,31 +933,32 @@ def sampled(
                 if i + prefetch * W < total:
                     dispatched[r, i + prefetch * W].succeed()
             else:  # the rank makes its batch: after a pause, cold too
-                made = stragglers.resumed(samp[i], paused, speed[r])
+                made = stragglers.resumed(self.samp[i], paused, speed[r])
                 compute[r] += made
-                yield sim.delay(made + (start_s if i == 0 else 0.0))
+                yield sim.delay(made + (self.start_s if i == 0 else 0.0))
             wait[r] += sim.now - t
-            c = stragglers.resumed(comp[i], paused, speed[r])
+            c = stragglers.resumed(self.comp[i], paused, speed[r])
             compute[r] += c
             busy[r] += c
             yield sim.delay(c)
-            if world > 1:
+            if self.world > 1:
                 t = sim.now
-                yield meet[i].arrive()
-                wait[r] += sim.now - t - cost
+                yield self.meet[i].arrive()
+                wait[r] += sim.now - t - self.cost
             pause = stragglers.pause_s(straggler, c)
             paused = pause > 0
             busy[r] += pause
             yield sim.delay(pause)
-            if (i + 1) % steps_per_epoch == 0:
-                ends[r][(i + 1) // steps_per_epoch - 1] = sim.now
+            if (i + 1) % self.steps_per_epoch == 0:
+                self.ends[r][(i + 1) // self.steps_per_epoch - 1] = sim.now
 
-    procs = [sim.start(rank(r)) for r in range(world)]
-    _run(sim, procs, "sampled training")
-    last = [max(ends[r][e] for r in range(world)) for e in range(epochs)]
-    epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, epochs)]
-    moved, between = cluster.allreduce_bytes(grad_bytes)
-    n = total if world > 1 else 0
-    return SimResult(
-        epoch_s, max(last), [total] * world, busy, wait, n, moved * n, between * n, [], compute
-    )
+    def result(self) -> SimResult:
+        world, epochs, total = self.world, self.epochs, self.total
+        last = [max(self.ends[r][e] for r in range(world)) for e in range(epochs)]
+        epoch_s = [last[0]] + [last[e] - last[e - 1] for e in range(1, epochs)]
+        moved, between = self.cluster.allreduce_bytes(self.grad_bytes)
+        n = total if world > 1 else 0
+        return SimResult(
+            epoch_s, max(last), [total] * world, self.busy, self.wait, n, moved * n,
+            between * n, [], self.compute,
+        )  # fmt: skip
