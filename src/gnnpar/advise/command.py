@@ -110,116 +110,16 @@ class Request:
 
 def parse_request(flags: dict[str, Any]) -> Request:
     """The advise flags (dashed names, None where not given) as a checked :class:`Request`."""
-    from gnnpar.config.parse import coerce
     from gnnpar.configure import build_config
 
     flags = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
-    hosts = _positive(flags, "hosts")
-    per_host = _positive(flags, "ranks-per-host")
-    workers = _positive(flags, "workers")
-    if hosts is None:
-        if per_host is not None:
-            raise UsageError("--ranks-per-host describes a cluster: pass --hosts H with it.")
-        hosts, per_host = 1, workers or 1
-    else:
-        if workers is not None:
-            raise UsageError(
-                "--workers is the ranks on this one host; with --hosts give --ranks-per-host "
-                "instead (the cluster has hosts x ranks-per-host ranks)."
-            )
-        per_host = per_host or 1
-    network = None
-    if "network" in flags:
-        network = parse_network(flags["network"])
-    elif hosts > 1:
-        raise UsageError(
-            f"--hosts {hosts}: say what joins the hosts with --network BANDWIDTH,LATENCY, "
-            "e.g. --network 10gbit,50us."
-        )
-    cluster = ClusterSpec(hosts, per_host, network)
-    known = advised()  # the registered strategies that declare how advise simulates them
-    if "strategies" in flags:
-        asked = tuple(s.strip() for s in str(flags["strategies"]).split(",") if s.strip())
-        bad = [s for s in asked if s not in known]
-        if bad or not asked:
-            raise UsageError(
-                f"--strategies {flags['strategies']!r}: unknown {', '.join(bad) or 'list'}; "
-                f"give a comma-separated list of {', '.join(known)}."
-            )
-        strategies = asked
-    else:
-        strategies = default_strategies()
-    cores = os.cpu_count() or 1
-    threads = _positive(flags, "threads")
-    changes = []
-    if threads is None:
-        threads = max(1, cores // per_host)
-        if flags.get("validate") and hosts == 2:
-            # --validate makes the two hosts of network namespaces on this machine: both hosts'
-            # ranks share its cores, so each gets its share (at cores // ranks-per-host, two
-            # such hosts' ranks time-share the cores, and the steps vary by tens of percent)
-            shared = max(1, cores // (2 * per_host))
-            if shared != threads:
-                changes.append(
-                    f"--threads {shared} per rank, not {threads} (--validate runs the 2 hosts "
-                    f"on this machine: their {2 * per_host} ranks share its {cores} cores; "
-                    "give --threads to choose)"
-                )
-            threads = shared
-    fixed: dict[str, Any] = {}
-    for key in AXES:
-        if key in flags:
-            fixed[key.replace("-", "_")] = coerce(key, flags[key])
-    slowdown = coerce("slowdown", flags["slowdown"]) if "slowdown" in flags else {}
-    jitter = coerce("jitter", flags["jitter"]) if "jitter" in flags else 0.0
-    if jitter < 0:
-        raise UsageError(f"--jitter must be >= 0, got {jitter}.")
-    bad_ranks = sorted(r for r in slowdown if r >= cluster.world)
-    if bad_ranks:
-        raise UsageError(
-            f"--slowdown names rank {bad_ranks[0]}, but the cluster has ranks "
-            f"0..{cluster.world - 1} ({hosts} hosts x {per_host} ranks)."
-        )
-    for f, v in slowdown.items():
-        if v < 1:
-            raise UsageError(f"--slowdown {f}={v}: a straggler's factor must be >= 1.")
-    taken = {k: v for k, v in flags.items() if k not in NOT_TAKEN}
-    repeats = _positive(flags, "repeats") or 1
-    if "repeats" in flags and not flags.get("validate"):
-        raise UsageError(
-            "--repeats says how often --validate trains each configuration: add --validate."
-        )
-    if repeats > 20:
-        raise UsageError(
-            f"--repeats {repeats}: at most 20 (each repetition trains the whole grid)."
-        )
-    rounds = _positive(flags, "profile-rounds") or PROBE_ROUNDS
-    if "profile-rounds" in flags and "profile" in flags:
-        raise UsageError(
-            "--profile-rounds says how a new profile is taken; --profile reuses one: give one "
-            "of the two."
-        )
-    if rounds > 9:
-        raise UsageError(
-            f"--profile-rounds {rounds}: at most 9 (each round times every batch kind again)."
-        )
-    for key in (
-        "profile-rounds",
-        "hosts",
-        "ranks-per-host",
-        "network",
-        "strategies",
-        "validate",
-        "workers",
-        "repeats",
-    ):
-        taken.pop(key, None)
-    for key in ("profile",):
-        taken.pop(key, None)
-    base = {k: v for k, v in taken.items() if k not in AXES and k not in ("slowdown", "jitter")}
-    base["threads"] = threads
-    out = taken.pop("out", None)
-    base.pop("out", None)
+    cluster = _cluster(flags)
+    strategies = _strategies(flags)
+    threads, changes = _threads(flags, cluster)
+    fixed = _fixed_axes(flags)
+    slowdown, jitter = _stragglers(flags, cluster)
+    repeats, rounds = _repeats_and_rounds(flags)
+    base, out = _base_flags(flags, threads)
     cfg = build_config(None, flags_for(base, "sequential"))  # the common settings, checked
     images = 0
     if cfg.model.name == "vig":  # images: --batch-size is the run's, not an axis of the grid
@@ -252,6 +152,138 @@ def parse_request(flags: dict[str, Any]) -> Request:
     req.changes = changes
     req.grid = checked_grid(req)
     return req
+
+
+def _cluster(flags: dict[str, Any]) -> ClusterSpec:
+    """--hosts, --ranks-per-host (or --workers: one host) and --network as the cluster."""
+    hosts = _positive(flags, "hosts")
+    per_host = _positive(flags, "ranks-per-host")
+    workers = _positive(flags, "workers")
+    if hosts is None:
+        if per_host is not None:
+            raise UsageError("--ranks-per-host describes a cluster: pass --hosts H with it.")
+        hosts, per_host = 1, workers or 1
+    else:
+        if workers is not None:
+            raise UsageError(
+                "--workers is the ranks on this one host; with --hosts give --ranks-per-host "
+                "instead (the cluster has hosts x ranks-per-host ranks)."
+            )
+        per_host = per_host or 1
+    network = None
+    if "network" in flags:
+        network = parse_network(flags["network"])
+    elif hosts > 1:
+        raise UsageError(
+            f"--hosts {hosts}: say what joins the hosts with --network BANDWIDTH,LATENCY, "
+            "e.g. --network 10gbit,50us."
+        )
+    return ClusterSpec(hosts, per_host, network)
+
+
+def _strategies(flags: dict[str, Any]) -> tuple[str, ...]:
+    """--strategies, each one advise can simulate (default: :func:`default_strategies`)."""
+    if "strategies" not in flags:
+        return default_strategies()
+    known = advised()  # the registered strategies that declare how advise simulates them
+    asked = tuple(s.strip() for s in str(flags["strategies"]).split(",") if s.strip())
+    bad = [s for s in asked if s not in known]
+    if bad or not asked:
+        raise UsageError(
+            f"--strategies {flags['strategies']!r}: unknown {', '.join(bad) or 'list'}; "
+            f"give a comma-separated list of {', '.join(known)}."
+        )
+    return asked
+
+
+def _threads(flags: dict[str, Any], cluster: ClusterSpec) -> tuple[int, list[str]]:
+    """--threads per rank (default: this machine's cores shared by a host's ranks), and the
+    change advise made to its own default, if any, in words."""
+    cores = os.cpu_count() or 1
+    hosts, per_host = cluster.hosts, cluster.ranks_per_host
+    threads = _positive(flags, "threads")
+    changes = []
+    if threads is None:
+        threads = max(1, cores // per_host)
+        if flags.get("validate") and hosts == 2:
+            # --validate makes the two hosts of network namespaces on this machine: both hosts'
+            # ranks share its cores, so each gets its share (at cores // ranks-per-host, two
+            # such hosts' ranks time-share the cores, and the steps vary by tens of percent)
+            shared = max(1, cores // (2 * per_host))
+            if shared != threads:
+                changes.append(
+                    f"--threads {shared} per rank, not {threads} (--validate runs the 2 hosts "
+                    f"on this machine: their {2 * per_host} ranks share its {cores} cores; "
+                    "give --threads to choose)"
+                )
+            threads = shared
+    return threads, changes
+
+
+def _fixed_axes(flags: dict[str, Any]) -> dict[str, Any]:
+    """The grid axes the user fixed, as parsed values under underscored names."""
+    from gnnpar.config.parse import coerce
+
+    return {key.replace("-", "_"): coerce(key, flags[key]) for key in AXES if key in flags}
+
+
+def _stragglers(flags: dict[str, Any], cluster: ClusterSpec) -> tuple[dict, float]:
+    """--slowdown (ranks of the cluster, factors >= 1) and --jitter (>= 0)."""
+    from gnnpar.config.parse import coerce
+
+    slowdown = coerce("slowdown", flags["slowdown"]) if "slowdown" in flags else {}
+    jitter = coerce("jitter", flags["jitter"]) if "jitter" in flags else 0.0
+    if jitter < 0:
+        raise UsageError(f"--jitter must be >= 0, got {jitter}.")
+    bad_ranks = sorted(r for r in slowdown if r >= cluster.world)
+    if bad_ranks:
+        raise UsageError(
+            f"--slowdown names rank {bad_ranks[0]}, but the cluster has ranks "
+            f"0..{cluster.world - 1} ({cluster.hosts} hosts x {cluster.ranks_per_host} ranks)."
+        )
+    for f, v in slowdown.items():
+        if v < 1:
+            raise UsageError(f"--slowdown {f}={v}: a straggler's factor must be >= 1.")
+    return slowdown, jitter
+
+
+def _repeats_and_rounds(flags: dict[str, Any]) -> tuple[int, int]:
+    """--repeats (with --validate, at most 20) and --profile-rounds (not with --profile, at
+    most 9)."""
+    repeats = _positive(flags, "repeats") or 1
+    if "repeats" in flags and not flags.get("validate"):
+        raise UsageError(
+            "--repeats says how often --validate trains each configuration: add --validate."
+        )
+    if repeats > 20:
+        raise UsageError(
+            f"--repeats {repeats}: at most 20 (each repetition trains the whole grid)."
+        )
+    rounds = _positive(flags, "profile-rounds") or PROBE_ROUNDS
+    if "profile-rounds" in flags and "profile" in flags:
+        raise UsageError(
+            "--profile-rounds says how a new profile is taken; --profile reuses one: give one "
+            "of the two."
+        )
+    if rounds > 9:
+        raise UsageError(
+            f"--profile-rounds {rounds}: at most 9 (each round times every batch kind again)."
+        )
+    return repeats, rounds
+
+
+# advise's own flags: no profiled configuration takes them
+_ADVISE_ONLY = ("profile-rounds", "hosts", "ranks-per-host", "network", "strategies")
+_ADVISE_ONLY += ("validate", "workers", "repeats", "profile")
+
+
+def _base_flags(flags: dict[str, Any], threads: int) -> tuple[dict[str, Any], Any]:
+    """The train flags every profiled configuration takes (``--threads`` set), and --out."""
+    taken = {k: v for k, v in flags.items() if k not in NOT_TAKEN and k not in _ADVISE_ONLY}
+    base = {k: v for k, v in taken.items() if k not in AXES and k not in ("slowdown", "jitter")}
+    base["threads"] = threads
+    out = base.pop("out", None)
+    return base, out
 
 
 def checked_grid(req: Request) -> list[Candidate]:
@@ -357,10 +389,10 @@ def fit_request(req: Request, facts=None) -> list:
 
 
 def _advise(req: Request) -> dict[str, Any]:
+    """Fit the grid, profile (or check ``--profile``), simulate, report, write advice.json."""
     from gnnpar.advise import report
     from gnnpar.advise.fit import graph_facts, profile_facts
     from gnnpar.advise.predict import predict, recommend
-    from gnnpar.advise.profile import take_profile
 
     saved = read_profile(req) if req.profile is not None else None
     ds, facts = None, None
@@ -371,70 +403,16 @@ def _advise(req: Request) -> dict[str, Any]:
             ds = _load_dataset(req)
             facts = graph_facts(req.base, ds)
     needs = fit_request(req, facts)
-    comm = any(c.world > 1 for c in req.grid)
-    timeout = float(req.base.get("timeout", 120))
-    print(
-        f"gnnpar advise: {'checking' if saved else 'profiling'} {len(needs)} batch "
-        f"kind{'s' if len(needs) != 1 else ''}{' and gloo between 2 ranks' if comm else ''} "
-        f"at {req.threads} thread(s)...",
-        flush=True,
-    )
-    workers = any(c.settings.get("loader_workers") for c in req.grid)
-    if saved is not None:
-        prof = check_profile(req, saved, needs, comm)
-    else:
-        try:
-            prof = take_profile(
-                req.base,
-                needs,
-                req.threads,
-                comm,
-                timeout,
-                workers,
-                req.rounds,
-                _straggle(req),
-                ds=ds,
-                corun_partitions=_corun_partitions(needs, comm, facts),
-            )
-        except (MemoryError, RuntimeError) as e:
-            if not _out_of_memory(e):
-                raise
-            raise UsageError(
-                "gnnpar advise ran out of memory profiling a batch here "
-                f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
-                "leave sequential out of --strategies, or profile a smaller --scale."
-            ) from None
+    prof = _profile(req, saved, needs, ds, facts)
     del ds, facts  # the graph (and the partitions' check, which holds it): not needed again
     if prof.kind == "image":
         drop_empty_epochs(req, prof)
     preds = [predict(c, prof, req.cluster, req.stragglers, req.epochs) for c in req.grid]
     rec = recommend(preds)
-    c = req.cluster
-    net = (
-        f", {c.network.bandwidth_Bps * 8 / 1e9:g} Gbit/s {c.network.latency_s * 1e6:g} us"
-        if c.network
-        else ""
-    )
-    title = (
-        f"{prof.dataset} {prof.model}, {c.hosts} host(s) x {c.ranks_per_host} rank(s){net}, "
-        f"{req.epochs} epochs; simulated from a profile taken on {prof.machine} "
-        f"({prof.cores} cores, {req.threads} thread(s) per rank) "
-        + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
-    )
+    title = _title(req, prof)
     note = report.steadiness_note(prof.probe_rounds, prof.rounds, prof.speed_ref_s)
     report.print_table(preds, title, rec, note)
-    cluster = {
-        "hosts": c.hosts,
-        "ranks_per_host": c.ranks_per_host,
-        "network": None
-        if c.network is None
-        else {"bandwidth_Bps": c.network.bandwidth_Bps, "latency_s": c.network.latency_s},
-        "threads": req.threads,
-        "slowdown": {str(k): v for k, v in req.stragglers.slowdown.items()},
-        "jitter": req.stragglers.jitter,
-        "epochs": req.epochs,
-    }
-    content = report.advice(prof.profile_s, preds, rec, cluster, prof.to_dict())
+    content = report.advice(prof.profile_s, preds, rec, _cluster_json(req), prof.to_dict())
     if req.omitted:
         content["omitted"] = dict(req.omitted)
     if req.changes:
@@ -448,6 +426,77 @@ def _advise(req: Request) -> dict[str, Any]:
     report.write_json_atomic(content, req.out / "advice.json")
     print(f"gnnpar: advice.json and advice.png in {req.out}")
     return content
+
+
+def _profile(req: Request, saved, needs: list, ds, facts):
+    """The profile the grid is simulated from: ``saved`` (``--profile``) checked against what
+    the grid needs, or a new one taken here; running out of memory is exit 2 with advice."""
+    from gnnpar.advise.profile import take_profile
+
+    comm = any(c.world > 1 for c in req.grid)
+    timeout = float(req.base.get("timeout", 120))
+    print(
+        f"gnnpar advise: {'checking' if saved else 'profiling'} {len(needs)} batch "
+        f"kind{'s' if len(needs) != 1 else ''}{' and gloo between 2 ranks' if comm else ''} "
+        f"at {req.threads} thread(s)...",
+        flush=True,
+    )
+    workers = any(c.settings.get("loader_workers") for c in req.grid)
+    if saved is not None:
+        return check_profile(req, saved, needs, comm)
+    try:
+        return take_profile(
+            req.base,
+            needs,
+            req.threads,
+            comm,
+            timeout,
+            workers,
+            req.rounds,
+            _straggle(req),
+            ds=ds,
+            corun_partitions=_corun_partitions(needs, comm, facts),
+        )
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        raise UsageError(
+            "gnnpar advise ran out of memory profiling a batch here "
+            f"({str(e).strip().splitlines()[0][:160]}); the full graph is the largest: "
+            "leave sequential out of --strategies, or profile a smaller --scale."
+        ) from None
+
+
+def _title(req: Request, prof) -> str:
+    """The table's and the picture's title: the workload, the cluster, where it was profiled."""
+    c = req.cluster
+    net = (
+        f", {c.network.bandwidth_Bps * 8 / 1e9:g} Gbit/s {c.network.latency_s * 1e6:g} us"
+        if c.network
+        else ""
+    )
+    return (
+        f"{prof.dataset} {prof.model}, {c.hosts} host(s) x {c.ranks_per_host} rank(s){net}, "
+        f"{req.epochs} epochs; simulated from a profile taken on {prof.machine} "
+        f"({prof.cores} cores, {req.threads} thread(s) per rank) "
+        + (f"in {prof.profile_s:.1f} s" if req.profile is None else f"(--profile {req.profile})")
+    )
+
+
+def _cluster_json(req: Request) -> dict[str, Any]:
+    """advice.json's ``cluster``: the cluster, threads, stragglers and epochs simulated."""
+    c = req.cluster
+    return {
+        "hosts": c.hosts,
+        "ranks_per_host": c.ranks_per_host,
+        "network": None
+        if c.network is None
+        else {"bandwidth_Bps": c.network.bandwidth_Bps, "latency_s": c.network.latency_s},
+        "threads": req.threads,
+        "slowdown": {str(k): v for k, v in req.stragglers.slowdown.items()},
+        "jitter": req.stragglers.jitter,
+        "epochs": req.epochs,
+    }
 
 
 def check_writable(out: Path) -> Path | None:

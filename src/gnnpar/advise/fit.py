@@ -156,90 +156,119 @@ def fit_grid(req, facts: Facts) -> list[str]:
     """Fit ``req.grid`` to the graph (see the module's text): configurations changed or left
     out in place (``req.grid``, ``req.omitted``); returns what advise changed of its own
     choices, a phrase each."""
-    fixed = req.fixed
-    changes: dict[str, str] = {}
-    why_out: dict[str, str] = {}
+    fit = _GridFit(req, facts)
     kept: list[Any] = []  # predict.Candidate (predict imports this module)
-    chosen: dict[tuple[int, int], int | None] = {}
-    whose: dict[str, set[str]] = {}  # a change of the subgraphs -> whose they are
     for c in req.grid:
         s = dict(c.settings)
-        if "partitions" in s:
-            parallel = _simulation(c.strategy) in (SIM_LOCKSTEP, SIM_GOSSIP)
-            if fixed.get("partitions") is not None:
-                split = facts.parts(s["partitions"])
-                # the user's own setting: refused, as gnnpar train would refuse it
-                if not split.ok and not facts.from_profile:
-                    raise UsageError(
-                        f"--partitions {s['partitions']}: {split.why}. Use fewer --partitions "
-                        "(or leave it out: advise then chooses a count this graph allows)."
-                    )
-            else:
-                default = s["partitions"]
-                lo = c.world if parallel else 2
-                if (lo, c.world) not in chosen:
-                    chosen[lo, c.world] = choose_partitions(default, lo, facts, c.world)
-                p = chosen[lo, c.world]
-                if p is None:
-                    why_out.setdefault(c.strategy, _why_no_partitions(lo, c.world, facts, default))
-                    continue
-                if p != default:
-                    who = "the ranks'" if parallel else f"{c.strategy}'s"
-                    key = f"parts{p}-{default}"  # the same change for both: said once
-                    whose.setdefault(key, set()).add(who)
-                    changes[key] = _partitions_change(
-                        who if len(whose[key]) == 1 else "", p, default, facts, c.world
-                    )
-                s["partitions"] = p
-        if _simulation(c.strategy) == SIM_SAMPLED:
-            if facts.num_train < c.world:
-                why_out.setdefault(
-                    c.strategy,
-                    f"the graph has {facts.num_train} training nodes, fewer than the {c.world} "
-                    "ranks: every rank needs at least one",
-                )
-                continue
-            per_rank = facts.num_train // c.world
-            if fixed.get("batch_size") is None and per_rank < s["batch_size"]:
-                smallest = min(
-                    x.settings["batch_size"] for x in req.grid if x.strategy == c.strategy
-                )
-                if s["batch_size"] > smallest and per_rank < smallest:
-                    nodes = "training nodes make" if per_rank != 1 else "training node makes"
-                    changes[c.strategy] = (
-                        f"{c.strategy} only at --batch-size {smallest} (each rank's {per_rank} "
-                        f"{nodes} one batch at any larger size: the same run)"
-                    )
-                    continue
-        if _simulation(c.strategy) == SIM_PIPELINE and not req.images:
-            copies = s.get("replicas", 1)
-            limit = facts.num_train if facts.microbatch == "exact" else facts.num_nodes
-            what = "training nodes" if facts.microbatch == "exact" else "nodes"
-            if copies * s["chunks"] > limit:
-                if fixed.get("chunks") is None:
-                    changes.setdefault(
-                        c.strategy,
-                        f"{c.strategy} not at {copies} x {s['chunks']} micro-batches (more "
-                        f"than the graph's {limit} {what}: each micro-batch needs one)",
-                    )
-                why_out.setdefault(
-                    c.strategy,
-                    f"{copies} cop{'ies' if copies > 1 else 'y'} x {s['chunks']} micro-batches "
-                    f"(--chunks) is more than the graph's {limit} {what}; each micro-batch "
-                    f"needs one",
-                )
-                continue
+        if "partitions" in s and not fit.partitions(c, s):
+            continue
+        if _simulation(c.strategy) == SIM_SAMPLED and not fit.sampled(c, s):
+            continue
+        if _simulation(c.strategy) == SIM_PIPELINE and not req.images and not fit.pipeline(c, s):
+            continue
         kept.append(replace(c, settings=s))
     unique: dict[tuple, Any] = {}
     for c in kept:
         unique.setdefault(c.key(), c)
     req.grid = list(unique.values())
     present = {c.strategy for c in req.grid}
-    for name, why in why_out.items():
+    for name, why in fit.why_out.items():
         if name not in present:
             req.omitted.setdefault(name, why)
-            changes.pop(name, None)
-    return list(changes.values())
+            fit.changes.pop(name, None)
+    return list(fit.changes.values())
+
+
+class _GridFit:
+    """:func:`fit_grid`'s steps, one per kind of setting: each fits one configuration's
+    ``settings`` in place and says whether it stays (False: left out, the reason kept in
+    ``why_out``); ``changes``: what advise changed of its own choices, a phrase each."""
+
+    def __init__(self, req, facts: Facts) -> None:
+        self.req, self.facts, self.fixed = req, facts, req.fixed
+        self.changes: dict[str, str] = {}
+        self.why_out: dict[str, str] = {}
+        self.chosen: dict[tuple[int, int], int | None] = {}
+        self.whose: dict[str, set[str]] = {}  # a change of the subgraphs -> whose they are
+
+    def partitions(self, c, s: dict) -> bool:
+        """The subgraph count: the user's checked, or advise's own fitted to the graph."""
+        facts = self.facts
+        parallel = _simulation(c.strategy) in (SIM_LOCKSTEP, SIM_GOSSIP)
+        if self.fixed.get("partitions") is not None:
+            split = facts.parts(s["partitions"])
+            # the user's own setting: refused, as gnnpar train would refuse it
+            if not split.ok and not facts.from_profile:
+                raise UsageError(
+                    f"--partitions {s['partitions']}: {split.why}. Use fewer --partitions "
+                    "(or leave it out: advise then chooses a count this graph allows)."
+                )
+            return True
+        default = s["partitions"]
+        lo = c.world if parallel else 2
+        if (lo, c.world) not in self.chosen:
+            self.chosen[lo, c.world] = choose_partitions(default, lo, facts, c.world)
+        p = self.chosen[lo, c.world]
+        if p is None:
+            self.why_out.setdefault(c.strategy, _why_no_partitions(lo, c.world, facts, default))
+            return False
+        if p != default:
+            who = "the ranks'" if parallel else f"{c.strategy}'s"
+            key = f"parts{p}-{default}"  # the same change for both: said once
+            self.whose.setdefault(key, set()).add(who)
+            self.changes[key] = _partitions_change(
+                who if len(self.whose[key]) == 1 else "", p, default, facts, c.world
+            )
+        s["partitions"] = p
+        return True
+
+    def sampled(self, c, s: dict) -> bool:
+        """Sampled: a training node per rank at least; one batch size of those that make the
+        same run (each rank's nodes in one batch)."""
+        facts = self.facts
+        if facts.num_train < c.world:
+            self.why_out.setdefault(
+                c.strategy,
+                f"the graph has {facts.num_train} training nodes, fewer than the {c.world} "
+                "ranks: every rank needs at least one",
+            )
+            return False
+        per_rank = facts.num_train // c.world
+        if self.fixed.get("batch_size") is None and per_rank < s["batch_size"]:
+            smallest = min(
+                x.settings["batch_size"] for x in self.req.grid if x.strategy == c.strategy
+            )
+            if s["batch_size"] > smallest and per_rank < smallest:
+                nodes = "training nodes make" if per_rank != 1 else "training node makes"
+                self.changes[c.strategy] = (
+                    f"{c.strategy} only at --batch-size {smallest} (each rank's {per_rank} "
+                    f"{nodes} one batch at any larger size: the same run)"
+                )
+                return False
+        return True
+
+    def pipeline(self, c, s: dict) -> bool:
+        """A pipeline over a graph: a node (a training node, exact micro-batches) for each of
+        the copies' micro-batches."""
+        facts = self.facts
+        copies = s.get("replicas", 1)
+        limit = facts.num_train if facts.microbatch == "exact" else facts.num_nodes
+        what = "training nodes" if facts.microbatch == "exact" else "nodes"
+        if copies * s["chunks"] <= limit:
+            return True
+        if self.fixed.get("chunks") is None:
+            self.changes.setdefault(
+                c.strategy,
+                f"{c.strategy} not at {copies} x {s['chunks']} micro-batches (more "
+                f"than the graph's {limit} {what}: each micro-batch needs one)",
+            )
+        self.why_out.setdefault(
+            c.strategy,
+            f"{copies} cop{'ies' if copies > 1 else 'y'} x {s['chunks']} micro-batches "
+            f"(--chunks) is more than the graph's {limit} {what}; each micro-batch "
+            f"needs one",
+        )
+        return False
 
 
 def _partitions_change(who: str, p: int, default: int, facts: Facts, world: int = 1) -> str:

@@ -245,8 +245,6 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
     """Train every measurable configuration here (``req.repeats`` times each, in rounds);
     ``prof`` (the profile the predictions came from) re-simulates two-host configurations on the
     link the namespaces really had."""
-    from gnnpar.advise.speed import reference_s
-
     runnable = [p for p in preds if measurable(req, p)]
     # a profile from a file had its reference times cleaned where it was read (reuse_profile)
     profile_refs = prof.speed_ref_s if prof is not None else []
@@ -267,49 +265,17 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                 runnable = [p for p in runnable if id(p) not in two_ids]
             else:
                 print(f"  two hosts: network namespaces, link {link_note}", flush=True)
-        compared = []
-        for p in runnable:
-            asked = p
-            if id(p) in two_ids and prof is not None:
-                from gnnpar.advise.predict import predict
-
-                # the two hosts are namespaces of this one machine: their ranks share its
-                # cores, and the link is the one made (the asked one unless it has no delay)
-                spec = dataclasses.replace(req.cluster, network=emulated, hosts_per_machine=2)
-                p = predict(p.candidate, prof, spec, req.stragglers, req.epochs)
-            compared.append((asked, p))
+        compared = _as_emulated(req, runnable, two_ids, prof, emulated)
         runs: list[list[dict[str, Any]]] = [[] for _ in compared]
         for r in range(repeats):
             for i in _round_order(len(compared), r):
                 asked, p = compared[i]
+                two_hosts = (hosts, link_note, 29500 + (i + r * len(compared)) % 500)
                 name = f"{i:02d}-{p.candidate.strategy}" + (f"-r{r}" if repeats > 1 else "")
-                out = str(req.out / "validate" / name)
-                refs = [reference_s()] if profile_refs else []
-                if hosts is not None and id(asked) in two_ids:
-                    case = run_two_hosts(req, p, out, hosts, 29500 + (i + r * len(compared)) % 500)
-                    case["hosts"] = 2
-                    case["link"] = link_note
-                    case["predicted_epoch_s_asked_network"] = asked.epoch_s
-                else:
-                    case = run_one(req, p, out)
-                refs += [reference_s()] if profile_refs else []
-                case = _with_speed(case, profile_refs, refs)
+                on_two = hosts is not None and id(asked) in two_ids
+                case = _run_case(req, asked, p, name, on_two, two_hosts, profile_refs)
                 runs[i].append(case)
-                shown = p.candidate.label() + (" across 2 hosts" if case.get("hosts") == 2 else "")
-                shown += f" (run {r + 1} of {repeats})" if repeats > 1 else ""
-                if case["error"] is None:
-                    print(
-                        f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms, {case.get('failed')}",
-                        flush=True,
-                    )
-                else:
-                    factor = case["speed_factor"]
-                    print(
-                        f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
-                        f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}"
-                        + ("" if factor is None else f" (machine at {1 / factor:.2f}x its speed)"),
-                        flush=True,
-                    )
+                _print_case(p, case, r, repeats)
     cases = [_combined(c) for c in runs]
     if repeats > 1:
         for c in cases:
@@ -320,6 +286,76 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
                     f"error {c['error']:+.0%}",
                     flush=True,
                 )
+    summary = _summary(cases, repeats)
+    if summary["median_abs_error"] is not None:
+        print(
+            f"  median |error| {summary['median_abs_error']:.0%}, "
+            f"largest {summary['max_abs_error']:.0%}",
+            flush=True,
+        )
+    line = speed_line(summary)
+    if line:
+        print(f"  {line}", flush=True)
+    return summary
+
+
+def _as_emulated(req, runnable: list, two_ids: set, prof, emulated) -> list[tuple]:
+    """(asked, compared) for each configuration: a two-host one re-simulated on the link the
+    namespaces have (with ``prof``), any other as asked."""
+    compared = []
+    for p in runnable:
+        asked = p
+        if id(p) in two_ids and prof is not None:
+            from gnnpar.advise.predict import predict
+
+            # the two hosts are namespaces of this one machine: their ranks share its
+            # cores, and the link is the one made (the asked one unless it has no delay)
+            spec = dataclasses.replace(req.cluster, network=emulated, hosts_per_machine=2)
+            p = predict(p.candidate, prof, spec, req.stragglers, req.epochs)
+        compared.append((asked, p))
+    return compared
+
+
+def _run_case(
+    req, asked, p, name: str, on_two: bool, two_hosts: tuple, profile_refs: list[float]
+) -> dict[str, Any]:
+    """Train one configuration once (``on_two``: across the two namespaces ``two_hosts``, that
+    is hosts, link note and port), the machine's reference work timed around it."""
+    from gnnpar.advise.speed import reference_s
+
+    out = str(req.out / "validate" / name)
+    refs = [reference_s()] if profile_refs else []
+    if on_two:
+        hosts, link_note, port = two_hosts
+        case = run_two_hosts(req, p, out, hosts, port)
+        case["hosts"] = 2
+        case["link"] = link_note
+        case["predicted_epoch_s_asked_network"] = asked.epoch_s
+    else:
+        case = run_one(req, p, out)
+    refs += [reference_s()] if profile_refs else []
+    return _with_speed(case, profile_refs, refs)
+
+
+def _print_case(p, case: dict[str, Any], r: int, repeats: int) -> None:
+    shown = p.candidate.label() + (" across 2 hosts" if case.get("hosts") == 2 else "")
+    shown += f" (run {r + 1} of {repeats})" if repeats > 1 else ""
+    if case["error"] is None:
+        print(f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms, {case.get('failed')}", flush=True)
+        return
+    factor = case["speed_factor"]
+    print(
+        f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
+        f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}"
+        + ("" if factor is None else f" (machine at {1 / factor:.2f}x its speed)"),
+        flush=True,
+    )
+
+
+def _summary(cases: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """The validation's summary: the cases, their errors' median and largest (also at the
+    profile's speed), the machine's speed range, and whether the recommendation was within
+    10% of the best measured."""
     errors = [abs(c["error"]) for c in cases if c["error"] is not None]
     at_speed = [
         abs(c["error_at_profile_speed"]) for c in cases if c["error_at_profile_speed"] is not None
@@ -342,15 +378,6 @@ def validate(req, preds: list[Prediction], prof=None) -> dict[str, Any]:
         summary["recommended_within_10pct"] = (
             pred_best["measured_epoch_s"] <= 1.1 * best["measured_epoch_s"]
         )
-    if errors:
-        print(
-            f"  median |error| {summary['median_abs_error']:.0%}, "
-            f"largest {summary['max_abs_error']:.0%}",
-            flush=True,
-        )
-    line = speed_line(summary)
-    if line:
-        print(f"  {line}", flush=True)
     return summary
 
 
