@@ -235,8 +235,19 @@ def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str,
 def train_rank(cfg: Config, ds, ctx: dist.DistContext, dims: ParallelDims) -> Outcome:
     """The strategy's plan for this rank, trained by the one loop."""
     # before the model is allocated; may turn --recompute on for a ViG batch that fits only so
-    check_memory(cfg, ds, ctx.local_world_size, ctx.device, announce=ctx.is_main)
-    plan = registry.get(cfg.strategy.name).build(cfg, ds, ctx, dims)
+    spec = registry.get(cfg.strategy.name)
+    mem = spec.memory(ds.kind)
+    check_memory(
+        cfg,
+        ds,
+        ctx.local_world_size,
+        ctx.device,
+        announce=ctx.is_main,
+        stages=dims.stages,
+        step_rows=mem.step_rows,
+        batch_sized=mem.batch_sized,
+    )
+    plan = spec.build(cfg, ds, ctx, dims)
     plan.device = plan.device or ctx.device
     return train(cfg, plan, checkpointer(cfg, ctx))
 

@@ -70,6 +70,52 @@ def test_a_registered_strategy_is_known_to_the_checks_and_the_help(toy, capsys):
         registry.register(dataclasses.replace(toy, help="another"))
 
 
+def test_a_registered_strategy_has_its_memory_estimate_from_its_spec(toy, monkeypatch):
+    """The memory check before a model is allocated (run.train_rank -> footprint.check_memory)
+    and advise's estimate take a strategy's facts from its spec (``StrategySpec.memory``,
+    ``step_rows``), never from its name: the toy (no ``step_rows``, no --batch-size) is counted
+    as the whole graph and refused without a --batch-size hint; the same spec declaring a step
+    of its own is counted as that step, with no edit outside the test folder."""
+    from gnnpar.advise.profile.memory import rank_estimate
+    from gnnpar.models.memory import FLOAT_BYTES, estimate_bytes, parameter_count
+    from gnnpar.runtime import footprint
+
+    flags = {"strategy": "toy", "dataset": "karate", "model": "gcn", "hidden": "8"}
+    cfg = build_config(None, {**flags, "layers": "3"})
+    dims = prepare(cfg)
+    ds = load_dataset("karate", cfg.data.data_root, 1.0, 0, 60)
+    assert toy.memory(ds.kind) == registry.get("sequential").memory(ds.kind)
+    assert (
+        not toy.memory(ds.kind).batch_sized and registry.get("sampled").memory("graph").batch_sized
+    )
+    # the whole graph: every node's and every edge's 8 floats in each of the 2 hidden blocks
+    rows, edges = ds.num_nodes, int(ds.data.edge_index.size(1))
+    params = parameter_count(cfg, ds.num_features, ds.num_classes, ds.multilabel)
+    whole = {"state": params * 4 * 4, "activations": (rows + edges) * 8 * 2 * FLOAT_BYTES}
+    assert rank_estimate(cfg, ds) == whole
+    # refused through the run's own path (train_rank), in its words: no --batch-size to shrink
+    small = footprint.MemoryBudget(sum(whole.values()) - 1, None)
+    monkeypatch.setattr(footprint, "memory_budget", lambda device: small)
+    with pytest.raises(UsageError, match=r"--model gcn --hidden 8 --layers 3 on 'karate'") as e:
+        train_rank(cfg, ds, DistContext(), dims)
+    assert "--batch-size" not in str(e.value) and "--partitions" not in str(e.value)
+    # the same strategy declaring a step of its own (its first 4 nodes and their 6 messages)
+    seeds = dataclasses.replace(toy, name="toy-seeds", step_rows=lambda cfg, ds: (4, 6))
+    registry.register(seeds)
+    try:
+        cfg4 = build_config(None, {**flags, "strategy": "toy-seeds", "layers": "3"})
+        step = rank_estimate(cfg4, ds)
+        assert step == {"state": whole["state"], "activations": (4 + 6) * 8 * 2 * FLOAT_BYTES}
+        assert estimate_bytes(cfg4, ds, 1) == whole  # without the spec's facts: the whole graph
+        big = footprint.MemoryBudget(sum(step.values()), None)
+        monkeypatch.setattr(footprint, "memory_budget", lambda device: big)
+        dims4 = prepare(cfg4)
+        cfg4.run.epochs = 1
+        assert train_rank(cfg4, ds, DistContext(), dims4).model is not None  # fits: it trains
+    finally:
+        registry.unregister("toy-seeds")
+
+
 def test_unregistered_the_toy_is_unknown():
     with pytest.raises(UsageError, match="Unknown --strategy 'toy'. Choose one of: sequential,"):
         build_config(None, {"strategy": "toy"})

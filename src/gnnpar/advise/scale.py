@@ -234,10 +234,10 @@ def meta_dataset(shape: GraphShape):
 def model_memory(flags: dict[str, Any], shape: GraphShape) -> dict[str, int]:
     """``state`` and ``activations`` bytes of one rank of the ``gnnpar train`` run ``flags``
     on a graph of ``shape``: :func:`~gnnpar.models.memory.estimate_bytes`."""
+    from gnnpar.advise.profile.memory import rank_estimate
     from gnnpar.configure import build_config
-    from gnnpar.models.memory import estimate_bytes
 
-    return estimate_bytes(build_config(None, flags), meta_dataset(shape), 1)
+    return rank_estimate(build_config(None, flags), meta_dataset(shape))
 
 
 def graph_bytes(shape: GraphShape) -> dict[str, int]:

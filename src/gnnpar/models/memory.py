@@ -11,11 +11,12 @@ The estimate is a *lower bound* of what one copy of the model holds in one train
   the model code instead of a formula that could drift from it.
 - activations, partly: each hidden block's output (``--hidden`` x ``--heads`` floats per row, kept
   for the backward pass) for the rows of one training step, i.e. every node of a full-batch graph,
-  ``nodes / --partitions`` for a Cluster-GCN step, ``--batch-size`` seed nodes for a sampled step
-  (their sampled neighbours not counted); and each hidden block's messages, one vector of the
-  same width per edge (PyG's message passing gathers them, and keeps them for the backward
-  pass): every edge of a full-batch graph, one per seed and first-hop fan-out for a sampled step,
-  none counted for a Cluster-GCN step (its edges are known only after partitioning).
+  ``nodes / --partitions`` for a Cluster-GCN step, or what the strategy declares of its step
+  (``StrategySpec.step_rows``: sampled, ``--batch-size`` seed nodes, their sampled neighbours
+  not counted); and each hidden block's messages, one vector of the same width per edge (PyG's
+  message passing gathers them, and keeps them for the backward pass): every edge of a
+  full-batch graph, the strategy's count (sampled: one per seed and first-hop fan-out), none
+  counted for a Cluster-GCN step (its edges are known only after partitioning).
 - ViG is an estimate rather than a bound (:func:`vig_activation_bytes`: what each block saves
   for its backward pass, counted from the code, plus a measured allowance for the backward's
   gradients and glibc's heap; within 30% of the measured peak). A ViG batch that does not fit
@@ -29,6 +30,9 @@ run passed the check and was killed by the kernel's OOM killer).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -55,10 +59,18 @@ def parameter_count(
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate_bytes(cfg: Config, ds, replicas: int, recompute: bool | None = None) -> dict[str, int]:
+def estimate_bytes(
+    cfg: Config,
+    ds,
+    replicas: int,
+    recompute: bool | None = None,
+    step_rows: Callable[[Config, Any], tuple[int, int]] | None = None,
+) -> dict[str, int]:
     """Bytes of ``state`` (weights, gradients, optimizer) and ``activations`` for ``replicas``
     copies of the model (lower bounds, ViG's an estimate; see the module docstring for what is
-    counted). ``recompute``: ViG's, if not ``cfg.model.recompute``."""
+    counted). ``recompute``: ViG's, if not ``cfg.model.recompute``. ``step_rows``: the
+    strategy's (``StrategySpec.step_rows``): ``(cfg, ds) -> (rows, message edges)`` of one step
+    of a graph; None: every node and edge, or one subgraph's nodes with --partitions."""
     m, s = cfg.model, cfg.strategy
     recompute = m.recompute if recompute is None else recompute
     graph = getattr(ds, "data", None)
@@ -74,9 +86,8 @@ def estimate_bytes(cfg: Config, ds, replicas: int, recompute: bool | None = None
     else:
         nodes = ds.num_nodes
         edges = 0  # messages: PyG's message passing gathers one feature vector per edge
-        if s.name == "sampled":
-            rows = min(s.batch_size, nodes)
-            edges = rows * max(1, (s.fanouts or [1])[0])  # the seeds' first hop
+        if step_rows is not None:
+            rows, edges = step_rows(cfg, ds)
         elif cfg.data.partitions:
             rows = -(-nodes // cfg.data.partitions)  # (its edges: unknown before partitioning)
         else:

@@ -25,6 +25,8 @@ device memory; where none can be read the check is skipped.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -64,18 +66,27 @@ def where_available(budget: MemoryBudget, device: torch.device) -> str:
 
 
 def check_memory(
-    cfg: Config, ds, local_world: int, device: torch.device, announce: bool = True
+    cfg: Config,
+    ds,
+    local_world: int,
+    device: torch.device,
+    announce: bool = True,
+    *,
+    stages: int = 1,
+    step_rows: Callable[[Config, Any], tuple[int, int]] | None = None,
+    batch_sized: bool = False,
 ) -> None:
     """UsageError when the estimate of :func:`estimate_bytes` exceeds the free memory. A ViG run
     that would fit only with ``--recompute`` gets it (``cfg.model.recompute`` set; one line on
-    stderr where ``announce``)."""
+    stderr where ``announce``). The strategy's facts (``StrategySpec.memory``): ``stages`` of a
+    pipeline (the machine's ranks hold ``local_world / stages`` copies), ``step_rows`` (see
+    :func:`estimate_bytes`), ``batch_sized`` (a refusal suggests a smaller --batch-size)."""
     budget = memory_budget(device)
     if budget is None:
         return
     free = budget.free
-    stages = cfg.strategy.stages if cfg.strategy.name in ("pipeline", "hybrid") else 1
     replicas = 1 if device.type == "cuda" else max(1, local_world // stages)
-    need = estimate_bytes(cfg, ds, replicas)
+    need = estimate_bytes(cfg, ds, replicas, step_rows=step_rows)
     total = sum(need.values())
     if total <= free:
         return
@@ -83,7 +94,9 @@ def check_memory(
     total_lean = None
     if m.name == "vig" and not m.recompute:
         # a run that fits is better than one refused: re-materialise the blocks' activations
-        total_lean = sum(estimate_bytes(cfg, ds, replicas, recompute=True).values())
+        total_lean = sum(
+            estimate_bytes(cfg, ds, replicas, recompute=True, step_rows=step_rows).values()
+        )
         if total_lean <= free:
             m.recompute = True
             if announce:
@@ -104,7 +117,7 @@ def check_memory(
         f"{need['state'] / GIB:.1f} GiB, activations {need['activations'] / GIB:.1f} GiB), but "
         f"{where_available(budget, device)}. Use a smaller --hidden or --layers"
         + (", more --partitions" if cfg.data.partitions else "")
-        + (", a smaller --batch-size" if cfg.strategy.name == "sampled" or m.name == "vig" else "")
+        + (", a smaller --batch-size" if batch_sized or m.name == "vig" else "")
         + (" or fewer --workers." if replicas > 1 else ".")
         + (
             f" Even with --recompute it needs {total_lean / GIB:.1f} GiB."

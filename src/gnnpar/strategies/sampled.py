@@ -101,6 +101,14 @@ def defaults(cfg: Config) -> None:
         s.fanouts = [25, 10, 10][:layers] + [10] * max(0, layers - 3)
 
 
+def step_rows(cfg: Config, ds) -> tuple[int, int]:
+    """The memory estimate's step: ``--batch-size`` seed nodes (their sampled neighbours not
+    counted) and one message per seed and first-hop fan-out."""
+    s = cfg.strategy
+    rows = min(s.batch_size, ds.num_nodes)
+    return rows, rows * max(1, (s.fanouts or [1])[0])  # the seeds' first hop
+
+
 def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -> Plan:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
@@ -202,6 +210,7 @@ SPEC = StrategySpec(
     build=build,
     check=check,
     defaults=defaults,
+    step_rows=step_rows,
     result_keys={
         **STEPS_KEYS,
         "seeds_per_rank": "training nodes per rank per epoch",

@@ -14,6 +14,10 @@ starts, and how a rank builds it:
 * ``check(cfg, dims)``: the strategy's checks that need no data, once before launch.
 * ``advice``: how ``gnnpar advise`` profiles and simulates it (:class:`Advice`); None: advise
   does not consider it (and says so).
+* ``step_rows``: what one training step of a graph holds, for the memory estimate
+  (:func:`gnnpar.models.memory.estimate_bytes`, through :meth:`StrategySpec.memory`): None for
+  the whole graph, or one subgraph with --partitions. Whether a smaller ``--batch-size`` helps a
+  run that does not fit comes from ``reads``; the model copies a machine holds from ``degrees``.
 * ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
   training loop (:mod:`gnnpar.training.loop`). It imports torch and the training parts when it
   runs, so that the spec, and the config checks that read it, do not.
@@ -105,6 +109,25 @@ class Advice:
             )
 
 
+# ---------------------------------------------------------------- what the memory estimate needs
+# (settings, a graph dataset) -> (rows, message edges) of one training step of one model copy:
+# the rows whose hidden outputs the backward pass keeps, and the edges whose messages it keeps
+StepRows = Callable[[Config, Any], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A strategy's facts for the memory estimate (:func:`gnnpar.models.memory.estimate_bytes`
+    and :func:`gnnpar.runtime.footprint.check_memory` take them as plain arguments: the layers
+    below the strategies know no spec): ``step_rows`` (see :data:`StepRows`; None: the whole
+    graph, or one subgraph with --partitions) and ``batch_sized`` (a smaller ``--batch-size``
+    makes its steps smaller, said when a run is refused). The model copies a machine's ranks
+    hold come from the run's :class:`~gnnpar.parallel.parallel_dims.ParallelDims` (``degrees``)."""
+
+    step_rows: StepRows | None
+    batch_sized: bool
+
+
 # ---------------------------------------------------------------- parallel degrees
 Degrees = Callable[[StrategyConfig, int], tuple[int, int]]  # (settings, world) -> (copies, stages)
 
@@ -145,6 +168,11 @@ class StrategySpec:
     # result.json keys its Plan.extra adds, {key: meaning}: gnnpar.result refuses any other
     result_keys: Mapping[str, str] = field(default_factory=dict)
     advice: Advice | None = None  # how gnnpar advise profiles and simulates it
+    step_rows: StepRows | None = None  # the memory estimate's step of a graph (None: whole graph)
+
+    def memory(self, kind: str) -> Memory:
+        """The memory estimate's facts of this strategy on a dataset of ``kind``."""
+        return Memory(self.step_rows, kind in self.reads.get("batch-size", ()))
 
     def parallel_dims(self, cfg: Config, launched: int | None = None) -> ParallelDims:
         """The degrees ``cfg`` asks for, checked against the world size it will run with:

@@ -15,6 +15,9 @@ def current_rss() -> int:
         return 0
 
 
-def _estimate(cfg, ds) -> dict[str, int]:
+def rank_estimate(cfg, ds) -> dict[str, int]:
+    """One rank's model state and activations (:func:`estimate_bytes`), with what the run's
+    strategy declares of its step (``StrategySpec.step_rows``)."""
+    from gnnpar.strategies import registry
 
-    return estimate_bytes(cfg, ds, 1)
+    return estimate_bytes(cfg, ds, 1, step_rows=registry.get(cfg.strategy.name).step_rows)

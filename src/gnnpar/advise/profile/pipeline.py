@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gnnpar.advise.profile.core import REPEATS, Profile, flags_for, mean_time
-from gnnpar.advise.profile.memory import _estimate
+from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.configure import build_config
 from gnnpar.models import build_model
 from gnnpar.parallel.pipeline.stages import PROFILE_IMAGES, bounds, profile_blocks, split_by_cost
@@ -65,7 +65,7 @@ def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], pro
             "opt_s": [opt_s * c / total for c in counts],
             "grad_bytes": [4.0 * c for c in counts],
         }
-        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = _estimate(cfg, ds)
+        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = rank_estimate(cfg, ds)
 
 
 def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof: Profile):
@@ -125,7 +125,7 @@ def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof:
         "opt_s": opt_s,
     }
     prof.full_step_s = image_step_s(prof, batch)
-    prof.memory["full"] = _estimate(cfg, ds)
+    prof.memory["full"] = rank_estimate(cfg, ds)
     for replicas, stages, chunks in shapes:
         strategy = "hybrid" if replicas > 1 else "pipeline"
         extra = {"replicas": replicas} if replicas > 1 else {}
@@ -133,7 +133,7 @@ def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof:
         flags["workers"] = replicas * stages
         scfg = build_config(None, flags)
         image_pipeline(prof, replicas, stages, chunks, scfg.strategy.balance)
-        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = _estimate(scfg, ds)
+        prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = rank_estimate(scfg, ds)
 
 
 def image_pipeline(

@@ -19,7 +19,7 @@ from gnnpar.advise.profile.core import (
     _train_step,
     flags_for,
 )
-from gnnpar.advise.profile.memory import _estimate
+from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.advise.profile.steps import _fresh_batch_time
 from gnnpar.data.sampling.loader import SampledBatches, build_loader, shard_plan
 
@@ -180,4 +180,4 @@ def profile_sampled(
             "fanouts": list(cfg.strategy.fanouts),
             **loader,
         }
-        prof.memory[f"sampled{bs}"] = _estimate(cfg, ds)
+        prof.memory[f"sampled{bs}"] = rank_estimate(cfg, ds)

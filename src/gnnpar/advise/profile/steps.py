@@ -24,7 +24,7 @@ from gnnpar.advise.profile.core import (
     interleaved_times,
     probe_rounds,
 )
-from gnnpar.advise.profile.memory import _estimate
+from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.training.loop import Final, train
 from gnnpar.training.sources import ShuffledBatches
 
@@ -38,7 +38,7 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
         (prof.full_step_s,) = interleaved_times([_train_step(plan, split)(batch)])
         prof.slowed_share = _share(split)
         (prof.full_first_s,) = _first_step_extra(_train_step(plan), [batch], [prof.full_step_s])
-        prof.memory["full"] = _estimate(cfg, ds)
+        prof.memory["full"] = rank_estimate(cfg, ds)
     for p in sorted(set(partitions)):
         cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
         split = []
@@ -50,7 +50,7 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
             prof.slowed_share = _share(split)
         step = _train_step(plan)
         prof.parts_first_s[str(p)] = _first_step_extra(step, batches, prof.parts_step_s[str(p)])
-        prof.memory[f"parts{p}"] = _estimate(cfg, ds)
+        prof.memory[f"parts{p}"] = rank_estimate(cfg, ds)
 
 
 def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
