@@ -4,7 +4,9 @@
 "toy": one process, full-batch training of a graph model, scored at the end only. It reads
 --jitter (emulated straggler pauses), to show that a setting's readers come from the specs.
 Its ``advice`` makes ``gnnpar advise`` consider it: one rank training the whole graph (the
-profile's full-graph step, simulated step by step), tests/advise/test_toy_advised.py.
+profile's full-graph step, timed through this module's own plan, simulated step by step),
+tests/advise/test_toy_advised.py. Its memory estimate is the whole graph's (no ``step_rows``),
+tests/strategies/test_registry.py.
 """
 
 from __future__ import annotations
@@ -71,5 +73,6 @@ SPEC = StrategySpec(
         "toy": "always true: the run was the toy strategy's",
         "jitter": STRAGGLER_KEYS["jitter"],
     },
-    advice=Advice(SIM_ONE_RANK),  # gnnpar advise: one rank training the whole graph
+    # gnnpar advise: one rank training the whole graph, timed through this plan
+    advice=Advice(SIM_ONE_RANK, own_plan=True),
 )

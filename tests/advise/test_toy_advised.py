@@ -41,6 +41,41 @@ def test_a_registered_strategy_is_in_advise_grid_from_its_spec(toy):
     ]
 
 
+def test_advise_times_a_strategy_through_its_own_plan_where_its_spec_says_so(toy, tmp_path):
+    """The toy declares ``Advice(own_plan=True)``: its full-graph step is timed through its own
+    ``build`` (a copy of the toy registered here records its builds); the data-parallel
+    strategies on subgraphs declare none, and are timed through the reference's (sequential's)
+    one-rank plan, as before."""
+    import dataclasses
+
+    from gnnpar.advise.predict import Candidate
+    from gnnpar.advise.profile import Profile, flags_for, profile_graph_batches, reference
+    from gnnpar.data.datasets import load_dataset
+
+    built = []
+
+    def build(cfg, ds, ctx, dims):
+        built.append(cfg.strategy.name)
+        return toy.build(cfg, ds, ctx, dims)
+
+    registry.register(dataclasses.replace(toy, name="toy-watched", build=build))
+    try:
+        need = Candidate("toy-watched", {}, 1).need()
+        assert (need.kind, need.plan) == ("full", "toy-watched")
+        lockstep = Candidate("allreduce", {"partitions": 4, "sync_every": 1}, 2).need()
+        assert (lockstep.kind, lockstep.plan, reference("parts")) == ("parts", "", "sequential")
+        base = {"dataset": "karate", "model": "gcn", "threads": 1, "data-root": str(tmp_path)}
+        ds = load_dataset("karate", str(tmp_path), 1.0, 0, 60)
+        prof = Profile("here", 2, 1, "karate", "gcn", 1, 0, 34, 4, 1, 1)
+        profile_graph_batches(flags_for(base, need.plan), ds, [], True, prof, need.plan)
+        assert built == ["toy-watched"] and prof.full_step_s > 0
+        assert set(prof.memory) == {"full"}
+        profile_graph_batches(flags_for(base, "sequential"), ds, [2], False, prof)
+        assert built == ["toy-watched"] and len(prof.parts_step_s["2"]) == 2  # the reference's
+    finally:
+        registry.unregister("toy-watched")
+
+
 def test_a_registered_strategy_is_profiled_and_simulated_by_advise(toy, tmp_path, capsys):
     advice = _advise(tmp_path, "--strategies", "toy,sequential")
     got = {(p["strategy"], json.dumps(p["settings"])): p for p in advice["predictions"]}

@@ -40,7 +40,7 @@ from gnnpar.advise.predict import (
     simulation_of,
     straggles,
 )
-from gnnpar.advise.profile import PROBE_ROUNDS, flags_for
+from gnnpar.advise.profile import PROBE_ROUNDS, flags_for, reference
 from gnnpar.errors import UsageError
 from gnnpar.strategies.spec import SIM_GOSSIP, SIM_LOCKSTEP, SIM_PIPELINE
 
@@ -120,12 +120,12 @@ def parse_request(flags: dict[str, Any]) -> Request:
     slowdown, jitter = _stragglers(flags, cluster)
     repeats, rounds = _repeats_and_rounds(flags)
     base, out = _base_flags(flags, threads)
-    cfg = build_config(None, flags_for(base, "sequential"))  # the common settings, checked
+    cfg = build_config(None, flags_for(base, reference("full")))  # the common settings, checked
     images = 0
     if cfg.model.name == "vig":  # images: --batch-size is the run's, not an axis of the grid
         if "batch_size" in fixed:
             base["batch-size"] = fixed.pop("batch_size")
-            cfg = build_config(None, flags_for(base, "sequential"))
+            cfg = build_config(None, flags_for(base, reference("full")))
         images = cfg.strategy.batch_size
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -540,7 +540,7 @@ def _load_dataset(req: Request):
     from gnnpar.configure import build_config
     from gnnpar.data.datasets import load_dataset
 
-    cfg = build_config(None, flags_for(req.base, "sequential"))
+    cfg = build_config(None, flags_for(req.base, reference("full")))
     d = cfg.data
     return load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, cfg.strategy.timeout_s)
 

@@ -72,7 +72,7 @@ def graph_facts(base: dict[str, Any], ds) -> Facts:
     (``--partitioner``, ``--seed``, the cache under ``--data-root``)."""
     import torch
 
-    from gnnpar.advise.profile import flags_for
+    from gnnpar.advise.profile import flags_for, reference
     from gnnpar.configure import build_config
     from gnnpar.data.partition import load_partitions
 
@@ -82,7 +82,7 @@ def graph_facts(base: dict[str, Any], ds) -> Facts:
     def split(p: int) -> Split:
         if p > n:
             return Split(False, why=f"the graph has {n} nodes, fewer than {p} subgraphs")
-        cfg = build_config(None, flags_for(base, "sequential", partitions=p))
+        cfg = build_config(None, flags_for(base, reference("full"), partitions=p))
         try:
             graph, _, _ = load_partitions(cfg, ds)
         except UsageError as e:  # some subgraph would be empty
@@ -109,10 +109,10 @@ def profile_facts(base: dict[str, Any], prof) -> Facts:
 
 
 def _config(base: dict[str, Any]):
-    from gnnpar.advise.profile import flags_for
+    from gnnpar.advise.profile import flags_for, reference
     from gnnpar.configure import build_config
 
-    return build_config(None, flags_for(base, "sequential"))
+    return build_config(None, flags_for(base, reference("full")))
 
 
 def choose_partitions(default: int, lo: int, facts: Facts, multiple: int = 1) -> int | None:

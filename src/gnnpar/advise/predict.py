@@ -155,15 +155,20 @@ class Candidate:
         return f"{self.strategy}({', '.join(parts)})" if parts else self.strategy
 
     def need(self) -> Need:
-        s, simulation = self.settings, simulation_of(self.strategy)
+        """What the profile measures for it, through its own plan where its spec says so."""
+        s, advice = self.settings, advice_of(self.strategy)
+        simulation, plan = advice.simulation, self.strategy if advice.own_plan else ""
         if simulation == SIM_ONE_RANK:
-            return Need("parts", partitions=s["partitions"]) if "partitions" in s else Need("full")
+            if "partitions" in s:
+                return Need("parts", partitions=s["partitions"], plan=plan)
+            return Need("full", plan=plan)
         if simulation in (SIM_LOCKSTEP, SIM_GOSSIP):
-            return Need("parts", partitions=s["partitions"])
+            return Need("parts", partitions=s["partitions"], plan=plan)
         if simulation == SIM_SAMPLED:
-            return Need("sampled", batch_size=s["batch_size"], world=self.world)
+            return Need("sampled", batch_size=s["batch_size"], world=self.world, plan=plan)
         replicas = s.get("replicas", 1)
-        return Need("pipeline", replicas=replicas, stages=s["stages"], chunks=s["chunks"])
+        shape = {"replicas": replicas, "stages": s["stages"], "chunks": s["chunks"]}
+        return Need("pipeline", **shape, plan=plan)
 
 
 @dataclass

@@ -256,7 +256,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 SPEC = StrategySpec(
     name="pipeline",
     help="a GPipe pipeline of --stages stages",
-    advice=Advice(SIM_PIPELINE),
+    advice=Advice(SIM_PIPELINE, own_plan=True),  # hybrid's too: its own config per shape
     degrees=pipelined,
     reads={**PIPELINE, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
     build=build,

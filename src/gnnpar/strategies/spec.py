@@ -96,11 +96,17 @@ class Advice:
       memory per rank.
     * ``default``: in advise's grid when ``--strategies`` is not given.
     * ``bipartite``: SIM_GOSSIP: active ranks pair with passive ones only.
+    * ``own_plan``: the profile times its steps through its own plan (its ``build``, in one
+      process as rank 0); else through the reference plan of what it needs measured (the first
+      registered strategy of that simulation: a one-rank step of the full graph or of a subgraph,
+      a sampled batch, a pipeline's stages; :func:`gnnpar.advise.profile.core.reference`), as
+      the data-parallel strategies on subgraphs, whose steps are a one-rank step each.
     """
 
     simulation: str
     default: bool = True
     bipartite: bool = False
+    own_plan: bool = False
 
     def __post_init__(self) -> None:
         if self.simulation not in SIMULATIONS:

@@ -70,6 +70,9 @@ from gnnpar.advise.profile.core import (
     cpu_model,
     flags_for,
     interleaved_calls,
+    plan_of,
+    reference,
+    reference_of,
 )
 from gnnpar.advise.profile.corun import _corun_factor, wake_s
 from gnnpar.advise.profile.memory import current_rss
@@ -92,6 +95,7 @@ from gnnpar.configure import build_config
 from gnnpar.data.datasets import load_dataset
 from gnnpar.models.memory import FLOAT_BYTES, parameter_count
 from gnnpar.runtime.launch import start_fork_server_for_ranks
+from gnnpar.strategies.spec import SIM_GOSSIP, SIM_LOCKSTEP, SIM_PIPELINE
 from gnnpar.training.metrics import peak_memory
 
 __all__ = [
@@ -117,6 +121,8 @@ __all__ = [
     "profile_pipeline",
     "profile_sampled",
     "real_loop_factor",
+    "reference",
+    "reference_of",
     "sampled_batch_costs",
     "sampled_key",
     "seed_batch_sizes",
@@ -154,7 +160,7 @@ def take_profile(
     needs = list(needs)
     if comm:  # before the loader workers below start it for themselves (see there)
         start_fork_server_for_ranks(2, threads, (__name__,))
-    cfg = build_config(None, flags_for(base, "sequential"))
+    cfg = build_config(None, flags_for(base, reference("full")))  # the common settings
     d = cfg.data
     if ds is None:
         ds = load_dataset(d.dataset, d.data_root, d.scale, cfg.run.seed, timeout_s)
@@ -209,23 +215,29 @@ def _measure_steps(
     """Every batch kind's step in this process (in rounds), and the real loop's factor, with
     the reference work timed after each; returns the pipeline shapes measured (replicas,
     stages, chunks)."""
+    # each pipeline shape through its need's plan (the first need's where several ask for it)
+    plans: dict[tuple[int, int, int], str] = {}
+    for n in needs:
+        if n.kind == "pipeline" and n.plan:
+            plans.setdefault((n.replicas, n.stages, n.chunks), n.plan)
     if ds.kind == "image":  # ViG: sequential and every pipeline shape, from one set of blocks
         shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
-        profile_images(base, ds, shapes, prof)
+        profile_images(base, ds, shapes, prof, plans)
         return shapes
     full = any(n.kind == "full" for n in needs)
     parts = [n.partitions for n in needs if n.kind == "parts"]
+    full_plan, parts_plan = plan_of(needs, "full"), plan_of(needs, "parts")
     sizes = seed_batch_sizes([n for n in needs if n.kind == "sampled"], prof.num_train)
     shapes = [(n.replicas, n.stages, n.chunks) for n in needs if n.kind == "pipeline"]
     if comm:  # the two-stage shapes whose real step calibrates every pipeline's (below)
         shapes += [(1, 2, m) for _, _, m in shapes if cfg.model.layers >= 2]
 
     def measure(into: Profile) -> Profile:
-        profile_graph_batches(base, ds, parts, full, into)
+        profile_graph_batches(base, ds, parts, full, into, full_plan, parts_plan)
         if sizes:
-            profile_sampled(base, ds, sizes, into, workers=loader_workers)
+            profile_sampled(base, ds, sizes, into, loader_workers, plan_of(needs, "sampled"))
         if shapes:
-            profile_pipeline(base, ds, shapes, into)
+            profile_pipeline(base, ds, shapes, into, plans)
         return into
 
     _measure_in_rounds(measure, prof)
@@ -234,7 +246,9 @@ def _measure_steps(
         p = min(parts) if parts else None
         step_s = statistics.fmean(prof.parts_step_s[str(p)]) if p else prof.full_step_s
         with tempfile.TemporaryDirectory(prefix="gnnpar-advise-loop-") as tmp:
-            rounds, drift = real_loop_factor(base, ds, tmp, p, step_s, asked=prof.rounds)
+            rounds, drift = real_loop_factor(
+                base, ds, tmp, p, step_s, asked=prof.rounds, plan=parts_plan if p else full_plan
+            )
         prof.loop_factor = statistics.median(rounds)
         prof.probe_rounds["loop_factor"] = rounds
         if drift:  # the same steps timed again later, over the profile's timing (1)
@@ -257,8 +271,10 @@ def _two_rank_probes(
     ``corun_partitions``."""
     straggle, corun_partitions = probe
     chunks = sorted({m for r, s, m in shapes if (r, s) == (1, 2)})
+    # the ranks know the built-in strategies only: the two-rank probes train the references
+    pipeline, lockstep, gossip = (reference_of(s) for s in (SIM_PIPELINE, SIM_LOCKSTEP, SIM_GOSSIP))
     pipelines = [
-        (f"1x2x{m}", {**flags_for(base, "pipeline", stages=2, chunks=m), "workers": 2})
+        (f"1x2x{m}", {**flags_for(base, pipeline, stages=2, chunks=m), "workers": 2})
         for m in chunks
     ]
     # subgraph steps on two ranks at once: for the subgraph strategies and the pipelines'
@@ -267,13 +283,10 @@ def _two_rank_probes(
     parts = parts or ([corun_partitions] if corun_partitions else [])
     corun = None
     if parts and any(n.kind in ("parts", "pipeline") for n in needs):
-        flags = flags_for(base, "allreduce", partitions=parts[0], sync_every=20)
-        gossip = None
+        flags = flags_for(base, lockstep, partitions=parts[0], sync_every=20)
+        pool = None
         if straggle:  # and gossip's fast rank beside the straggler (the pool's main worker)
-            gossip = {
-                **flags_for(base, "gossip", partitions=parts[0], sync_every=20),
-                "workers": 2,
-            }
-        corun = ({**flags, "workers": 2}, straggle, gossip)
+            pool = {**flags_for(base, gossip, partitions=parts[0], sync_every=20), "workers": 2}
+        corun = ({**flags, "workers": 2}, straggle, pool)
     sampled = _sampled_probe(base, needs, prof, straggle)
     profile_comm(timeout_s, prof, threads, pipelines, corun, sampled)

@@ -19,6 +19,7 @@ from gnnpar.advise.profile.core import (
     Profile,
     flags_for,
     interleaved_calls,
+    reference,
 )
 from gnnpar.advise.profile.corun import _corun_factor, _probe_dataset, _sampled_corun_factor, wake_s
 from gnnpar.advise.profile.sampled import sampled_batch_costs, sampled_key
@@ -144,7 +145,8 @@ def _sampled_probe(
     if not sizes:
         return None
     b, _ = sampled_batch_costs(prof, sizes[0], 2)
-    flags = {**flags_for(base, "sampled", batch_size=sizes[0], loader_workers=0), "workers": 2}
+    strategy = reference("sampled")  # the ranks know the built-in strategies only
+    flags = {**flags_for(base, strategy, batch_size=sizes[0], loader_workers=0), "workers": 2}
     return flags, b["compute_s"] + b["main_sample_s"], straggle
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from gnnpar.configure import NEEDS, STRATEGY_KEYS, build_config
 from gnnpar.runtime.dist import DistContext
 from gnnpar.strategies import registry
+from gnnpar.strategies.spec import SIM_ONE_RANK, SIM_PIPELINE, SIM_SAMPLED
 
 REPEATS = 5
 ROUNDS = 15  # round-robin repetitions of a set of batches (fewer when a round is long)
@@ -34,7 +35,10 @@ PROBE_SIDE_S = 1.0
 
 @dataclass(frozen=True)
 class Need:
-    """One thing to measure: ``kind`` full | parts | sampled | pipeline, with its settings."""
+    """One thing to measure: ``kind`` full | parts | sampled | pipeline, with its settings;
+    ``plan``: the strategy whose plan measures it (``Advice.own_plan``; "": the kind's
+    :func:`reference`). Two needs that differ in ``plan`` only are one measurement (the first
+    one's plan measures it)."""
 
     kind: str
     partitions: int = 0
@@ -43,6 +47,39 @@ class Need:
     stages: int = 1
     chunks: int = 1
     world: int = 1  # sampled: the ranks that share the training nodes (see seed_batch_sizes)
+    plan: str = field(default="", compare=False)
+
+
+# what each kind of need measures: a step of this simulation's
+MEASURES = {"full": SIM_ONE_RANK, "parts": SIM_ONE_RANK, "sampled": SIM_SAMPLED}
+MEASURES["pipeline"] = SIM_PIPELINE
+
+
+def reference_of(simulation: str, replicas: bool = False) -> str:
+    """The first registered strategy of ``simulation`` advised by default, with (``replicas``)
+    or without data-parallel copies of a pipeline (it reads --replicas): the built-in ones
+    sequential, allreduce, gossip, pipeline (hybrid), sampled. The two-rank probes train these
+    (ranks know the built-in strategies only)."""
+    return next(
+        s.name
+        for s in registry.specs()
+        if s.advice is not None
+        and s.advice.default
+        and s.advice.simulation == simulation
+        and ("replicas" in s.reads) == replicas
+    )
+
+
+def reference(kind: str, replicas: int = 1) -> str:
+    """The strategy whose plan measures a need of ``kind`` where its strategy does not declare
+    its own (``Advice.own_plan``); for ``full`` also the config of the settings every
+    configuration shares."""
+    return reference_of(MEASURES[kind], replicas > 1)
+
+
+def plan_of(needs, kind: str) -> str:
+    """The plan that measures the needs of ``kind`` (the first one's, else the reference)."""
+    return next((n.plan for n in needs if n.kind == kind and n.plan), "") or reference(kind)
 
 
 @dataclass

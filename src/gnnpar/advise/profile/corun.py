@@ -56,7 +56,7 @@ def _corun_factor(
 
     cfg = build_config(None, flags)
     ds = _probe_dataset(cfg)
-    spec = registry.get("allreduce")
+    spec = registry.get(cfg.strategy.name)
     plan = spec.build(cfg, ds, ctx, spec.parallel_dims(cfg, ctx.world_size))
     mine = [plan.source.graph.batch(p) for p in plan.source.mine]
     steps = [_train_step(plan)(b) for b in mine]
@@ -98,7 +98,7 @@ def _sync_run(flags: dict, ds, ctx, epochs: int) -> dict[str, Any]:
     loop on both ranks for ``epochs``: its wall time (the slower rank's summed epochs), each
     rank's steps without their waits, and the epochs. What the wall time holds beyond the steps
     is what the all-reduces and barriers cost inside training (:func:`wake_s`)."""
-    k1 = {**flags, "strategy": "allreduce", "sync-every": 1, "average": "grads"}
+    k1 = {**flags, "sync-every": 1, "average": "grads"}
     run = _train_on_ranks(k1, ds, ctx, epochs)
     return {
         "wall_s": run.train_time_s,
@@ -213,7 +213,7 @@ def _sampled_corun_factor(
     bs = cfg.strategy.batch_size
     size = min(bs, shard_plan(int(ds.data.train_mask.sum()), ctx.world_size, bs)[0])
     solo = build_config(None, {**flags, "batch-size": max(1, size)})
-    spec = registry.get("sampled")
+    spec = registry.get(solo.strategy.name)
     mine = spec.build(solo, ds, DistContext(), spec.parallel_dims(solo, 1))
 
     def alone() -> float:  # timed by rank 0, the other rank idle

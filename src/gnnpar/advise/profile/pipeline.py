@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from gnnpar.advise.profile.core import REPEATS, Profile, flags_for, mean_time
+from gnnpar.advise.profile.core import REPEATS, Profile, flags_for, mean_time, reference
 from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.configure import build_config
 from gnnpar.models import build_model
@@ -20,12 +20,21 @@ from gnnpar.training.pipeline_batches import GraphMicroBatches, StagePlace
 from gnnpar.training.seeding import seed_everything
 
 
-def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof: Profile):
+def profile_pipeline(
+    base: dict,
+    ds,
+    shapes: Iterable[tuple[int, int, int]],
+    prof: Profile,
+    plans: dict[tuple[int, int, int], str] | None = None,
+):
     """Each stage's forward and backward per micro-batch (every stage on this process, one at
-    a time), the activation bytes at each cut, the optimizer step per stage."""
+    a time), the activation bytes at each cut, the optimizer step per stage; each shape
+    (replicas, stages, chunks) configured as the strategy ``plans`` names for it (else the
+    reference's: pipeline, or hybrid with copies)."""
 
+    plans = plans or {}
     for replicas, stages, chunks in sorted(set(shapes)):
-        strategy = "hybrid" if replicas > 1 else "pipeline"
+        strategy = plans.get((replicas, stages, chunks)) or reference("pipeline", replicas)
         extra = {"replicas": replicas} if replicas > 1 else {}
         flags = flags_for(base, strategy, stages=stages, chunks=chunks, **extra)
         flags["workers"] = replicas * stages
@@ -68,7 +77,13 @@ def profile_pipeline(base: dict, ds, shapes: Iterable[tuple[int, int, int]], pro
         prof.memory[f"pipeline{replicas}x{stages}x{chunks}"] = rank_estimate(cfg, ds)
 
 
-def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof: Profile):
+def profile_images(
+    base: dict,
+    ds,
+    shapes: Iterable[tuple[int, int, int]],
+    prof: Profile,
+    plans: dict[tuple[int, int, int], str] | None = None,
+):
     """ViG (study 000): the forward and the backward of every block (the stem in the first,
     the readout in the last) per image, from which every batch kind is composed.
 
@@ -93,7 +108,7 @@ def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof:
       ``--max-steps``; an epoch is their sum, which the event simulation adds up.
     """
 
-    cfg = build_config(None, flags_for(base, "sequential"))
+    cfg = build_config(None, flags_for(base, reference("full")))
     seed_everything(cfg.run.seed)
     model = build_model(cfg.model, ds.num_features, ds.num_classes, ds.multilabel)
     blocks, batch = len(model.blocks), cfg.strategy.batch_size
@@ -127,7 +142,7 @@ def profile_images(base: dict, ds, shapes: Iterable[tuple[int, int, int]], prof:
     prof.full_step_s = image_step_s(prof, batch)
     prof.memory["full"] = rank_estimate(cfg, ds)
     for replicas, stages, chunks in shapes:
-        strategy = "hybrid" if replicas > 1 else "pipeline"
+        strategy = (plans or {}).get((replicas, stages, chunks)) or reference("pipeline", replicas)
         extra = {"replicas": replicas} if replicas > 1 else {}
         flags = flags_for(base, strategy, stages=stages, chunks=chunks, **extra)
         flags["workers"] = replicas * stages

@@ -18,6 +18,7 @@ from gnnpar.advise.profile.core import (
     _share,
     _train_step,
     flags_for,
+    reference,
 )
 from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.advise.profile.steps import _fresh_batch_time
@@ -136,12 +137,19 @@ def sampled_key(prof: Profile, batch_size: int, world: int) -> str:
 
 
 def profile_sampled(
-    base: dict, ds, batch_sizes: Iterable[int], prof: Profile, workers: bool = False
+    base: dict,
+    ds,
+    batch_sizes: Iterable[int],
+    prof: Profile,
+    workers: bool = False,
+    plan: str | None = None,
 ) -> None:
-    """A few of sampled's own batches per batch size: making each in one thread (a loader
-    worker) and training it at the run's threads."""
+    """A few of the sampled plan's own batches per batch size (``plan``'s; None: the
+    reference's, sampled's): making each in one thread (a loader worker) and training it at the
+    run's threads."""
+    strategy = plan or reference("sampled")
     for bs in sorted(set(batch_sizes)):
-        cfg, plan = _plan(flags_for(base, "sampled", batch_size=bs), ds)
+        cfg, plan = _plan(flags_for(base, strategy, batch_size=bs), ds)
         try:
             batches = plan.source.batches
             n = min(SAMPLED_BATCHES, batches.steps)

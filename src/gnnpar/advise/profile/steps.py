@@ -23,16 +23,27 @@ from gnnpar.advise.profile.core import (
     flags_for,
     interleaved_times,
     probe_rounds,
+    reference,
 )
 from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.training.loop import Final, train
 from gnnpar.training.sources import ShuffledBatches
 
 
-def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool, prof: Profile):
-    """The full graph and every subgraph of each partition count, through sequential's plan."""
+def profile_graph_batches(
+    base: dict,
+    ds,
+    partitions: Iterable[int],
+    full: bool,
+    prof: Profile,
+    plan: str | None = None,
+    parts_plan: str | None = None,
+):
+    """The full graph, through the plan of the strategy ``plan``, and every subgraph of each
+    partition count, through ``parts_plan``'s (None: the reference's,
+    :func:`~gnnpar.advise.profile.core.reference`)."""
     if full:
-        cfg, plan = _plan(flags_for(base, "sequential"), ds)
+        cfg, plan = _plan(flags_for(base, plan or reference("full")), ds)
         (batch,) = plan.source.batches
         split: list[tuple[float, float]] = []
         (prof.full_step_s,) = interleaved_times([_train_step(plan, split)(batch)])
@@ -40,7 +51,7 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
         (prof.full_first_s,) = _first_step_extra(_train_step(plan), [batch], [prof.full_step_s])
         prof.memory["full"] = rank_estimate(cfg, ds)
     for p in sorted(set(partitions)):
-        cfg, plan = _plan(flags_for(base, "sequential", partitions=p), ds)
+        cfg, plan = _plan(flags_for(base, parts_plan or reference("parts"), partitions=p), ds)
         split = []
         batches = plan.source.batches
         prof.parts_step_s[str(p)] = interleaved_times(
@@ -55,12 +66,12 @@ def profile_graph_batches(base: dict, ds, partitions: Iterable[int], full: bool,
 
 def loop_overhead_s(base: dict, ds, out: str, steps: int = 100) -> float:
     """What the one training loop adds to each step (source, progress, metrics line, step
-    bookkeeping): the real loop (:func:`gnnpar.training.loop.train`) over sequential's plan
-    with its step replaced by nothing, writing its metrics to ``out`` as a run does. The plan's
+    bookkeeping): the real loop (:func:`gnnpar.training.loop.train`) over the one-rank
+    reference's plan (sequential's) with its step replaced by nothing, writing its metrics to ``out`` as a run does. The plan's
     final evaluation is replaced by nothing too: it is no part of a step, and it is a forward
     pass over the whole graph (synthetic-amazon at scale 1: the profile's 19 GiB peak)."""
 
-    flags = flags_for(base, "sequential")
+    flags = flags_for(base, reference("full"))
     flags.update({"epochs": 1, "out": out})
     cfg, plan = _plan(flags, ds)
     zero = torch.zeros(())
@@ -89,10 +100,11 @@ def real_loop_factor(
     profiled_s: float,
     min_steps: int = 60,
     asked: int = PROBE_ROUNDS,
+    plan: str | None = None,
 ) -> tuple[list[float], list[float]]:
     """How much longer a step takes in the real training loop than profiled alone, per round
-    (:func:`probe_rounds`): sequential's plan (its ``partitions`` subgraphs, else the full
-    graph) has its batches' steps timed alone (:func:`interleaved_times`), then is trained by
+    (:func:`probe_rounds`): the plan of ``plan`` (None: the reference's, sequential's; its
+    ``partitions`` subgraphs, else the full graph) has its batches' steps timed alone (:func:`interleaved_times`), then is trained by
     :func:`gnnpar.training.loop.train` for a few epochs (at least ``min_steps`` steps after the
     first epoch, which warms up); the round's ratio is the mean of the loop's own step times
     over the mean of the steps alone (with one round, ``profiled_s``: the profile's mean step of
@@ -103,7 +115,8 @@ def real_loop_factor(
     which says how far the machine's speed drifted while it was profiled (none: one round)."""
 
     per_epoch = partitions or 1
-    flags = flags_for(base, "sequential", **({"partitions": partitions} if partitions else {}))
+    strategy = plan or reference("full")
+    flags = flags_for(base, strategy, **({"partitions": partitions} if partitions else {}))
     flags["epochs"] = _probe_epochs(min_steps, per_epoch, profiled_s)
     rounds, ratios, drift = probe_rounds(per_epoch * profiled_s, asked), [], []
     for i in range(rounds):
