@@ -9,6 +9,11 @@ starts with ``_`` are not scripts: they are the other side of one (a peer librar
 * :func:`machine` / :func:`header`: CPU model, cores, load average, torch version, git commit and
   date, to print before the figures and to store beside them (every figure names its machine).
 * :func:`set_threads`: torch's intra-op threads (and OpenMP's, for processes started after).
+* :func:`parser` and :func:`start`: a script's preamble: its options (``--smoke`` and, where
+  asked, ``--reps``, ``--threads``, ``--data-root``, ``--out``), its smallest setting under
+  ``--smoke``, its threads set and the machine's line printed before the figures.
+* :func:`rank_pids` / :func:`wait_for_steps`: a run's ranks, and waiting until it trains (the
+  benchmarks and the tests use these same two: tests/helpers.py imports them from here).
 * :func:`alternate`: time several sides in turn, the order reversed every other repetition, so
   that a shared machine's drifting load hits every side alike; :func:`median_ratio` is the median
   of per-repetition ratios (steadier than the ratio of medians when the load moves).
@@ -267,14 +272,60 @@ def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, deadline_s
 
 
 # ------------------------------------------------------------------------------- the scripts
-def parser(doc: str | None, **kwargs: Any) -> argparse.ArgumentParser:
-    """An ArgumentParser described by the first line of ``doc``, with ``--smoke``."""
+def parser(
+    doc: str | None,
+    *,
+    reps: int | None = None,
+    threads: int | None = None,
+    data_root: bool = False,
+    out: bool = False,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """An ArgumentParser described by the first line of ``doc``, with ``--smoke``, and the
+    options most scripts share where asked for: ``--reps`` (repetitions, default ``reps``),
+    ``--threads`` (torch's threads, default ``threads``), ``--data-root`` (default
+    $GNNPAR_DATA), ``--out`` (a JSON file for the figures, default none)."""
     first = (doc or "").strip().split("\n\n")[0].replace("\n", " ")
     p = argparse.ArgumentParser(description=first, **kwargs)
     p.add_argument(
         "--smoke", action="store_true", help="the smallest setting (a few seconds): does it run?"
     )
+    if reps is not None:
+        p.add_argument("--reps", type=int, default=reps, help="repetitions (the median is kept)")
+    if threads is not None:
+        p.add_argument("--threads", type=int, default=threads, help="torch's threads")
+    if data_root:
+        p.add_argument("--data-root", default=os.environ.get("GNNPAR_DATA"))
+    if out:
+        p.add_argument("--out", default=None, help="write the figures as JSON here")
     return p
+
+
+def start(
+    p: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    smoke: dict[str, Any] | None = None,
+    header: bool = True,
+    rank_threads: int | None = None,
+) -> argparse.Namespace:
+    """A script's arguments, parsed, and what every script does before it measures: with
+    ``--smoke`` the settings ``smoke`` names are set (and ``--data-root``, where the parser has
+    it and none was given, is :func:`smoke_root`); ``--threads``, where the parser has it, is
+    set (:func:`set_threads`); the machine's line is printed (:func:`print_header`) unless
+    ``header`` is False, naming ``--threads`` or else ``rank_threads`` (the threads of each rank
+    a script starts, which set their own)."""
+    args = p.parse_args(argv)
+    if args.smoke:
+        for key, value in (smoke or {}).items():
+            setattr(args, key, value)
+        if hasattr(args, "data_root") and not args.data_root:
+            args.data_root = str(smoke_root())
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        set_threads(threads)
+    if header:
+        print_header(threads if threads is not None else rank_threads)
+    return args
 
 
 def smoke_root() -> Path:

@@ -1,15 +1,17 @@
 """Helpers shared by the tests (``from helpers import ...``; tests/ is on sys.path through
-pyproject.toml's ``pythonpath``): run the CLI in a subprocess, tiny hand-built graphs."""
+pyproject.toml's ``pythonpath``): run the CLI in a subprocess, tiny hand-built graphs. Finding a
+run's ranks and waiting for its steps (:func:`rank_pids`, :func:`wait_for_steps`) have one home,
+the benchmark harness, which the benchmarks use too (they never import from tests/)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+from benchmarks.harness import rank_pids, wait_for_steps  # noqa: F401 (the tests import them here)
 from torch_geometric.data import Data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,52 +56,6 @@ def start_cli(*args: str, env: dict | None = None) -> subprocess.Popen:
         env=full_env,
         cwd=ROOT,
     )
-
-
-def rank_pids(launcher_pid: int, ranks: int, deadline_s: float = 30) -> list[int]:
-    """The pids of the local ranks that ``gnnpar train --workers N`` (process ``launcher_pid``)
-    started, in rank order: the children of its fork server (gnnpar's default), or its own
-    children when spawned (not multiprocessing's resource tracker), which torch's agent starts
-    one after the other in local-rank order (their environment is set after start, so it
-    cannot tell)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < deadline_s:
-        procs = {}  # pid: (parent, start time, cmdline)
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            procs[int(entry.name)] = (int(stat[1]), int(stat[19]), cmdline)
-        mine = [p for p, (parent, _, _) in procs.items() if parent == launcher_pid]
-        servers = {p for p in mine if b"forkserver" in procs[p][2]}
-        children = [
-            (start, p)
-            for p, (parent, start, cmdline) in procs.items()
-            if parent in servers
-            or (parent == launcher_pid and p not in servers and b"resource_tracker" not in cmdline)
-        ]
-        if len(children) >= ranks:
-            return [pid for _, pid in sorted(children)[:ranks]]
-        time.sleep(0.05)
-    raise AssertionError(f"process {launcher_pid} did not start {ranks} ranks")
-
-
-def wait_for_steps(metrics: Path, steps: int, proc: subprocess.Popen, deadline_s: float) -> None:
-    """Until metrics.jsonl holds ``steps`` step records (the run is training)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < deadline_s:
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended early: {proc.communicate()[1][-2000:]}")
-        if metrics.exists():
-            lines = metrics.read_text().splitlines()
-            if sum('"event": "step"' in line for line in lines) >= steps:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"no {steps} steps in {metrics} within {deadline_s} s")
 
 
 def tiny_graph() -> Data:

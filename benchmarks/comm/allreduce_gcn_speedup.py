@@ -29,19 +29,18 @@ from gnnpar.bench.report import run_config
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = harness.parser(__doc__)
+    ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--scale", type=float, default=0.1)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "gnnpar-mem"))
     ap.add_argument("--out", default="bench-out/allreduce_speedup")
-    a = ap.parse_args(argv)
-    if a.smoke:  # the baseline and K = 1 once each, on a tiny graph
-        a.scale, a.epochs, a.partitions, a.reps = 0.005, 1, 2, 1
-        a.data_root, a.out = str(harness.smoke_root()), tempfile.mkdtemp(prefix="gnnpar-ar-")
-    harness.print_header(1)
+    # --smoke: the baseline and K = 1 once each, on a tiny graph
+    smoke = {"scale": 0.005, "epochs": 1, "partitions": 2, "reps": 1}
+    a = harness.start(ap, argv, {**smoke, "data_root": str(harness.smoke_root())}, rank_threads=1)
+    if a.smoke:
+        a.out = tempfile.mkdtemp(prefix="gnnpar-ar-")
     out = Path(a.out)
     base = {
         "dataset": "synthetic-reddit",

@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29990, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.sizes, args.calls = "1,1024", 3
+    args = harness.start(ap, argv, {"sizes": "1,1024", "calls": 3}, header=False)
     if args.rank is not None:
         sizes = [int(n) for n in args.sizes.split(",")]
         rank_main(args.rank, args.addr, args.port, sizes, args.compute_ms / 1e3, args.calls)

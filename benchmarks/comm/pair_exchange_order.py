@@ -76,13 +76,9 @@ def _rank(rank: int, port: int, reps: int, calls: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = harness.parser(__doc__)
-    ap.add_argument("--reps", type=int, default=7)
+    ap = harness.parser(__doc__, reps=7)
     ap.add_argument("--calls", type=int, default=200)
-    a = ap.parse_args(argv)
-    if a.smoke:
-        a.reps, a.calls = 2, 3
-    harness.print_header(1)
+    a = harness.start(ap, argv, {"reps": 2, "calls": 3}, rank_threads=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -39,14 +39,10 @@ class Block(nn.Module):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = harness.parser(__doc__)
-    ap.add_argument("--reps", type=int, default=8)
+    ap = harness.parser(__doc__, reps=8)
     ap.add_argument("--chunks", type=int, default=5, help="micro-batches")
     ap.add_argument("--rows", type=int, default=400, help="rows per micro-batch")
-    a = ap.parse_args(argv)
-    if a.smoke:
-        a.reps, a.chunks, a.rows = 2, 2, 8
-    harness.print_header(1)
+    a = harness.start(ap, argv, {"reps": 2, "chunks": 2, "rows": 8}, rank_threads=1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -28,8 +28,7 @@ from gnnpar.parallel.pipeline.stages import gpipe_bound
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = harness.parser(__doc__)
-    ap.add_argument("--reps", type=int, default=3)
+    ap = harness.parser(__doc__, reps=3)
     ap.add_argument("--batch-size", type=int, default=20)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=107)
@@ -38,11 +37,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--recompute", action="store_true")
     ap.add_argument("--scale", type=float, default=0.02)
     ap.add_argument("--out", default="bench-out/pipeline_speedup")
-    a = ap.parse_args(argv)
-    if a.smoke:  # one step each side, a narrow model
-        a.reps, a.batch_size, a.steps, a.hidden, a.chunks = 1, 4, 1, 8, 2
+    # --smoke: one step each side, a narrow model
+    smoke = {"reps": 1, "batch_size": 4, "steps": 1, "hidden": 8, "chunks": 2}
+    a = harness.start(ap, argv, smoke, rank_threads=1)
+    if a.smoke:
         a.out = tempfile.mkdtemp(prefix="gnnpar-pipe-")
-    harness.print_header(1)
     out = Path(a.out)
     base = {
         "dataset": "synthetic-cifar10",

@@ -87,19 +87,17 @@ def run_peer(side: str, folder: Path, ranks: int, epochs: int, parts: int) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=3, out=True)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--parts", type=int, default=40)
-    p.add_argument("--reps", type=int, default=3)
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--sides", default="gnnpar,pyg,dgl")
     p.add_argument("--workdir", default=None, help="default: $GNNPAR_DATA/frameworks")
-    p.add_argument("--out", default=None, help="write every run as JSON here")
     p.add_argument("--lock", default=None, help="hold this flock(1) lock file during each run")
-    a = p.parse_args(argv)
-    if a.smoke:  # gnnpar's side alone (the peers' interpreters are not there in CI)
-        a.ranks, a.epochs, a.parts, a.reps, a.scale, a.sides = 1, 1, 4, 1, 0.005, "gnnpar"
+    # --smoke: gnnpar's side alone (the peers' interpreters are not there in CI)
+    smoke = {"ranks": 1, "epochs": 1, "parts": 4, "reps": 1, "scale": 0.005, "sides": "gnnpar"}
+    a = harness.start(p, argv, smoke, header=False)  # printed once the graph is ready
     if a.lock:
         LOCK[:] = ["flock", a.lock]
     from gnnpar.config.parse import default_data_root

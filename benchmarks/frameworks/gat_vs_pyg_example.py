@@ -174,18 +174,11 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=3, threads=1, out=True)
     p.add_argument("--datasets", default="cora,citeseer")
     p.add_argument("--epochs", type=int, default=300)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cpu-steps", type=int, default=60, help="steps of the CPU-time comparison")
-    p.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.datasets, args.epochs, args.reps, args.cpu_steps = "cora", 2, 1, 2
-    harness.set_threads(args.threads)
-    harness.print_header(args.threads)
+    args = harness.start(p, argv, {"datasets": "cora", "epochs": 2, "reps": 1, "cpu_steps": 2})
     root = Path(tempfile.mkdtemp(prefix="gat_vs_pyg_"))
     for folder in PLANETOID_NAMES.values():  # a private copy: Planetoid writes processed/ files
         shutil.copytree(BUNDLED / folder, root / folder)

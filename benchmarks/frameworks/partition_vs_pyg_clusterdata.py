@@ -246,19 +246,16 @@ def bench_graph(name: str, args, sides: list[str], workdir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=5, out=True)
     p.add_argument("--graphs", default="reddit01,powerlaw")
     p.add_argument("--parts", type=int, default=40)
-    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0, help="gnnpar's METIS seed (PyG: METIS' own)")
     p.add_argument("--peer-python", default=DEFAULT_PEER)
     p.add_argument("--workdir", default="/tmp/gnnpar_partition_peers", help="graph files")
-    p.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = p.parse_args(argv)
+    smoke = {"graphs": "powerlaw-tiny", "parts": 4, "reps": 1}
+    args = harness.start(p, argv, smoke, rank_threads=1)
     if args.smoke:
-        args.graphs, args.parts, args.reps = "powerlaw-tiny", 4, 1
         args.workdir = str(harness.smoke_root() / "partition_peers")
-    harness.print_header(1)
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     sides = ["gnnpar", "pyg"]

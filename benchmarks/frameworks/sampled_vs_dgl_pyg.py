@@ -134,22 +134,20 @@ def run_peer(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=3, out=True)
     p.add_argument("--models", default="sage,gat3")
     p.add_argument("--ranks", default="1,2")
     p.add_argument("--workers", default="0,2", help="loader workers per rank")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--reps", type=int, default=3)
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--sides", default="gnnpar,pyg,dgl")
     p.add_argument("--workdir", default=None, help="default: $GNNPAR_DATA/frameworks")
-    p.add_argument("--out", default=None, help="write every run as JSON here")
     p.add_argument("--lock", default=None, help="hold this flock(1) lock file during each run")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="every side")
-    a = p.parse_args(argv)
-    if a.smoke:  # gnnpar's side alone (the peers' interpreters are not there in CI)
-        a.models, a.ranks, a.workers, a.epochs, a.reps = "sage", "1", "0", 1, 1
-        a.scale, a.sides = 0.005, "gnnpar"
+    # --smoke: gnnpar's side alone (the peers' interpreters are not there in CI)
+    smoke = {"models": "sage", "ranks": "1", "workers": "0", "epochs": 1, "reps": 1}
+    smoke |= {"scale": 0.005, "sides": "gnnpar"}
+    a = harness.start(p, argv, smoke, header=False)  # printed once the graph is ready
     if a.lock:
         LOCK[:] = ["flock", a.lock]
     from gnnpar.config.parse import default_data_root

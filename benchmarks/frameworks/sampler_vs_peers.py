@@ -167,24 +167,19 @@ class SideProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=5, out=True)
     p.add_argument("--graphs", default="synthetic-reddit,power-law")
-    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--batches", type=int, default=10, help="seed batches per repetition")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per side")
     p.add_argument("--workers", type=int, default=0, help="DataLoader workers per side")
     p.add_argument("--sides", default=None, help="comma-separated subset of the sides")
     p.add_argument("--workdir", default=None, help="saved graphs (default: $GNNPAR_DATA/peers)")
-    p.add_argument("--out", default=None, help="write the figures as JSON here")
     p.add_argument("--scale", type=float, default=0.1, help="synthetic-reddit's scale")
-    args = p.parse_args(argv)
+    smoke = {"graphs": "synthetic-reddit", "scale": 0.005, "reps": 1, "batches": 1}
+    args = harness.start(p, argv, {**smoke, "batch_size": 64, "sides": "gnnpar"})
     if args.smoke:
-        args.graphs, args.scale, args.reps, args.batches, args.batch_size = (
-            "synthetic-reddit", 0.005, 1, 1, 64,
-        )  # fmt: skip
-        args.sides, args.workdir = "gnnpar", str(harness.smoke_root() / "peers")
-    harness.print_header(args.threads)
+        args.workdir = str(harness.smoke_root() / "peers")
     from gnnpar.config.parse import default_data_root
 
     workdir = Path(args.workdir) if args.workdir else default_data_root() / "peers"

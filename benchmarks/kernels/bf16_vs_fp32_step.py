@@ -181,21 +181,15 @@ def measure(steps: dict[str, Callable], reps: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=20, threads=1, out=True)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--reps", type=int, default=20, help="timed fp32/bf16 pairs per workload")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--scale", type=float, default=0.01, help="synthetic-reddit scale")
     p.add_argument("--batch-size", type=int, default=1024, help="sampled seeds per batch")
     p.add_argument("--vig-layers", type=int, default=2)
     p.add_argument("--vig-batch", type=int, default=8)
-    p.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.reps, args.warmup, args.scale, args.batch_size = 1, 1, 0.005, 64
-        args.vig_layers, args.vig_batch = 1, 2
-    harness.set_threads(args.threads)
+    smoke = {"reps": 1, "warmup": 1, "scale": 0.005, "batch_size": 64}
+    args = harness.start(p, argv, {**smoke, "vig_layers": 1, "vig_batch": 2})
     report: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": {**harness.machine(args.threads), **cpu_flags()},

@@ -24,14 +24,10 @@ from gnnpar.training.losses import graph_loss
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, threads=1)
     p.add_argument("--scale", type=float, default=0.1, help="synthetic-reddit's scale")
     p.add_argument("--profile", action="store_true", help="the per-op table of 10 steps")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.scale = 0.01
-    harness.set_threads(1)
-    harness.print_header(1)
+    args = harness.start(p, argv, {"scale": 0.01})
     ds = load_dataset("synthetic-reddit", default_data_root(), args.scale, 0)
     pg = build_partitioned(ds.data, metis_partition(ds.data.edge_index, ds.num_nodes, 40, 0), 40)
     torch.manual_seed(0)

@@ -18,7 +18,6 @@ Run it alone on the machine (``flock`` the benchmark lock).
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
@@ -58,20 +57,13 @@ def matrices(scale: float, root: str) -> list[tuple[str, torch.Tensor, int]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = harness.parser(__doc__)
+    ap = harness.parser(__doc__, reps=15, threads=1, data_root=True)
     ap.add_argument("--scale", type=float, default=0.1)
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--data-root", default=os.environ.get("GNNPAR_DATA"))
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.scale, args.reps = 0.01, 2
-        args.data_root = args.data_root or str(harness.smoke_root())
+    args = harness.start(ap, argv, {"scale": 0.01, "reps": 2}, header=False)
     if not gat_kernel.available():
         raise SystemExit(
             "csr_mm_vs_torch_sparse: gnnpar's kernel is not built (bash scripts/setup.sh)"
         )
-    harness.set_threads(args.threads)
     reuse_large_blocks()  # as the strategies train: large blocks reused, no fresh page faults
     warnings.filterwarnings("ignore", category=UserWarning)  # "sparse CSR support is in beta"
     root = args.data_root or str(harness.smoke_root())

@@ -40,18 +40,13 @@ SIDES = {"F.dropout": lambda x, p, t: F.dropout(x, p, t), "torch.rand": rand_mas
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = harness.parser(__doc__)
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
+    ap = harness.parser(__doc__, reps=15, threads=1)
+    args = harness.start(ap, argv, {"reps": 2})
     shapes = SHAPES
-    if args.smoke:  # the shapes a hundredth as tall, 2 repetitions
-        args.reps = 2
+    if args.smoke:  # the shapes a hundredth as tall
         shapes = [(what, max(rows // 100, 1), cols, p) for what, rows, cols, p in SHAPES]
-    harness.set_threads(args.threads)
     # as the sampled strategy trains: freed blocks are reused, not mapped and zero-filled again
     reused = reuse_large_blocks()
-    harness.print_header(args.threads)
     print(f"compiled kernel: {gat_kernel.available()}; large blocks reused: {reused}")
     print(
         "| shape | F.dropout ms | torch.rand ms | gnnpar ms | F.dropout / gnnpar | torch.rand / gnnpar |"

@@ -13,7 +13,6 @@ Run it alone on the machine (``flock`` the benchmark lock).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -33,19 +32,15 @@ from gnnpar.models import build_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=100, threads=1, data_root=True)
     p.add_argument("--dataset", default="cora")
-    p.add_argument("--reps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--rows", type=int, default=40, help="rows of the profile table")
-    p.add_argument("--data-root", default=os.environ.get("GNNPAR_DATA"))
     p.add_argument("--torch-softmax", action="store_true", help="no fused edge softmax")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.reps, args.warmup = 3, 1
-    harness.set_threads(args.threads)
+    args = harness.start(
+        p, argv, {"reps": 3, "warmup": 1}, header=False
+    )  # printed with the figures
     gat.FUSED_SOFTMAX = not args.torch_softmax
     root = args.data_root or str(harness.smoke_root())
     ds = load_dataset(args.dataset, root)

@@ -14,7 +14,6 @@ Run it alone on the machine (``flock`` the benchmark lock).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
@@ -34,18 +33,14 @@ SEEDS = 1024
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=10, threads=1, data_root=True)
     p.add_argument("--scale", type=float, default=0.1)
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layers", action="store_true", help="time each block's forward")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--pyg", action="store_true", help="sampled layers through PyG's GATConv")
-    p.add_argument("--data-root", default=os.environ.get("GNNPAR_DATA"))
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.scale, args.reps, args.layers = 0.01, 2, True
-    harness.set_threads(args.threads)
+    args = harness.start(
+        p, argv, {"scale": 0.01, "reps": 2, "layers": True}, header=False
+    )  # printed with the figures
     reuse_large_blocks()  # as the sampled strategy does
     root = args.data_root or str(harness.smoke_root())
     ds = load_dataset("synthetic-reddit", root, args.scale, 0)

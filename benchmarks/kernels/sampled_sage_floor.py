@@ -18,7 +18,6 @@ Run it alone on the machine (``flock`` the benchmark lock): sgemm under load is 
 
 from __future__ import annotations
 
-import os
 import statistics
 
 import torch
@@ -51,15 +50,12 @@ def gemm_s(m: int, k: int, n: int, weight_grad: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, threads=1, data_root=True)
     p.add_argument("--scale", type=float, default=0.1)
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--data-root", default=os.environ.get("GNNPAR_DATA"))
-    args = p.parse_args(argv)
+    args = harness.start(p, argv, {"scale": 0.01}, header=False)  # printed with the figures
     if args.smoke:
-        args.scale = 0.01
         REPS.update(gemm=(2, 1), step=(2, 1))
-    harness.set_threads(1)
     reuse_large_blocks()  # as the sampled strategy does
     root = args.data_root or str(harness.smoke_root())
     ds = load_dataset("synthetic-reddit", root, args.scale, 0)

@@ -38,19 +38,14 @@ def throughput(sample, batches: list[torch.Tensor], reps: int) -> tuple[float, l
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=5, threads=1, out=True)  # one thread: per core
     p.add_argument("--dataset", default="synthetic-reddit")
     p.add_argument("--scale", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="25,10,10")
     p.add_argument("--batches", type=int, default=4, help="batches per repetition (vectorised)")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.scale, args.batch_size, args.batches, args.reps = 0.002, 64, 1, 1
-    harness.set_threads(1)  # per core
-    harness.print_header(1)
+    smoke = {"scale": 0.002, "batch_size": 64, "batches": 1, "reps": 1}
+    args = harness.start(p, argv, smoke)
     fanouts = [int(f) for f in args.fanouts.split(",")]
     ds = load_dataset(args.dataset, default_data_root(), args.scale, 0)
     d = ds.data

@@ -24,7 +24,6 @@ Run it alone on the machine (``flock`` the benchmark lock).
 from __future__ import annotations
 
 import copy
-import os
 import statistics
 import time
 
@@ -38,18 +37,14 @@ from gnnpar.strategies import registry
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=5, threads=1, data_root=True)
     p.add_argument("--dataset", default="cora")
     p.add_argument("--model", default="gcn")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--batches", type=int, default=20, help="batches per side per repetition")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--data-root", default=os.environ.get("GNNPAR_DATA"))
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.batches, args.reps = 2, 2
-    harness.set_threads(args.threads)
+    args = harness.start(
+        p, argv, {"batches": 2, "reps": 2}, header=False
+    )  # printed with the figures
     root = args.data_root or str(harness.smoke_root())
     flags = {"dataset": args.dataset, "model": args.model, "strategy": "sampled"}
     flags |= {"batch_size": args.batch_size, "data_root": root, "threads": args.threads}
