@@ -315,145 +315,178 @@ def resolve(cfg: Config) -> None:
 def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
     """Every check that needs no data and no parallel degrees. Data-dependent checks live next
     to the data, strategy-specific ones in the strategy's spec (``check``). ``given`` (key -> where it was given): the
-    settings the user chose, each of which this run must read (:func:`check_used`)."""
-    d, m, s, o, r = cfg.data, cfg.model, cfg.strategy, cfg.optim, cfg.run
+    settings the user chose, each of which this run must read (:func:`check_used`). The checks
+    run in this order (the first that fails is the message): names and where settings apply,
+    choices, the model's sizes, the strategy's settings, the optimizer's and the run's."""
+    _check_names(cfg, given or {})
+    _check_choices(cfg)
+    _check_model(cfg.model)
+    _check_strategy(cfg.strategy)
+    _check_run(cfg)
 
-    def bad(msg: str) -> None:
-        raise UsageError(msg)
 
-    def one_of(value: str, allowed: tuple[str, ...], flag: str) -> None:
-        if value not in allowed:
-            bad(f"Unknown {flag} '{value}'. Choose one of: {', '.join(allowed)}.")
+def _bad(msg: str) -> None:
+    raise UsageError(msg)
 
+
+def _one_of(value: str, allowed: tuple[str, ...], flag: str) -> None:
+    if value not in allowed:
+        _bad(f"Unknown {flag} '{value}'. Choose one of: {', '.join(allowed)}.")
+
+
+def _check_names(cfg: Config, given: Mapping[str, str]) -> None:
+    """The dataset, model and strategy exist and suit each other; every setting given is read
+    by this run; the data root is usable; every number is finite."""
+    d, m, s = cfg.data, cfg.model, cfg.strategy
     # a registered name, or the user's own graph (.pt file, OGB folder, module:function) that
     # exists; else "Unknown --dataset" or "no such file"
     kind, _ = dataset_kind(d.dataset)
     check_model_name(m.name)
-    one_of(s.name, registry.names(), "--strategy")
+    _one_of(s.name, registry.names(), "--strategy")
     image = kind == "image"
     if image and m.name != "vig":
-        bad(f"Dataset '{d.dataset}' holds images; only --model vig trains on it.")
+        _bad(f"Dataset '{d.dataset}' holds images; only --model vig trains on it.")
     if m.hops is not None and not 1 <= m.hops <= MAX_LAYERS:
-        bad(f"--hops must be between 1 and {MAX_LAYERS:,} (message-passing layers), got {m.hops}.")
+        _bad(f"--hops must be between 1 and {MAX_LAYERS:,} (message-passing layers), got {m.hops}.")
     if not image and m.name == "vig":
-        bad(f"--model vig needs an image dataset (cifar10, synthetic-cifar10), not '{d.dataset}'.")
-    check_used(cfg, given or {})
-    check_data_root(d.data_root, "data-root" in (given or {}))
+        _bad(f"--model vig needs an image dataset (cifar10, synthetic-cifar10), not '{d.dataset}'.")
+    check_used(cfg, given)
+    check_data_root(d.data_root, "data-root" in given)
     for key, kind in FIELD_TYPES.items():  # also for a Config built in Python, not parsed
         sub, name = locate(cfg, key)
         value = getattr(sub, name)
         if kind in (float, float | None) and value is not None and not math.isfinite(value):
-            bad(f"--{key} must be a finite number, got {value}.")
-    one_of(d.partitioner, PARTITIONERS, "--partitioner")
+            _bad(f"--{key} must be a finite number, got {value}.")
+
+
+def _check_choices(cfg: Config) -> None:
+    """Every setting with a fixed set of values has one of them; --scale and --partitions."""
+    d, s, o, r = cfg.data, cfg.strategy, cfg.optim, cfg.run
+    _one_of(d.partitioner, PARTITIONERS, "--partitioner")
     if s.average is not None:
-        one_of(s.average, AVERAGE_MODES, "--average (what is averaged)")
-    one_of(s.microbatch, MICROBATCH_MODES, "--microbatch")
-    one_of(s.schedule, SCHEDULES, "--schedule")
-    one_of(o.optimizer, OPTIMIZERS, "--optimizer")
+        _one_of(s.average, AVERAGE_MODES, "--average (what is averaged)")
+    _one_of(s.microbatch, MICROBATCH_MODES, "--microbatch")
+    _one_of(s.schedule, SCHEDULES, "--schedule")
+    _one_of(o.optimizer, OPTIMIZERS, "--optimizer")
     if r.precision == "fp16":
-        bad(
+        _bad(
             "--precision fp16 is not supported: fp16 needs loss scaling, which gnnpar does not "
             "do. Use --precision bf16 (same range as fp32, no scaling needed) or fp32."
         )
-    one_of(r.precision, PRECISIONS, "--precision")
+    _one_of(r.precision, PRECISIONS, "--precision")
     if not 0 < d.scale <= 1:
-        bad(f"--scale must be in (0, 1], got {d.scale}.")
+        _bad(f"--scale must be in (0, 1], got {d.scale}.")
     if d.partitions is not None and d.partitions < 1:
-        bad(f"--partitions must be at least 1, got {d.partitions}.")
+        _bad(f"--partitions must be at least 1, got {d.partitions}.")
+
+
+def _check_model(m) -> None:
+    """The model's sizes: widths, depth and dropout within what any machine can hold."""
     for name, v in (("--hidden", m.hidden), ("--layers", m.layers), ("--heads", m.heads)):
         if v < 1:
-            bad(f"{name} must be at least 1, got {v}.")
+            _bad(f"{name} must be at least 1, got {v}.")
     if m.hidden * m.heads > MAX_WIDTH:
         # beyond this the run needs terabytes anyway (footprint.check_memory says how much for
         # widths below it); the bound keeps that estimate's tensor sizes within 64 bits
         width = (
             f"--hidden {m.hidden} x --heads {m.heads}" if m.heads > 1 else f"--hidden {m.hidden}"
         )
-        bad(
+        _bad(
             f"{width} is {m.hidden * m.heads:,} features per node, more than {MAX_WIDTH:,} "
             f"(64 MiB per node): no machine holds such a model. Use a smaller width."
         )
     if m.layers > MAX_LAYERS:
-        bad(
+        _bad(
             f"--layers {m.layers} is more than {MAX_LAYERS:,} (the deepest GNNs published have "
             "about 1,000). Use fewer layers."
         )
     if not 0 <= m.dropout < 1:
-        bad(f"--dropout must be in [0, 1), got {m.dropout}.")
+        _bad(f"--dropout must be in [0, 1), got {m.dropout}.")
+
+
+def _check_strategy(s) -> None:
+    """The parallel settings: ranks, averaging, stragglers, pipeline shape, sampling, loaders,
+    the feature cache, timeouts."""
     if s.workers < 1:
-        bad(f"--workers must be at least 1, got {s.workers}.")
+        _bad(f"--workers must be at least 1, got {s.workers}.")
     if s.sync_every < 1:
-        bad(f"--sync-every must be at least 1 (average every K steps), got {s.sync_every}.")
+        _bad(f"--sync-every must be at least 1 (average every K steps), got {s.sync_every}.")
     for rank, factor in s.slowdown.items():
         if rank < 0 or not 1 <= factor <= MAX_SLOWDOWN:
-            bad(
+            _bad(
                 f"--slowdown {rank}={factor:g}: ranks are >= 0 and factors >= 1 and at most "
                 f"{MAX_SLOWDOWN:g} (3 = three times slower)."
             )
     if s.jitter < 0:
-        bad(f"--jitter must be >= 0, got {s.jitter}.")
+        _bad(f"--jitter must be >= 0, got {s.jitter}.")
     if s.jitter > MAX_SLOWDOWN:
-        bad(
+        _bad(
             f"--jitter must be at most {MAX_SLOWDOWN:g} (pauses of up to that many steps), "
             f"got {s.jitter:g}."
         )
     if s.stages < 1 or s.chunks < 1 or s.replicas < 1:
-        bad("--stages, --chunks and --replicas must each be at least 1.")
+        _bad("--stages, --chunks and --replicas must each be at least 1.")
     if s.balance is not None and any(b < 1 for b in s.balance):
-        bad(f"--balance entries must each be at least 1 block, got {s.balance}.")
+        _bad(f"--balance entries must each be at least 1 block, got {s.balance}.")
     if s.fanouts is not None and any(f == 0 or f < -1 for f in s.fanouts):
-        bad(f"--fanouts entries must be positive, or -1 for all neighbours, got {s.fanouts}.")
+        _bad(f"--fanouts entries must be positive, or -1 for all neighbours, got {s.fanouts}.")
     if s.batch_size < 1:
-        bad(f"--batch-size must be at least 1, got {s.batch_size}.")
+        _bad(f"--batch-size must be at least 1, got {s.batch_size}.")
     if s.loader_workers < 0:
-        bad(f"--loader-workers must be >= 0, got {s.loader_workers}.")
+        _bad(f"--loader-workers must be >= 0, got {s.loader_workers}.")
     if s.feature_cache is not None:
         from gnnpar.data.prepared import parse_cache_size
 
         try:
             parse_cache_size(s.feature_cache)
         except ValueError as e:
-            bad(str(e))
+            _bad(str(e))
     if s.timeout_s <= 0:
-        bad(f"--timeout must be positive seconds, got {s.timeout_s}.")
+        _bad(f"--timeout must be positive seconds, got {s.timeout_s}.")
     if not MIN_TIMEOUT_S <= s.timeout_s <= MAX_TIMEOUT_S:
         # shorter: a heartbeat (every timeout/20 s) could not arrive in time, and the launcher's
         # rendezvous counts whole seconds; longer than a week is no timeout but a hang
-        bad(
+        _bad(
             f"--timeout must be between {MIN_TIMEOUT_S:g} and {MAX_TIMEOUT_S:g} seconds "
             f"(one week), got {s.timeout_s:g}."
         )
+
+
+def _check_run(cfg: Config) -> None:
+    """The optimizer's numbers and the run's: epochs, seed, steps, threads and loader processes
+    against this machine's cores, checkpoints, --resume."""
+    s, o, r = cfg.strategy, cfg.optim, cfg.run
     if o.lr <= 0:
-        bad(f"--lr must be positive, got {o.lr}.")
+        _bad(f"--lr must be positive, got {o.lr}.")
     if o.weight_decay < 0:
-        bad(f"--weight-decay must be >= 0, got {o.weight_decay}.")
+        _bad(f"--weight-decay must be >= 0, got {o.weight_decay}.")
     for flag, v, usual in (("--lr", o.lr, "0.01"), ("--weight-decay", o.weight_decay, "5e-4")):
         if v > FLOAT32_MAX:  # the optimizer multiplies float32 tensors by it
-            bad(
+            _bad(
                 f"{flag} {v:g} does not fit in float32 (the parameters' type, at most "
                 f"{FLOAT32_MAX:.4g}); usual values are near {usual}."
             )
     if r.epochs < 1:
-        bad(f"--epochs must be at least 1, got {r.epochs}.")
+        _bad(f"--epochs must be at least 1, got {r.epochs}.")
     if not 0 <= r.seed < 2**32:
         # per-rank and per-epoch seeds are derived from it (seed * 1_000_003 + ...) and must
         # stay within the 64 bits torch's generators take
-        bad(f"--seed must be between 0 and {2**32 - 1}, got {r.seed}.")
+        _bad(f"--seed must be between 0 and {2**32 - 1}, got {r.seed}.")
     if r.eval_every < 0:
-        bad(f"--eval-every must be >= 0, got {r.eval_every}.")
+        _bad(f"--eval-every must be >= 0, got {r.eval_every}.")
     if r.max_steps is not None and r.max_steps < 1:
-        bad(f"--max-steps must be at least 1, got {r.max_steps}.")
+        _bad(f"--max-steps must be at least 1, got {r.max_steps}.")
     if r.threads is not None and r.threads < 1:
-        bad(f"--threads must be at least 1, got {r.threads}.")
+        _bad(f"--threads must be at least 1, got {r.threads}.")
     cores = os.cpu_count() or 1
     # more threads or loader processes than cores only slow a run down, and torch cannot even
     # start a million threads (it crashes); each machine checks against its own cores
     if r.threads is not None and r.threads > cores:
-        bad(
+        _bad(
             f"--threads {r.threads} is more than the {cores} cores of this machine; use at most {cores}."
         )
     if s.loader_workers > cores:
-        bad(
+        _bad(
             f"--loader-workers {s.loader_workers} is more than the {cores} cores of this "
             f"machine; use at most {cores} (0 loads in the training process)."
         )
@@ -463,9 +496,9 @@ def validate(cfg: Config, given: Mapping[str, str] | None = None) -> None:
         ("--max-restarts", r.max_restarts),
     ):
         if v < 0:
-            bad(f"{flag} must be >= 0, got {v}.")
+            _bad(f"{flag} must be >= 0, got {v}.")
     if r.resume and not r.out:
-        bad("--resume continues the run in --out: pass --out RUN_DIR (the folder to continue).")
+        _bad("--resume continues the run in --out: pass --out RUN_DIR (the folder to continue).")
 
 
 def build_config(file: str | None, flags: dict[str, Any]) -> Config:

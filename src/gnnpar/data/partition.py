@@ -328,6 +328,9 @@ def load_or_build(
     silence: filelock.exclusive_lock), then read. The file is written to a temporary name in the
     same folder and renamed into place, so a reader never sees a partial file; temporary files
     of killed builds are removed by the next holder of the lock.
+
+    Why one function: the cache's read, its checks against the graph and the settings, the build
+    and the atomic write of the one file format above, under one lock.
     """
 
     def build() -> PartitionedGraph:

@@ -175,7 +175,11 @@ def write_shards(
     progress=None,  # noqa: ANN001
 ) -> tuple[Path, dict[str, Any]]:
     """Shard the prepared folder ``source`` into ``out`` (atomic, as every prepare); returns the
-    folder and its partition record. Memory: O(N) integers plus one chunk."""
+    folder and its partition record. Memory: O(N) integers plus one chunk.
+
+    Why one function: one streaming pass per shard over the prepared arrays, in bounded memory,
+    inside the atomic write that every prepare uses; its buffers and offsets are shared by the
+    passes."""
     if method not in PARTITIONERS:
         raise UsageError(f"--partitioner {method}: choose {', '.join(PARTITIONERS)}.")
     p = prepared.open_prepared(source)

@@ -669,6 +669,10 @@ def stream_graph(
        the in-edge CSR (sources ascending), which is also edge_index sorted by (row, col);
     5. labels and features in chunks of :data:`ROWS` nodes, chunk ``i`` from generator
        (seed, 3, i); the split from generator (seed, 5).
+
+    Why one function: its numbered steps are passes over the same bucket files and fixed
+    buffers, in the order that defines the stream (``sbm-stream-1``); apart, they would hand a
+    dozen buffers, counters and file handles from one to the next.
     """
     import numpy as np
 

@@ -240,6 +240,12 @@ class RunRecord(Callback):
             self.metrics_log = None
 
     def _build(self, trainer, pl_module, ranks: list[dict]) -> dict[str, Any]:
+        """result.json's content from a Lightning run: the config the trainer ran, the ranks'
+        records gathered (steps, loss curve, time breakdown), the scores.
+
+        Why one function: it fills result.json's keys in the order :mod:`gnnpar.result` declares
+        them, each from the trainer or the gathered records, like ``result.build_result`` for
+        gnnpar's own runs."""
         from gnnpar import result as res
         from gnnpar.config.schema import Config
         from gnnpar.lightning.data import GraphDataModule

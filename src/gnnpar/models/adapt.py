@@ -372,6 +372,13 @@ def _split_by_fx(module: nn.Module, split_at: list[str]) -> AdaptedModel:
 def _trace_and_split(
     module: nn.Module, split_at: list[str], ancestors: set[str], concrete: dict
 ) -> tuple[list[nn.Module], list[list[str]]]:
+    """A user's ``module`` traced by torch.fx and split before each of ``split_at``: the pieces
+    (stages' blocks) and, per piece, the names it holds; a UsageError naming what stops the
+    split (tracing, a missing or late name, a weight or a tensor used across pieces, a piece
+    with more than one input or output).
+
+    Why one function: each check reads the traced graph and the node -> piece map the previous
+    ones built, in the order the graph is split."""
     from torch.fx.passes.split_module import split_module
 
     from gnnpar.errors import UsageError

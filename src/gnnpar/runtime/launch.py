@@ -327,6 +327,10 @@ def launch(
     The fork server imports ``fn``'s module and the modules named in ``warm`` (what the ranks
     import later, e.g. inside a function) before any rank is forked from it, so the ranks share
     their pages (and those of everything they import) instead of importing them each.
+
+    Why one function: the fork server, the ranks' log files and torch's agent are started and
+    watched inside one ``try``/``finally`` that stops them on every way out (success, a failed
+    rank, Ctrl-C, a timeout).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -135,7 +135,11 @@ def check_cut(cfg: Config, model) -> None:
 
 
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
-    """This rank's stage of its pipeline (and replica, with hybrid's --replicas)."""
+    """This rank's stage of its pipeline (and replica, with hybrid's --replicas).
+
+    Why one function: as every strategy's ``build``, it imports torch inside (the spec stays
+    torch-free), and the plan's closures (``evaluate``, ``finish``) share the stage, the model
+    and the process groups it makes."""
     import sys
 
     import torch

@@ -89,6 +89,9 @@ def graph_logits(
     Runs in the caller's precision (the loop's autocast under ``--precision bf16``; ``gnnpar
     predict`` enters the same) and returns fp32 logits. The sparse product path runs in fp32
     even then: CPU has no bfloat16 CSR product, and fp32 there is exact on every device.
+
+    Why one function: the choice among the exact ways above and each way's short body; apart,
+    each would take the same model, graph, targets and memory budget.
     """
     convs = [m for m in model.modules() if isinstance(m, MessagePassing)]
     # Widest feature a message can carry (SAGEConv aggregates its input before projecting).

@@ -191,7 +191,11 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
     """Train ``plan`` for ``cfg.run.epochs`` epochs on this rank (collective across ranks).
 
     With ``ckpt``: checkpoints every ``--checkpoint-every`` epochs / ``-steps`` steps, and, when
-    the run resumes, first restores the newest good checkpoint and continues where it was."""
+    the run resumes, first restores the newest good checkpoint and continues where it was.
+
+    Why one function: it is the one loop of every strategy, read top to bottom as a run goes
+    (resume, epochs, batches, step, sync, checkpoints, evaluation), its counters and timers
+    shared by every phase."""
     r = cfg.run
     source, sync, opt = plan.source, plan.sync, plan.optimizer
 
