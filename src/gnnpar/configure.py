@@ -120,10 +120,10 @@ MODEL_AND_DATA_USES: dict[str, tuple[Use, ...]] = {
     "layers": (Use(models=BUILT_IN_AND_PYG),),
     "dropout": (Use(models=BUILT_IN_AND_PYG),),
     "model-args": (Use(models=USER_KINDS),),
-    # where a pipeline cuts a user's model, and its receptive field (exact micro-batches)
-    "split-at": (Use(strategies=("pipeline", "hybrid"), models=USER_KINDS, kinds=("graph",)),),
-    "hops": (Use(strategies=("pipeline", "hybrid"), models=USER_KINDS, kinds=("graph",)),),
 }
+# where a pipeline cuts a user's model, and its receptive field (exact micro-batches): read for a
+# user's model on a graph by the strategies with pipeline stages (their specs read --stages)
+CUT_KEYS = ("split-at", "hops")
 
 
 def used_by() -> dict[str, tuple[Use, ...]]:
@@ -135,6 +135,9 @@ def used_by() -> dict[str, tuple[Use, ...]]:
     """
     uses = dict(MODEL_AND_DATA_USES)
     specs = registry.specs()
+    staged = tuple(spec.name for spec in specs if "stages" in spec.reads)
+    for key in CUT_KEYS:
+        uses[key] = (Use(staged, models=USER_KINDS, kinds=("graph",)),)
     for key in STRATEGY_KEYS:
         readers: dict[tuple[str, ...], list[str]] = {}
         for spec in specs:
@@ -289,7 +292,9 @@ def resolve(cfg: Config) -> None:
     m, o, r, s, d = cfg.model, cfg.optim, cfg.run, cfg.strategy, cfg.data
     if d.data_root is None:
         d.data_root = str(default_data_root())
-    defaults = study_defaults(m.name, d.dataset, s.name)
+    spec = registry.get(s.name) if s.name in registry.names() else None  # else validate() says
+    # a strategy that samples neighbours reads --fanouts (its spec says so)
+    defaults = study_defaults(m.name, d.dataset, spec is not None and "fanouts" in spec.reads)
     if m.hidden is None:
         m.hidden = defaults["hidden"]
     if m.layers is None:
@@ -306,8 +311,8 @@ def resolve(cfg: Config) -> None:
         o.weight_decay = defaults["weight_decay"]
     if r.epochs is None:
         r.epochs = defaults["epochs"]
-    if s.name in registry.names():  # an unknown --strategy: validate() says so
-        registry.get(s.name).defaults(cfg)  # e.g. what it averages, sampled's fan-outs
+    if spec is not None:
+        spec.defaults(cfg)  # e.g. what it averages, sampled's fan-outs
     if s.batch_size is None:
         s.batch_size = 32 if m.name == "vig" else 1024
 

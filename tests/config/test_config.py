@@ -169,15 +169,15 @@ def test_study_defaults_fill_unset_settings():
 
 
 def test_presets_are_plain_data_and_resolve_takes_them():
-    assert study_defaults("gat", "cora", "sequential") == dict(
+    assert study_defaults("gat", "cora") == dict(
         hidden=8, layers=2, heads=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=300
     )
-    assert study_defaults("sage", "reddit", "allreduce")["hidden"] == 128
-    assert study_defaults("sage", "reddit", "sampled")["hidden"] == 256
+    assert study_defaults("sage", "reddit", sampled=False)["hidden"] == 128
+    assert study_defaults("sage", "reddit", sampled=True)["hidden"] == 256
     cfg = Config()
     cfg.model.name, cfg.data.dataset = "gcn", "synthetic-reddit"
     resolve(cfg)
-    d = study_defaults("gcn", "synthetic-reddit", "sequential")
+    d = study_defaults("gcn", "synthetic-reddit")
     assert (cfg.model.hidden, cfg.model.layers, cfg.model.dropout) == (
         d["hidden"],
         d["layers"],

@@ -3,7 +3,7 @@
 Plain data and one function, imported by :func:`gnnpar.configure.resolve`; nothing here
 imports torch, so reading the defaults (``gnnpar train --help``, config checks) stays cheap.
 
-    >>> study_defaults("gat", "cora", "sequential")["lr"]
+    >>> study_defaults("gat", "cora")["lr"]
     0.005
 """
 
@@ -44,12 +44,14 @@ STUDY003_AMAZON: dict[str, Any] = dict(
 )
 
 
-def study_defaults(model: str, dataset: str, strategy: str) -> dict[str, Any]:
-    """hidden, layers, heads, dropout, lr, weight_decay, epochs for this model on this dataset."""
+def study_defaults(model: str, dataset: str, sampled: bool = False) -> dict[str, Any]:
+    """hidden, layers, heads, dropout, lr, weight_decay, epochs for this model on this dataset;
+    ``sampled``: the strategy trains on neighbour-sampled batches (study 002's GraphSAGE keeps
+    its own settings on the large graphs, where full-graph GraphSAGE takes study 003's)."""
     out = {**FALLBACK, **STUDY_DEFAULTS.get(model, {})}
     if dataset in BIG_DATASETS:
         study003 = STUDY003_AMAZON if dataset in AMAZON_DATASETS else STUDY003_REDDIT
-        if model == "sage" and strategy != "sampled":
+        if model == "sage" and not sampled:
             out.update(study003)
         if model == "gcn":
             out.update(study003, layers=3)
