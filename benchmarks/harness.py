@@ -320,7 +320,8 @@ def start(
             setattr(args, key, value)
         if hasattr(args, "data_root") and not args.data_root:
             args.data_root = str(smoke_root())
-    threads = getattr(args, "threads", None)
+    threads = getattr(args, "threads", None)  # a script's own list of thread counts: not set here
+    threads = threads if isinstance(threads, int) else None
     if threads is not None:
         set_threads(threads)
     if header:

@@ -186,17 +186,14 @@ def run_side(side, folder, name, threads, epochs, seed, lock):
 def main(argv: list[str] | None = None) -> None:
     from benchmarks import harness  # here: a peer's interpreter runs side_main alone
 
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=3, out=True)
     p.add_argument("--datasets", default="cora,citeseer")
-    p.add_argument("--threads", default="1,2")
+    p.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     p.add_argument("--epochs", type=int, default=300)
-    p.add_argument("--reps", type=int, default=3)
     p.add_argument("--lock", default=None, help="flock this file around each timed run")
     p.add_argument("--sides", default="gnnpar,pyg,dgl")
-    p.add_argument("--out", default=None)
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.datasets, a.threads, a.epochs, a.reps = "cora", "1", 2, 1
+    smoke = {"datasets": "cora", "threads": "1", "epochs": 2, "reps": 1}
+    a = harness.start(p, argv, smoke, header=False)  # printed once the sides are known
     lock = ["flock", a.lock] if a.lock else []
     wanted = a.sides.split(",")
     peers = harness.PEERS

@@ -182,19 +182,16 @@ def run_pyg(name: str, epochs: int, threads: int, data_root: str) -> list[float]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = harness.parser(__doc__)
+    p = harness.parser(__doc__, reps=5, threads=1, out=True)
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--skip", type=int, default=5)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data-root", default=None)
-    p.add_argument("--out", default=None)
     p.add_argument("--in-process", action="store_true", help="the model path alone (see above)")
     p.add_argument("--plain", default=None, help=argparse.SUPPRESS)  # the PyG side's child
-    a = p.parse_args(argv)
-    if a.smoke:  # the model path in process (the CLI sides start two interpreters)
-        a.models, a.reps, a.epochs, a.skip, a.in_process = "appnp", 1, 3, 1, True
+    # --smoke: the model path in process (the CLI sides start two interpreters)
+    smoke = {"models": "appnp", "reps": 1, "epochs": 3, "skip": 1, "in_process": True}
+    a = harness.start(p, argv, smoke, header=False)  # the PyG side's child prints JSON only
     from gnnpar.config.parse import default_data_root
 
     root = a.data_root or str(default_data_root())
