@@ -81,7 +81,11 @@ def test_a_registered_strategy_is_profiled_and_simulated_by_advise(toy, tmp_path
     toy_run, sequential = got[("toy", "{}")], got[("sequential", "{}")]
     # the same simulation of the same profiled full-graph step: the same prediction
     assert toy_run["train_time_s"] == pytest.approx(sequential["train_time_s"])
-    assert toy_run["train_time_s"] >= 3 * advice["profile"]["full_step_s"] > 0
+    # 3 epochs of the profiled step, as the real loop runs it (its factor, the profile's
+    # loop_factor, can come out under 1 on a loaded machine: the loop ran faster than alone)
+    prof = advice["profile"]
+    step_s = prof["full_step_s"] * min(1.0, prof["loop_factor"])
+    assert toy_run["train_time_s"] >= 3 * step_s * (1 - 1e-9) > 0
     assert toy_run["speedup"] == pytest.approx(1.0)
     assert toy_run["workers"] == 1
 
