@@ -110,6 +110,12 @@ def step_rows(cfg: Config, ds) -> tuple[int, int]:
 
 
 def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -> Plan:
+    """This rank's sampled batches (of the whole graph, or of its host's shard across shards),
+    its model under DDP, and the final scores.
+
+    Why one function: as every strategy's ``build``, it imports torch inside (the spec stays
+    torch-free), and the plan's ``finish`` shares the source, the model and the choice between
+    the whole graph and the shards that it makes."""
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
