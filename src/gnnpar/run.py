@@ -208,7 +208,7 @@ def run_rank(cfg: Config, dims: ParallelDims, direct: bool = False) -> dict[str,
         if ctx.is_distributed and is_sharded(d.dataset):  # every host's shard, before any step
             across = shard_hosts.agree(
                 ctx.store, ctx.rank, ctx.world_size, d.dataset, cfg.strategy.timeout_s,
-                across=cfg.strategy.name == "sampled",
+                across=registry.get(cfg.strategy.name).across_shards,
             )  # fmt: skip
         if across:  # each host holds only its shard: the sampled strategy trains across them
             ds = load_shard_host(d.dataset, shard_hosts.host_index())

@@ -217,6 +217,7 @@ SPEC = StrategySpec(
     check=check,
     defaults=defaults,
     step_rows=step_rows,
+    across_shards=True,  # each host samples its own shard, exchanging with the others
     result_keys={
         **STEPS_KEYS,
         "seeds_per_rank": "training nodes per rank per epoch",

@@ -18,6 +18,8 @@ starts, and how a rank builds it:
   (:func:`gnnpar.models.memory.estimate_bytes`, through :meth:`StrategySpec.memory`): None for
   the whole graph, or one subgraph with --partitions. Whether a smaller ``--batch-size`` helps a
   run that does not fit comes from ``reads``; the model copies a machine holds from ``degrees``.
+* ``across_shards``: it trains a sharded dataset with each host holding only its own shard
+  (:func:`gnnpar.run.run_rank` loads the host's shard instead of the whole graph).
 * ``build(cfg, dataset, ctx, dims) -> Plan``: on every rank, the parts that plug into the one
   training loop (:mod:`gnnpar.training.loop`). It imports torch and the training parts when it
   runs, so that the spec, and the config checks that read it, do not.
@@ -175,6 +177,8 @@ class StrategySpec:
     result_keys: Mapping[str, str] = field(default_factory=dict)
     advice: Advice | None = None  # how gnnpar advise profiles and simulates it
     step_rows: StepRows | None = None  # the memory estimate's step of a graph (None: whole graph)
+    # it trains a sharded dataset with each host holding only its own shard (gnnpar.run)
+    across_shards: bool = False
 
     def memory(self, kind: str) -> Memory:
         """The memory estimate's facts of this strategy on a dataset of ``kind``."""
