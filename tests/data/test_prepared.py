@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,31 +242,44 @@ def test_a_prepare_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_a_killed_prepare_leaves_nothing_that_loads(tmp_path):
     """SIGKILL while the features are written: the leftover has no manifest, does not load,
-    and the next prepare into the same place removes it."""
+    and the next prepare into the same place removes it. SIGTERM at the same point (``kill``,
+    a batch job's time limit): one line, exit 143, and nothing left behind at all."""
     out = tmp_path / "g"
-    code = (
-        "import os, signal, sys\n"
-        "from gnnpar.data import prepared\n"
-        "real = prepared.Array.write\n"
-        "def write(self, chunk):\n"
-        "    real(self, chunk)\n"
-        "    if self.name == 'features':\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "prepared.Array.write = write\n"
-        "from gnnpar.cli import main\n"
-        f"sys.exit(main(['prepare', '--dataset', 'cora', '--out', {str(out)!r}, '--quiet']))\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    p = subprocess.run([sys.executable, "-c", code], env=env, timeout=100, cwd=tmp_path)
+
+    def killed_at_features(sig: int) -> subprocess.CompletedProcess:
+        code = (
+            "import os, signal, sys\n"
+            "from gnnpar.data import prepared\n"
+            "real = prepared.Array.write\n"
+            "def write(self, chunk):\n"
+            "    real(self, chunk)\n"
+            "    if self.name == 'features':\n"
+            f"        os.kill(os.getpid(), {int(sig)})\n"
+            "prepared.Array.write = write\n"
+            "from gnnpar.cli import main\n"
+            f"sys.exit(main(['prepare', '--dataset', 'cora', '--out', {str(out)!r}, '--quiet']))\n"
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, timeout=100, cwd=tmp_path,
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    p = killed_at_features(signal.SIGKILL)
     assert p.returncode == -signal.SIGKILL
     assert not out.exists()
     (left,) = [e for e in tmp_path.iterdir() if e.name.startswith("g.tmp-")]
     assert not prepared.is_prepared(left)
     assert main(["prepare", "--dataset", "cora", "--out", str(out), "--quiet"]) == 0
     assert not left.exists() and prepared.is_prepared(out)
+    shutil.rmtree(out)
+    p = killed_at_features(signal.SIGTERM)
+    assert p.returncode == 143, p.stderr
+    assert p.stderr.strip() == "gnnpar: stopped by SIGTERM; nothing half-written is left"
+    assert sorted(e.name for e in tmp_path.iterdir()) == [], list(tmp_path.iterdir())
 
 
 def test_bad_input_is_one_message_exit_2(tmp_path, cora_folder, capsys):
