@@ -125,6 +125,10 @@ RANK_INFO: dict[str, str] = {
     "needed: ids asked of other hosts, the sampled sources and float32 feature rows answered",
     "remote_rows_cached": "sampled across shards, per rank: other hosts' feature rows held "
     "(--feature-cache: the most sampled ones, fetched once before training)",
+    "feature_cache": "sampled from a prepared folder (SampledSource), per rank: the feature "
+    "cache's bytes; rows_gathered, cache_hits, hit_rate (rows served by the cache / rows "
+    "gathered; 0 without a cache), bytes_read (feature rows read from the folder x their stored "
+    "bytes: what the page cache or the disk served), bytes_read_per_step, steps; and per_epoch",
 }
 FINAL_MODEL: dict[str, str] = {
     "final_model": '"rank0" (every rank holds it), "average" or "best-local:rank<N>"',

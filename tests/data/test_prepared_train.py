@@ -145,3 +145,80 @@ def test_bad_feature_cache_is_refused(tmp_path):
             build_config(None, {**MODEL, "strategy": "sampled", "feature-cache": bad})
     with pytest.raises(UsageError, match="feature-cache"):  # read by the sampled strategy only
         build_config(None, {**MODEL, "strategy": "sequential", "feature-cache": "1G"})
+
+
+def _sampled_result(tmp_path, folder, name, cache, epochs="2"):
+    flags = {"strategy": "sampled", "epochs": epochs, "batch-size": "32", "fanouts": "5,5"}
+    out = tmp_path / name
+    cfg = build_config(
+        None,
+        {
+            **MODEL,
+            **flags,
+            "feature-cache": cache,
+            "dataset": str(folder),
+            "data-root": str(tmp_path / "root"),
+            "out": str(out),
+        },  # fmt: skip
+    )
+    return run_rank(cfg, prepare(cfg))
+
+
+def _n_ids(folder, steps, epochs):
+    """Every batch's n_id, made again without a cache (the same batches: seeded per step)."""
+    import torch
+
+    from gnnpar.data import prepared
+    from gnnpar.data.sampling.loader import SampledBatches
+
+    train = prepared.open_prepared(folder).tensor("train").long()
+    b = SampledBatches(str(folder), train, [5, 5], 32, 0, 1, 3, steps)
+    return [[b[e * steps + i].n_id for i in range(steps)] for e in range(epochs)], torch
+
+
+def test_feature_cache_hit_rate_and_bytes_are_exact(tmp_path):
+    """result.json's feature_cache: every row cached -> hit rate 1.0 and nothing read; no
+    cache -> 0.0 and every gathered row read; a known hot set -> the fraction of gathered rows
+    in it, counted again here from the same batches, per epoch and in all."""
+    from gnnpar.data import prepared
+
+    folder = _folder(tmp_path, "cora")
+    p = prepared.open_prepared(folder)
+    row = 1433 * 4  # cora: 1433 fp32 features
+
+    full = _sampled_result(tmp_path, folder, "all", "1.0")["feature_cache"][0]
+    assert full["bytes"] == 2708 * row
+    assert full["hit_rate"] == 1.0 and full["bytes_read"] == 0
+    steps = full["per_epoch"][0]["steps"]
+    assert steps == 5 and full["steps"] == 2 * steps  # 140 training nodes, 32 a batch
+
+    n_ids, torch = _n_ids(folder, steps, 2)
+    gathered = [sum(int(n.numel()) for n in ep) for ep in n_ids]
+    assert [e["rows_gathered"] for e in full["per_epoch"]] == gathered
+    assert full["rows_gathered"] == sum(gathered)
+
+    none = _sampled_result(tmp_path, folder, "none", "0")["feature_cache"][0]
+    assert none["bytes"] == 0 and none["hit_rate"] == 0.0 and none["cache_hits"] == 0
+    assert none["bytes_read"] == sum(gathered) * row
+    assert none["bytes_read_per_step"] == sum(gathered) * row / (2 * steps)
+
+    k = 300
+    hot = torch.zeros(2708, dtype=torch.bool)
+    hot[torch.from_numpy(prepared.hot_rows(p, k))] = True
+    hits = [sum(int(hot[n].sum()) for n in ep) for ep in n_ids]
+    part = _sampled_result(tmp_path, folder, "part", str(k * row))["feature_cache"][0]
+    assert part["bytes"] == k * row
+    assert [e["cache_hits"] for e in part["per_epoch"]] == hits
+    assert part["hit_rate"] == sum(hits) / sum(gathered)
+    assert 0 < part["hit_rate"] < 1
+    assert part["bytes_read"] == (sum(gathered) - sum(hits)) * row
+
+
+def test_in_memory_sampled_run_has_no_feature_cache_entry(tmp_path):
+    flags = {"strategy": "sampled", "epochs": "1", "batch-size": "32", "fanouts": "5,5"}
+    cfg = build_config(
+        None,
+        {**MODEL, **flags, "dataset": "cora", "data-root": str(tmp_path / "root"),
+         "out": str(tmp_path / "mem")},
+    )  # fmt: skip
+    assert "feature_cache" not in run_rank(cfg, prepare(cfg))

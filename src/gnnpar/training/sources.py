@@ -245,7 +245,9 @@ class SampledSource(BaseSource):
         self.device = ctx.device
         t0 = time.perf_counter()
         path, self.fd = share_graph(ds, ctx)
-        cache, self.cache_fd = share_feature_cache(ds, ctx, s.feature_cache)
+        cache, self.cache_fd, self.cache_bytes = share_feature_cache(ds, ctx, s.feature_cache)
+        self.on_disk = bool(ds.info.get("prepared"))
+        self.feature_io: dict[int, list[int]] = {}  # epoch: [rows gathered, cache hits, bytes read]
         self.setup_s = time.perf_counter() - t0
         self.per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
         self.steps = min(steps, r.max_steps or steps)
@@ -275,6 +277,12 @@ class SampledSource(BaseSource):
         for _ in range(done, self.steps):
             batch = next(self._it)
             self.position += 1
+            if self.on_disk:
+                io = self.feature_io.setdefault(epoch, [0, 0, 0, 0])
+                io[0] += batch.n_id.numel()
+                io[1] += batch.cache_hits
+                io[2] += batch.bytes_read
+                io[3] += 1
             yield self.mark(batch.to_data()).to(self.device)
 
     def mark(self, data):
@@ -300,7 +308,10 @@ class SampledSource(BaseSource):
             self.start()
 
     def rank_info(self) -> dict:
-        return {"loader_start_time_s": self.start_s}
+        info: dict = {"loader_start_time_s": self.start_s}
+        if self.on_disk:
+            info["feature_cache"] = feature_cache_info(self.cache_bytes, self.feature_io)
+        return info
 
     def close(self) -> None:
         """Stop the workers; drop the shared graph (already unlinked: freed with the last map)."""
@@ -324,6 +335,8 @@ class ShardSampledSource(SampledSource):
         self.device = ctx.device
         t0 = time.perf_counter()
         self.fd = self.cache_fd = None
+        # features come from the owners (exchanges), not a folder's reads: no feature_cache entry
+        self.on_disk, self.feature_io, self.cache_bytes = False, {}, 0
         graph = shard.ShardGraph.open(ds.info["source"], ds.info["host"])
         self.exchange = shard.Exchange(graph.bounds, ds.info["host"])
         sampler = shard.ShardSampler(graph, self.exchange, s.fanouts)
@@ -393,29 +406,54 @@ def _shm_file(tag: str) -> str:
     return os.path.join(folder, f"gnnpar-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
 
 
-def share_feature_cache(ds, ctx: DistContext, setting: str | None) -> tuple[str | None, int | None]:
+def feature_cache_info(cache_bytes: int, io: dict[int, list[int]]) -> dict:
+    """result.json's ``feature_cache`` of one rank from its per-epoch counts ``{epoch: [rows
+    gathered, rows the cache served, bytes read from the folder, steps]}``: the cache's size,
+    the whole run's hit rate (rows served by the cache / rows gathered; 0 without a cache),
+    bytes read per step, and the same per epoch."""
+
+    def summary(rows: int, hits: int, read: int, steps: int) -> dict:
+        return {
+            "rows_gathered": rows,
+            "cache_hits": hits,
+            "hit_rate": hits / rows if rows else 0.0,
+            "bytes_read": read,
+            "bytes_read_per_step": read / steps if steps else 0.0,
+            "steps": steps,
+        }
+
+    total = [sum(v[i] for v in io.values()) for i in range(4)]
+    per_epoch = [{"epoch": e, **summary(*io[e])} for e in sorted(io)]
+    return {"bytes": cache_bytes, **summary(*total), "per_epoch": per_epoch}
+
+
+def share_feature_cache(
+    ds, ctx: DistContext, setting: str | None
+) -> tuple[str | None, int | None, int]:
     """A prepared graph's hottest feature rows, written once per machine by local rank 0 to
     shared memory (unlinked at once, reached through ``/proc/<pid>/fd``, as :func:`share_graph`
     does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
     share of the memory the run may use (gnnpar.data.prepared.cache_rows). (path or None,
-    the fd to close on local rank 0 or None)."""
+    the fd to close on local rank 0 or None, the cache's bytes of features)."""
     if not ds.info.get("prepared"):
-        return None, None
-    path, fd = None, None
+        return None, None, 0
+    path, fd, size = None, None, 0
     if ctx.local_rank == 0:
         from gnnpar.data.prepared import cache_rows, open_prepared, write_feature_cache
         from gnnpar.runtime.footprint import available_bytes
 
         p = open_prepared(ds.info["prepared"])
         k = cache_rows(p, setting, available_bytes(torch.device("cpu")))
+        size = k * int(p.manifest["num_features"]) * p.array("features").dtype.itemsize
         if k > 0:
             name = _shm_file("features")
             write_feature_cache(p, k, name)
             fd = os.open(name, os.O_RDONLY)
             os.unlink(name)
             path = f"/proc/{os.getpid()}/fd/{fd}"
-    paths = collectives.gather_to_all(path)
-    return paths[ctx.rank - ctx.local_rank], fd
+    shared = collectives.gather_to_all((path, size))
+    path, size = shared[ctx.rank - ctx.local_rank]
+    return path, fd, size
 
 
 def share_graph(ds, ctx: DistContext) -> tuple[str, int | None]:

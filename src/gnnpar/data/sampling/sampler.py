@@ -98,6 +98,11 @@ class SampledBatch:
     num_sampled_edges: list[int]  # edges sampled per hop
     x: torch.Tensor | None = None  # features of n_id (filled by SampledBatches)
     y: torch.Tensor | None = None  # labels of the seeds
+    # a prepared graph's feature reads (SampledBatches): rows served by the feature cache, rows
+    # and bytes read from the folder (in the stored dtype); 0 for an in-memory graph
+    cache_hits: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
 
     def to_data(self):  # -> torch_geometric.data.Data
         """The batch as the PyG ``Data`` a ``NeighborLoader`` yields (imported here, so that
