@@ -212,6 +212,12 @@ def test_feature_cache_hit_rate_and_bytes_are_exact(tmp_path):
     assert part["hit_rate"] == sum(hits) / sum(gathered)
     assert 0 < part["hit_rate"] < 1
     assert part["bytes_read"] == (sum(gathered) - sum(hits)) * row
+    # metrics.jsonl's epoch records carry the same per-epoch figures
+    lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines if '"event": "epoch"' in x]
+    want = [{k: v for k, v in e.items() if k != "epoch"} for e in part["per_epoch"]]
+    assert [{k: v for k, v in r["feature_cache"].items() if k != "bytes"} for r in records] == want
+    assert all(r["feature_cache"]["bytes"] == k * row for r in records)
 
 
 def test_in_memory_sampled_run_has_no_feature_cache_entry(tmp_path):

@@ -277,7 +277,7 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                 eval_times += times
                 if scores is not None:
                     bar.update(0, f"{_running_loss(log, epoch)} val {scores['val']:.3f}")
-            record = metrics.epoch(epoch, log, scores, plan.device)
+            record = metrics.epoch(epoch, log, scores, plan.device, source.epoch_info(epoch))
             if not last:  # the last epoch's line waits for the final model's val and test
                 bar.log(epoch_line(record, r.epochs))
             if ckpt is not None and ckpt.due_epoch(epoch + 1) and not last:

@@ -126,7 +126,8 @@ def _clock(seconds: float) -> str:
 class MetricsLog:
     """``<out>/metrics.jsonl``, written as training goes (one JSON record per line, flushed), so
     a killed run keeps its curve: ``{"event": "step", "epoch", "step", "loss", "time_s"}`` per
-    step, ``{"event": "epoch", "epoch", "loss", "val"?, "train_s"}`` per epoch, and
+    step, ``{"event": "epoch", "epoch", "loss", "val"?, "train_s", ...the source's
+    ``epoch_info``}`` per epoch (sampled from a prepared folder: ``feature_cache``), and
     ``{"event": "final", ...scores}`` at the end. Only the rank that reports writes it."""
 
     def __init__(self, out: str | None, tensorboard: bool = False, append: object = None) -> None:
@@ -172,14 +173,16 @@ class MetricsLog:
             self.tb.add_scalar("loss/step", loss, step)
             self.tb.add_scalar("time/step_s", seconds, step)
 
-    def epoch(self, epoch: int, log, scores: dict | None, device) -> dict:
-        """The epoch's record (also what the per-epoch line shows)."""
+    def epoch(self, epoch: int, log, scores: dict | None, device, info: dict | None = None) -> dict:
+        """The epoch's record (also what the per-epoch line shows); ``info``: the source's
+        own values for it (``Source.epoch_info``)."""
         count = log.loss_count[epoch]
         record = {"event": "epoch", "epoch": epoch, "train_s": log.train_s}
         record["loss"] = log.loss_sum[epoch] / count if count else None
         if scores is not None:
             record["val"] = scores.get("val")
         record.update(peak_memory(device))
+        record.update(info or {})
         self.write(record)
         if self.tb is not None:
             for key in ("loss", "val"):

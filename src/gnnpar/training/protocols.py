@@ -16,6 +16,7 @@ probes for nothing. The defaults live in two small base classes that every part 
 ``state()``        at a checkpoint: what resuming needs (plain values and tensors)
 ``load_state(s)``  on resume, with what ``state()`` gave (None where it gave None)
 ``skip(steps)``    on resume, after ``load_state``: ``steps`` of the resumed epoch were done
+``epoch_info(e)``  after epoch ``e``: values for its metrics.jsonl record (the reporting rank's)
 ``rank_info()``    at the end: per-rank result.json values (:data:`gnnpar.result.RANK_INFO`)
 ``close()``        at the end of training, before the final evaluation: stop workers
 =================  ===========================================================================
@@ -63,6 +64,8 @@ class Source(Protocol):
 
     def skip(self, steps: int) -> None: ...
 
+    def epoch_info(self, epoch: int) -> dict[str, Any]: ...
+
     def rank_info(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
@@ -86,6 +89,9 @@ class BaseSource:
 
     def skip(self, steps: int) -> None:
         pass
+
+    def epoch_info(self, epoch: int) -> dict[str, Any]:
+        return {}
 
     def rank_info(self) -> dict[str, Any]:
         return {}

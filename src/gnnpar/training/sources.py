@@ -307,6 +307,14 @@ class SampledSource(BaseSource):
         with torch.random.fork_rng(devices=[]):  # the run drew its loader seed long ago
             self.start()
 
+    def epoch_info(self, epoch: int) -> dict:
+        """metrics.jsonl's epoch record: this rank's feature reads in the epoch (from a
+        prepared folder; see :func:`feature_cache_info`)."""
+        if not self.on_disk:
+            return {}
+        io = feature_cache_info(self.cache_bytes, {epoch: self.feature_io.get(epoch, [0] * 4)})
+        return {"feature_cache": {k: v for k, v in io.items() if k != "per_epoch"}}
+
     def rank_info(self) -> dict:
         info: dict = {"loader_start_time_s": self.start_s}
         if self.on_disk:
