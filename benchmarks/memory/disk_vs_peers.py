@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(harness.smoke_root()), None, True,
             )  # fmt: skip
             a.peer_dir, a.reps, a.fanouts, a.batch_size = root / "peer", 1, "2,2", 64
+            a.sides = ",".join(s for s in a.sides.split(",") if s != "gnnpar-nolimit")
             a.gnnpar_args += ["--max-steps", "2"]
         if a.folder is None:
             ap.error("--folder is required (a gnnpar prepared folder)")
