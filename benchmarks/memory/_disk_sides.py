@@ -3,14 +3,15 @@ PyG ("PyG+", Ginex's baseline) or DGL GraphBolt, on the arrays of a gnnpar prepa
 written the way each library's own examples write it. Imports nothing of gnnpar; runs in the
 peer's interpreter (``harness.PEERS``).
 
-    python _disk_sides.py pyg FOLDER PEERDIR FANOUTS BATCH WORKERS THREADS SEED
-    python _disk_sides.py graphbolt FOLDER PEERDIR FANOUTS BATCH WORKERS THREADS SEED
+    python _disk_sides.py pyg FOLDER PEERDIR FANOUTS BATCH WORKERS THREADS SEED [MAX_STEPS]
+    python _disk_sides.py graphbolt FOLDER PEERDIR FANOUTS BATCH WORKERS THREADS SEED [MAX_STEPS]
 
 ``FOLDER``: the gnnpar prepared folder (features.npy fp32 [N, F], labels.npy, train.npy);
 ``PEERDIR``: what disk_vs_peers.py made beside it: ``edges.npy`` (int64 [2, E], source row
 then target row, sorted by target: the prepared CSR as PyG's ``edge_index``) and, for
 GraphBolt, an ``OnDiskDataset`` folder (``gb/metadata.yaml`` over those arrays). ``FANOUTS``:
-seeds' hop first (gnnpar's and PyG's order), e.g. ``10,5,5``. Prints one JSON line when the
+seeds' hop first (gnnpar's and PyG's order), e.g. ``10,5,5``; ``MAX_STEPS`` (0: all) ends the
+epoch after that many steps, as gnnpar's ``--max-steps`` does. Prints one JSON line when the
 epoch ends: ``epoch_end_unix`` (the parent measures end to end from its own start),
 ``epoch_s`` (the epoch alone), ``setup_s``, ``steps``, ``loss`` (mean), ``peak_rss_bytes``.
 
@@ -67,7 +68,7 @@ def report(t_setup: float, t0: float, steps: int, loss_sum: float) -> None:
     )
 
 
-def pyg(folder: str, peer: str, fanouts: list[int], batch: int, workers: int) -> None:
+def pyg(folder: str, peer: str, fanouts: list[int], batch: int, workers: int, cap: int) -> None:
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
     from torch_geometric.nn.models import GraphSAGE
@@ -111,11 +112,15 @@ def pyg(folder: str, peer: str, fanouts: list[int], batch: int, workers: int) ->
         loss = F.cross_entropy(out, b.y[: b.batch_size])
         loss.backward()
         opt.step()
-        steps, loss_sum = steps + 1, loss_sum + float(loss)
+        steps, loss_sum = steps + 1, loss_sum + float(loss.detach())
+        if steps == cap:
+            break
     report(t_setup, t0, steps, loss_sum)
 
 
-def graphbolt(folder: str, peer: str, fanouts: list[int], batch: int, workers: int) -> None:
+def graphbolt(
+    folder: str, peer: str, fanouts: list[int], batch: int, workers: int, cap: int
+) -> None:
     import dgl.graphbolt as gb
     import dgl.nn as dglnn
 
@@ -162,16 +167,20 @@ def graphbolt(folder: str, peer: str, fanouts: list[int], batch: int, workers: i
         opt.zero_grad()
         loss.backward()
         opt.step()
-        steps, loss_sum = steps + 1, loss_sum + float(loss)
+        steps, loss_sum = steps + 1, loss_sum + float(loss.detach())
+        if steps == cap:
+            break
     report(t_setup, t0, steps, loss_sum)
 
 
 def main() -> None:
     side, folder, peer, fanouts, batch, workers, threads, seed = sys.argv[1:9]
+    cap = int(sys.argv[9]) if len(sys.argv) > 9 else 0
     torch.set_num_threads(int(threads))
     torch.manual_seed(int(seed))
     fan = [int(f) for f in fanouts.split(",")]
-    {"pyg": pyg, "graphbolt": graphbolt}[side](folder, peer, fan, int(batch), int(workers))
+    run = {"pyg": pyg, "graphbolt": graphbolt}[side]
+    run(folder, peer, fan, int(batch), int(workers), cap)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ loader workers:
   ``_disk_sides.py`` in ``harness.PEERS["pyg"]``;
 * ``graphbolt``: DGL 2.1 GraphBolt over an ``OnDiskDataset`` (features ``in_memory: false``),
   ``_disk_sides.py`` in ``harness.PEERS["dgl"]``.
+* ``pyg-w0``, ``graphbolt-w0``: the same peers sampling in the training process (no loader
+  worker: one process less inside the limit).
+
+``--max-steps N`` ends every side's epoch after N steps (gnnpar's ``--max-steps``; the peers
+break out of their loop): for graphs whose full epoch takes longer than the time at hand.
 
 What the peers read beside the prepared folder is made once under ``--peer-dir`` (not timed):
 ``edges.npy`` (int64 [2, E]: the prepared CSR's sources and targets, sorted by target; PyG maps
@@ -58,8 +63,8 @@ import numpy as np
 from benchmarks import harness
 
 HERE = Path(__file__).resolve().parent
-SIDES = ("gnnpar", "pyg", "graphbolt", "gnnpar-nolimit")
-PEER_OF = {"pyg": "pyg", "graphbolt": "dgl"}
+SIDES = ("gnnpar", "pyg", "graphbolt", "gnnpar-nolimit", "pyg-w0", "graphbolt-w0")
+PEER_OF = {"pyg": "pyg", "graphbolt": "dgl", "pyg-w0": "pyg", "graphbolt-w0": "dgl"}
 CHUNK = 1 << 24  # edges per chunk when writing edges.npy
 
 
@@ -171,11 +176,13 @@ def _argv(a, side: str, out: Path) -> list[str]:
             "--batch-size", str(a.batch_size), "--epochs", "1", "--threads", str(a.threads),
             "--loader-workers", str(a.workers), "--seed", str(a.seed), "--quiet",
             "--timeout", str(a.timeout), "--out", str(out), *a.gnnpar_args,
+            *(["--max-steps", str(a.max_steps)] if a.max_steps else []),
         ]  # fmt: skip
+    workers = 0 if side.endswith("-w0") else a.workers
     return [
-        harness.PEERS[PEER_OF[side]], str(HERE / "_disk_sides.py"), side, str(a.folder),
-        str(a.peer_dir), a.fanouts, str(a.batch_size), str(a.workers), str(a.threads),
-        str(a.seed),
+        harness.PEERS[PEER_OF[side]], str(HERE / "_disk_sides.py"), side.removesuffix("-w0"),
+        str(a.folder), str(a.peer_dir), a.fanouts, str(a.batch_size), str(workers),
+        str(a.threads), str(a.seed), str(a.max_steps),
     ]  # fmt: skip
 
 
@@ -298,7 +305,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
             k: med(side, k) for k in ("e2e_s", "epoch_s", "cgroup_peak_bytes", "peak_rss_bytes")
         }
         out["median"][side]["finished"] = f"{sum('e2e_s' in r for r in rs)}/{len(rs)}"
-    for peer in ("pyg", "graphbolt", "gnnpar-nolimit"):
+    for peer in ("pyg", "graphbolt", "gnnpar-nolimit", "pyg-w0", "graphbolt-w0"):
         for key in ("e2e_s", "epoch_s"):
             pairs = [
                 (g[key], p[key])
@@ -324,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads, every side")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=900, help="seconds a side may take")
+    ap.add_argument("--max-steps", type=int, default=0, help="end the epoch after N steps")
     ap.add_argument("--warm", action="store_true", help="keep the arrays in the page cache")
     ap.add_argument("--gnnpar-args", default="", help="more flags for gnnpar train")
     ap.add_argument("--json", default=None, help="write the figures here")
@@ -343,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             a.peer_dir, a.reps, a.fanouts, a.batch_size = root / "peer", 1, "2,2", 64
             a.sides = ",".join(s for s in a.sides.split(",") if s != "gnnpar-nolimit")
-            a.gnnpar_args += ["--max-steps", "2"]
+            a.max_steps = 2
         if a.folder is None:
             ap.error("--folder is required (a gnnpar prepared folder)")
         a.folder = a.folder.resolve()
@@ -393,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "limit_bytes": limit,
         "workers": a.workers,
         "threads": a.threads,
+        "max_steps": a.max_steps,
         "cold": not a.warm,
         "runs": runs,
         **summary(runs),
