@@ -228,3 +228,46 @@ def test_in_memory_sampled_run_has_no_feature_cache_entry(tmp_path):
          "out": str(tmp_path / "mem")},
     )  # fmt: skip
     assert "feature_cache" not in run_rank(cfg, prepare(cfg))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_feature_cache_file_holds_the_stored_rows(tmp_path, dtype):
+    """The cache file's rows are the hot rows' stored bits (fp16, bf16), its slots their
+    places; gathering through it is index_select of the widened features, bit for bit."""
+    import torch
+
+    from gnnpar.data import prepared
+    from gnnpar.data.sampling.loader import gather_rows
+
+    out = tmp_path / dtype
+    run_prepare("cora", str(out), None, None, dtype, str(tmp_path / "root"), None, True)
+    p = prepared.open_prepared(out)
+    x = p.tensor("features")
+    cache = tmp_path / "cache"
+    prepared.write_feature_cache(p, 100, str(cache))
+    c = prepared.open_feature_cache(str(cache), x)
+    hot = torch.from_numpy(prepared.hot_rows(p, 100))
+    assert c["rows"].dtype == x.dtype and torch.equal(c["rows"], x[hot])
+    want = torch.full((2708,), -1, dtype=torch.int32)
+    want[hot] = torch.arange(100, dtype=torch.int32)
+    assert torch.equal(c["slot"], want)
+    n_id = torch.randperm(2708, generator=torch.Generator().manual_seed(1))[:400]
+    got = gather_rows(x, n_id, c["slot"], c["rows"])
+    assert torch.equal(got, torch.index_select(x, 0, n_id).float())
+
+
+def test_hot_rows_of_an_undirected_graph_need_only_indptr(tmp_path):
+    """An undirected graph's hot rows come from its rows' lengths, without reading indices:
+    the same nodes as counting every source (its CSR is symmetric)."""
+    import numpy as np
+
+    from gnnpar.data import prepared
+
+    p = prepared.open_prepared(_folder(tmp_path, "cora"))
+    assert not p.manifest["directed"]
+    deg = np.diff(np.asarray(p.array("indptr")))
+    assert np.array_equal(np.bincount(p.array("indices"), minlength=2708), deg)
+    by_rows = prepared.hot_rows(p, 300)
+    p.manifest["directed"] = True  # the same graph counted source by source
+    assert np.array_equal(prepared.hot_rows(p, 300), by_rows)
+    assert deg[by_rows].min() >= np.delete(deg, by_rows).max()

@@ -753,13 +753,18 @@ def cache_rows(p: Prepared, setting: str | None, available: int | None) -> int:
 
 def hot_rows(p: Prepared, k: int) -> np.ndarray:
     """The ``k`` nodes a neighbour sampler reaches most: the most frequent sources in the CSR
-    (out-degree; ties by node id), counted chunk by chunk (O(nodes) memory)."""
+    (out-degree; ties by node id). An undirected graph's CSR is symmetric, so its sources'
+    counts are its rows' lengths (``indptr``'s differences: O(nodes) reads); a directed one's
+    are counted over ``indices`` chunk by chunk (O(nodes) memory)."""
     n = p.num_nodes
-    counts = np.zeros(n, dtype=np.int64)
-    idx = p.array("indices")
-    step = CHUNK_BYTES // idx.dtype.itemsize
-    for i in range(0, len(idx), step):
-        counts += np.bincount(idx[i : i + step], minlength=n)
+    if not p.manifest.get("directed", False):
+        counts = np.diff(np.asarray(p.array("indptr"), dtype=np.int64))
+    else:
+        counts = np.zeros(n, dtype=np.int64)
+        idx = p.array("indices")
+        step = CHUNK_BYTES // idx.dtype.itemsize
+        for i in range(0, len(idx), step):
+            counts += np.bincount(idx[i : i + step], minlength=n)
     if k >= n:
         return np.arange(n, dtype=np.int64)
     top = np.argpartition(-counts, k - 1)[:k] if k else np.empty(0, dtype=np.int64)
