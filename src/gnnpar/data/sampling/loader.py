@@ -155,14 +155,16 @@ class SampledBatches(torch.utils.data.Dataset):
 
 def open_graph_folder(folder: str) -> dict:
     """A prepared folder's CSR, features and labels, memory-mapped (checked on open: sizes and
-    ends checksums, gnnpar.data.prepared)."""
+    ends checksums, gnnpar.data.prepared). The neighbour lists and the feature rows a batch
+    reads are scattered: a file larger than the memory the run may use is mapped without
+    read-ahead (:meth:`~gnnpar.data.prepared.Prepared.array`); the same bytes either way."""
     from gnnpar.data.prepared import open_prepared
 
     p = open_prepared(folder)
     return {
         "rowptr": p.tensor("indptr"),
-        "col": p.tensor("indices"),
-        "x": p.tensor("features"),
+        "col": p.tensor("indices", p.larger_than_memory("indices")),
+        "x": p.tensor("features", p.larger_than_memory("features")),
         "y": p.tensor("labels"),
         "on_disk": True,
     }
