@@ -18,8 +18,17 @@ Sides alternate over ``--reps`` rounds (``nolimit``, ``limit``); figures are the
 ``--src PATH`` (repeatable) runs that tree's ``src`` instead of this one's (e.g. the main
 checkout's, for the figures before a change); ``--sides limit`` runs only the limited side.
 
+``--folder PATH`` trains from a prepared folder (``gnnpar prepare``) instead of the generated
+dataset (no warm-up: nothing to build); ``--epochs``, ``--steps 0`` (whole epochs),
+``--threads``, ``--loader-workers``, ``--eval-mode`` and ``--wait`` (gnnpar's ``--timeout``:
+a batch read through a small page cache on a loaded machine can take minutes) are passed on, and each side records
+how the final evaluation ran (result.json's ``eval_mode``, ``eval_fanouts``; the line that
+says why) and its seconds (the final evaluation's, from ``test_step_time_s``).
+
     .venv/bin/python -m benchmarks.memory.eval_memory                      # 3 GiB cgroup
     .venv/bin/python -m benchmarks.memory.eval_memory --limit 1.5G --reps 3
+    .venv/bin/python -m benchmarks.memory.eval_memory --folder /data/papers100m-0.1 \
+        --sides limit --limit 3G --epochs 2 --steps 0 --threads 2 --loader-workers 1
     .venv/bin/python -m benchmarks.memory.eval_memory --smoke   # seconds, 22k nodes, no limit
 """
 
@@ -43,11 +52,23 @@ from gnnpar.runtime import resources  # noqa: E402
 
 
 def train_args(a: argparse.Namespace, out: Path) -> list[str]:
+    data = ["--dataset", a.folder] if a.folder else [
+        "--dataset", a.dataset, "--scale", str(a.scale), "--data-root", a.data_root,
+    ]  # fmt: skip
+    more = ["--max-steps", str(a.steps)] if a.steps > 0 else []
+    if a.threads:
+        more += ["--threads", str(a.threads)]
+    if a.loader_workers:
+        more += ["--loader-workers", str(a.loader_workers)]
+    if a.eval_mode:
+        more += ["--eval-mode", a.eval_mode]
+    if a.wait:
+        more += ["--timeout", str(a.wait)]
     return [
-        "train", "--dataset", a.dataset, "--scale", str(a.scale), "--data-root", a.data_root,
+        "train", *data,
         "--strategy", "sampled", "--model", "sage", "--hidden", "256", "--layers", "3",
-        "--fanouts", a.fanouts, "--batch-size", str(a.batch_size), "--epochs", "1",
-        "--max-steps", str(a.steps), "--out", str(out),
+        "--fanouts", a.fanouts, "--batch-size", str(a.batch_size), "--epochs", str(a.epochs),
+        *more, "--out", str(out),
     ]  # fmt: skip
 
 
@@ -90,12 +111,23 @@ def run_side(a: argparse.Namespace, src: str, limit: int | None, out: Path) -> d
     result = out / "result.json"
     r = json.loads(result.read_text()) if result.exists() else {}
     err = [line for line in p.stderr.replace("\r", "\n").splitlines() if line.strip()]
+    said = [
+        line
+        for line in (p.stdout + p.stderr).replace("\r", "\n").splitlines()
+        if line.startswith("gnnpar: final evaluation")
+    ]
     return {
         "exit": p.returncode,
         "wall_s": round(wall, 2),
         "peak_rss_bytes": peak,  # the run's process (ru_maxrss, by the wrapper)
         "cgroup_peak_bytes": peak_cgroup,
         "train_time_s": r.get("train_time_s"),
+        "eval_mode": r.get("eval_mode"),
+        "eval_fanouts": r.get("eval_fanouts"),
+        "eval_time_s": r.get("test_step_time_s", {}).get("max"),  # the final evaluation
+        "eval_line": said[-1] if said else None,
+        "steps_per_epoch": r.get("steps_per_epoch"),
+        "train_score": r.get("train_score"),
         "val_score": r.get("val_score"),
         "test_score": r.get("test_score"),
         "last_stderr": err[-1][:300] if err else "",
@@ -109,14 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-root", default=str(Path.home() / ".cache" / "gnnpar"))
     ap.add_argument("--fanouts", default="15,10,5")
     ap.add_argument("--batch-size", type=int, default=1024)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=3, help="steps per epoch (0: whole epochs)")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--folder", default=None, help="train from this prepared folder")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--loader-workers", type=int, default=0)
+    ap.add_argument("--eval-mode", default=None, help="auto, layerwise or sampled (default: auto)")
     ap.add_argument("--limit", default="3G", help="the cgroup's limit (bytes, K/M/G)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument(
         "--src", action="append", default=[], help="a tree's src to run (default: this one's)"
     )
     ap.add_argument("--sides", default="nolimit,limit", help="which of nolimit, limit to run")
-    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds a side may take")
+    ap.add_argument("--wait", type=float, default=None, help="gnnpar train's --timeout")
     ap.add_argument("--no-warm", action="store_true", help="the dataset's cache exists: no warm-up")
     ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args(argv)
@@ -129,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     srcs = a.src or [str(ROOT / "src")]
     wanted = a.sides.split(",")
     with tempfile.TemporaryDirectory(prefix="gnnpar-evalmem-") as tmp:
-        if not a.no_warm:
+        if not a.no_warm and not a.folder:
             run_side(a, srcs[0], None, Path(tmp) / "warm")  # builds the dataset's cache
         sides: dict[str, list[dict]] = {}
         for rep in range(a.reps):
@@ -148,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "what": "sampled sage 3x256 then final evaluation: peak RSS, exit, in and out of a cgroup",
         "machine": harness.machine(),
-        "dataset": a.dataset,
-        "scale": a.scale,
+        "dataset": a.folder or a.dataset,
+        "scale": None if a.folder else a.scale,
+        "command": train_args(a, Path("OUT")),
         "limit_bytes": limit,
         "srcs": srcs,
         "sides": sides,

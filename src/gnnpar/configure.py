@@ -39,6 +39,7 @@ from gnnpar.config.parse import (
 from gnnpar.config.schema import (
     AVERAGE_MODES,
     DATASET_KINDS,
+    EVAL_MODES,
     MICROBATCH_MODES,
     OPTIMIZERS,
     PARTITIONERS,
@@ -107,6 +108,7 @@ STRATEGY_KEYS = (
     "loader-workers",
     "feature-cache",
     "checkpoint-every-steps",
+    "eval-mode",
 )
 NEEDS = {"partitioner": "partitions"}  # read only together with that other setting
 
@@ -379,6 +381,12 @@ def _check_choices(cfg: Config) -> None:
             "do. Use --precision bf16 (same range as fp32, no scaling needed) or fp32."
         )
     _one_of(r.precision, PRECISIONS, "--precision")
+    _one_of(s.eval_mode, EVAL_MODES, "--eval-mode")
+    if s.eval_mode == "sampled" and s.name != "sampled":
+        _bad(
+            f"--eval-mode sampled samples with the fan-outs of sampled training; --strategy "
+            f"{s.name} has none: use --eval-mode layerwise or auto, or --strategy sampled."
+        )
     if not 0 < d.scale <= 1:
         _bad(f"--scale must be in (0, 1], got {d.scale}.")
     if d.partitions is not None and d.partitions < 1:

@@ -13,6 +13,7 @@ declared below with what it means, grouped by what provides its value, in the or
 * the strategy's own settings and measurements (``Plan.extra``), declared in its spec
   (:attr:`gnnpar.strategies.spec.StrategySpec.result_keys`, beside the rest of the strategy);
 * :data:`FINAL_MODEL`: how the final model was chosen (``Final``: allreduce, gossip);
+* :data:`EVALUATION`: how a graph's final scores were computed (``Final.evaluation``);
 * :data:`CHECKPOINT`: checkpoints and restarts (runs with a checkpointer).
 
 A key that no group declares is refused (a programming error): add it here first, or, for a
@@ -136,6 +137,14 @@ FINAL_MODEL: dict[str, str] = {
     "local_scores": "per rank: its own model's {val, test}",
     "per_worker_divergence": "per rank: ||its model - average|| / ||average||",
 }
+EVALUATION: dict[str, str] = {
+    "eval_mode": 'how the final scores of a graph were computed: "layerwise" (exact '
+    'full-graph inference) or "sampled" (the scored nodes in mini-batches through training\'s '
+    "neighbour sampler); --eval-mode, auto's choice",
+    "eval_fanouts": "sampled evaluation: the fan-outs (training's)",
+    "eval_batch_size": "sampled evaluation: scored nodes per batch (training's --batch-size); "
+    "it scores val and test only (train_score null)",
+}
 USER_MODEL: dict[str, str] = {
     "user_model": "a user's model (--model pyg:NAME / module:function, gnnpar.fit(model=...)): "
     "how it was built, {target, call, kwargs} (gnnpar.models.user), its class and parameters",
@@ -160,6 +169,7 @@ KEYS: dict[str, str] = {
     **LOOP,
     **RANK_INFO,
     **FINAL_MODEL,
+    **EVALUATION,
     **USER_MODEL,
     **CHECKPOINT,
 }
@@ -229,6 +239,8 @@ def build_result(
             {"val": s["val"], "test": s["test"]} for s in o.choice.local_scores
         ]
         result["per_worker_divergence"] = o.choice.divergence
+    # EVALUATION
+    result |= o.evaluation
     # USER_MODEL
     if model_kind(cfg.model.name) in USER_KINDS:
         result["user_model"] = user_model_info(cfg, o.model, ds)

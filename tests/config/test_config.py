@@ -41,6 +41,7 @@ def test_toml_accepts_flag_names_with_dashes_underscores_and_sections(tmp_path):
 # A value of the right type for every key, as TOML text.
 TOML_VALUES = {
     "precision": '"bf16"',
+    "eval-mode": '"layerwise"',
     "dataset": '"cora"',
     "data-root": '"/tmp/gnnpar-test-data"',
     "scale": "0.5",
@@ -271,6 +272,11 @@ def test_bad_toml_and_bad_types_are_usage_errors(tmp_path):
             "--microbatch is used by --strategy pipeline, hybrid with a graph dataset only",
         ),
         ({"partitioner": "metis"}, "--partitioner is only read together with --partitions"),
+        (  # a pipeline scores its own micro-batches
+            {"strategy": "pipeline", "eval-mode": "layerwise"},
+            "--eval-mode is used by --strategy sequential, allreduce, gossip, gossip-bipartite, "
+            "sampled with a graph dataset only",
+        ),
     ],
 )
 def test_a_setting_the_run_would_ignore_is_a_usage_error(flags, message):
@@ -320,6 +326,12 @@ def test_defaults_and_flags_not_given_are_never_foreign():
         ({"optimizer": "lamb"}, "Unknown --optimizer 'lamb'"),
         ({"seed": "-1"}, "--seed must be between 0 and 4294967295"),
         ({"seed": str(2**40)}, "--seed must be between 0 and 4294967295"),
+        ({"eval-mode": "exact"}, "Unknown --eval-mode 'exact'. Choose one of: auto, layerwise"),
+        (  # only sampled training has fan-outs to evaluate with
+            {"strategy": "allreduce", "eval-mode": "sampled"},
+            "--eval-mode sampled samples with the fan-outs of sampled training; --strategy "
+            "allreduce has none",
+        ),
     ],
 )
 def test_impossible_values_are_usage_errors(flags, message):

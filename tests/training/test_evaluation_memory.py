@@ -144,3 +144,48 @@ def test_a_killed_evaluations_spill_is_removed_by_the_next(tmp_path, monkeypatch
     x, ei = _graph(n=300, e=2000)
     ev.graph_logits(_model("sage", x.size(1)), x, ei, limit=1000, budget=1)
     assert not dead.exists() and live.exists()
+
+
+@pytest.mark.parametrize("name", ["sage", "gat"])
+@pytest.mark.parametrize("budget", [1, 2**40], ids=["spilled", "in-memory"])
+def test_closure_layerwise_equals_whole_layerwise_bit_for_bit(name, budget, tmp_path, monkeypatch):
+    """Layer-wise inference for a few targets computes each layer only for the closure the next
+    reads (S_{l-1} = S_l plus their in-neighbours: counted here by hand from the edges), and
+    gives the targets the logits of today's in-memory pass over every node, bit for bit,
+    whether the closures' layers spill or not (GAT: the chunked path; SAGE: row blocks)."""
+    monkeypatch.setenv("GNNPAR_SPILL_DIR", str(tmp_path))
+    x, ei = _graph(n=1500, e=2500)  # sparse: the closures stay well below the graph
+    model = _model(name, x.size(1))
+    targets = torch.tensor([1400, 3, 777, 42, 1001])  # in no order: rows come back in theirs
+    rows = []
+    real = ev.HiddenStore.layer
+
+    def layer(self, n_rows, width, dtype, in_memory=False):
+        rows.append(n_rows)
+        return real(self, n_rows, width, dtype, in_memory)
+
+    monkeypatch.setattr(ev.HiddenStore, "layer", layer)
+    limit = 2000 * 32 * 4
+    some = ev.graph_logits(model, x, ei, limit=limit, budget=budget, targets=targets)
+    closure_rows = rows[:]
+    rows.clear()
+    whole = ev.graph_logits(model, x, ei, limit=limit, budget=2**40)
+    assert torch.equal(some, whole[targets])
+    s2 = torch.zeros(x.size(0), dtype=torch.bool)
+    s2[targets] = True
+    s2[ei[0][s2[ei[1]]]] = True
+    s1 = s2.clone()
+    s1[ei[0][s2[ei[1]]]] = True
+    assert closure_rows == [int(s1.sum()), int(s2.sum()), 5] and s1.sum() < x.size(0) // 2
+    assert rows == [x.size(0)] * 3
+
+
+def test_a_closure_that_reaches_every_node_computes_every_node(tmp_path, monkeypatch):
+    """On a dense graph the first layer's closure is the whole graph: it is computed as without
+    targets, and the targets' logits are the same."""
+    monkeypatch.setenv("GNNPAR_SPILL_DIR", str(tmp_path))
+    x, ei = _graph(n=300, e=6000)
+    model = _model("sage", x.size(1))
+    targets = torch.arange(0, 300, 7)
+    some = ev.graph_logits(model, x, ei, limit=1000, budget=1, targets=targets)
+    assert torch.equal(some, ev.graph_logits(model, x, ei, limit=1000, budget=2**40)[targets])

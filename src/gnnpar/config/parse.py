@@ -137,6 +137,15 @@ KEYS: dict[str, Key] = {
         "run", "tensorboard", "also write TensorBoard event files to <out>/tensorboard/"
     ),
     "eval-every": Key("run", "eval_every", "evaluate every N epochs (0: only at the end)"),
+    "eval-mode": Key(
+        "strategy",
+        "eval_mode",
+        "how a graph's final scores are computed: layerwise (exact full-graph inference, "
+        "hidden states spilled to disk where they do not fit), sampled (the scored nodes in "
+        "mini-batches through the training sampler and fan-outs; --strategy sampled), or auto "
+        "(default: layerwise where its hidden states fit the memory the run may use, else "
+        "sampled; it says which and why)",
+    ),
     "max-steps": Key("run", "max_steps", "at most this many training steps per epoch"),
     "threads": Key("run", "threads", "torch threads per process"),
     "checkpoint-every": Key(

@@ -17,6 +17,7 @@ SCHEDULES = ("gpipe", "1f1b")
 OPTIMIZERS = ("adam", "sgd")
 DATASET_KINDS = ("graph", "image")
 PRECISIONS = ("fp32", "bf16")  # --precision; gnnpar.training.precision applies it
+EVAL_MODES = ("auto", "layerwise", "sampled")  # --eval-mode; gnnpar.training.evaluation
 
 
 @dataclass
@@ -64,6 +65,7 @@ class StrategyConfig:
     # fraction of the feature array ("0.25"); None: sized from the memory the run may use
     feature_cache: str | None = None
     timeout_s: float = 120.0  # any wait on another process ends with an error after this
+    eval_mode: str = "auto"  # a graph's final evaluation: auto, layerwise or sampled
 
 
 @dataclass

@@ -37,6 +37,7 @@ from gnnpar.strategies.spec import (
     AVERAGING,
     AVERAGING_KEYS,
     CLUSTER_GCN,
+    EVAL_MODE,
     SIM_LOCKSTEP,
     STEP_CHECKPOINTS,
     STEPS_KEYS,
@@ -91,7 +92,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     from gnnpar.data.partition import load_partitions
     from gnnpar.models import build_model
     from gnnpar.parallel import collectives
-    from gnnpar.training.evaluation import evaluate_graph
+    from gnnpar.training.evaluation import evaluate_graph, full_graph_record
     from gnnpar.training.final_model import choose_final_model
     from gnnpar.training.loop import Final, Plan
     from gnnpar.training.losses import LocalStep, graph_loss
@@ -126,12 +127,19 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     def finish() -> Final:
         if s.sync_every > 1 and ctx.world_size > 1:
             choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-            return Final(choice.scores, choice.eval_times, choice)
+            return Final(
+                choice.scores,
+                choice.eval_times,
+                choice,
+                evaluation=full_graph_record(cfg.strategy.eval_mode),
+            )
         scores, times = {"val": float("nan"), "test": float("nan"), "train": None}, []
         if ctx.is_main:
             scores, t = evaluate_graph(model, ds)
             times.append(t)
-        return Final(scores, times, final_model="rank0")
+        return Final(
+            scores, times, final_model="rank0", evaluation=full_graph_record(cfg.strategy.eval_mode)
+        )
 
     return Plan(
         f"allreduce {cfg.model.name} x{ctx.world_size}",
@@ -163,7 +171,7 @@ SPEC = StrategySpec(
     help="synchronous data-parallel Cluster-GCN",
     advice=Advice(SIM_LOCKSTEP),
     degrees=data_parallel,
-    reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **STEP_CHECKPOINTS},
+    reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **STEP_CHECKPOINTS, **EVAL_MODE},
     result_keys={
         **STRAGGLER_KEYS,
         **AVERAGING_KEYS,

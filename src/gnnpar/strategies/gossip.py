@@ -38,6 +38,7 @@ from gnnpar.strategies.spec import (
     AVERAGING,
     AVERAGING_KEYS,
     CLUSTER_GCN,
+    EVAL_MODE,
     SIM_GOSSIP,
     STRAGGLER_KEYS,
     STRAGGLERS,
@@ -99,7 +100,14 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
 
     def finish() -> Final:
         choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-        return Final(choice.scores, choice.eval_times, choice)
+        from gnnpar.training.evaluation import full_graph_record
+
+        return Final(
+            choice.scores,
+            choice.eval_times,
+            choice,
+            evaluation=full_graph_record(cfg.strategy.eval_mode),
+        )
 
     return Plan(
         f"{cfg.strategy.name} {cfg.model.name} x{ctx.world_size}",
@@ -129,7 +137,7 @@ SPEC = StrategySpec(
     advice=Advice(SIM_GOSSIP),
     degrees=data_parallel,
     # no --checkpoint-every-steps: gossip ranks reach no common step, only epoch ends
-    reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS},
+    reads={**CLUSTER_GCN, **AVERAGING, **STRAGGLERS, **EVAL_MODE},
     result_keys={
         **STRAGGLER_KEYS,
         **AVERAGING_KEYS,

@@ -12,9 +12,11 @@ the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0
 Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
 remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.loader.
 shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
-end, on rank 0 (exact full-graph inference, :func:`gnnpar.training.evaluation.evaluate_graph`, which bounds
-memory on big graphs); ``--eval-every`` is not used because an evaluation in the middle would
-hold every other rank at the next all-reduce.
+end, on rank 0: exact full-graph inference (:func:`gnnpar.training.evaluation.evaluate_graph`, which
+bounds memory on big graphs) where its hidden states fit the memory the run may use, else the scored
+nodes in mini-batches through the training sampler and fan-outs (``--eval-mode``, :func:`gnnpar.
+training.evaluation.choose_eval_mode`); ``--eval-every`` is not used because an evaluation in the
+middle would hold every other rank at the next all-reduce.
 
 Why study 002 deadlocked at 4 GPUs x 2 data workers (section 4.2), and what prevents it here.
 The usual culprits, all multiplied by ranks x workers:
@@ -62,6 +64,7 @@ from gnnpar.errors import UsageError
 from gnnpar.models.presets import model_kind
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
+    EVAL_MODE,
     SIM_SAMPLED,
     STEP_CHECKPOINTS,
     STEPS_KEYS,
@@ -121,7 +124,13 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
 
     from gnnpar.models import build_model
     from gnnpar.runtime.allocator import reuse_large_blocks
-    from gnnpar.training.evaluation import evaluate_graph
+    from gnnpar.training.evaluation import (
+        SAMPLED_SPLITS,
+        choose_eval_mode,
+        evaluate_graph,
+        evaluate_sampled,
+        scored_nodes,
+    )
     from gnnpar.training.loop import Final, Plan
     from gnnpar.training.losses import LocalStep, seed_loss
     from gnnpar.training.optim import build_optimizer
@@ -165,11 +174,14 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
         net = DistributedDataParallel(model, device_ids=[ctx.device.index] if cuda else None)
         net.register_comm_hook(None, sync.hook)
     opt = build_optimizer(cfg, net.parameters())
+    # rank 0 keeps the graph training sampled from for a sampled final evaluation
+    source.keep_graph = not across and ctx.is_main and s.eval_mode != "layerwise"
     source.start()
 
     def finish() -> Final:  # the loop has closed the source: its workers are stopped
         t0 = time.perf_counter()
         scores = {"val": 0.0, "test": 0.0, "train": 0.0}
+        evaluation: dict = {}
         if across:  # every host scores its shard's nodes, sampled (all ranks take part)
             from gnnpar.data.sampling.distributed import evaluate_across
 
@@ -178,10 +190,29 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
                     model.cpu(), source.batches.sampler.g, source.exchange, s.fanouts,
                     s.batch_size, ds.multilabel,
                 )  # fmt: skip
-        elif ctx.is_main:  # exact full-graph scores, on the CPU where the graph is
-            with autocast(cfg.run.precision, "cpu"):  # the loop's is the training device's
-                scores = evaluate_graph(model.cpu(), ds)[0]
-        return Final(scores, [time.perf_counter() - t0])
+            evaluation = {"eval_mode": "sampled", "eval_fanouts": list(s.fanouts)}
+            evaluation["eval_batch_size"] = s.batch_size
+            return Final(scores, [time.perf_counter() - t0], evaluation=evaluation)
+        try:
+            if ctx.is_main:  # on the CPU where the graph is
+                choice = choose_eval_mode(s.eval_mode, model, ds, s.fanouts, s.batch_size)
+                evaluation = choice.record()
+                if not r.quiet:
+                    print(choice.line(), flush=True)
+                with autocast(cfg.run.precision, "cpu"):  # the loop's is the training device's
+                    if choice.mode == "sampled":
+                        ids = scored_nodes(ds.data, SAMPLED_SPLITS)
+                        batches = source.eval_batches(ids, s.fanouts, s.batch_size, r.seed)
+                        # under a memory limit the batches are made here: a loader worker
+                        # would hold a second sampler and interpreter beside the model's heap
+                        workers = 0 if choice.limited else s.loader_workers
+                        scores = evaluate_sampled(model.cpu(), ds, batches, workers, s.timeout_s)[0]
+                    else:  # exact full-graph scores
+                        source.release()  # the sampler's graph first
+                        scores = evaluate_graph(model.cpu(), ds)[0]
+        finally:
+            source.release()
+        return Final(scores, [time.perf_counter() - t0], evaluation=evaluation)
 
     return Plan(
         f"sampled {cfg.model.name}",
@@ -212,6 +243,7 @@ SPEC = StrategySpec(
         **reads("feature-cache", kinds=("graph",)),
         **STRAGGLERS,
         **STEP_CHECKPOINTS,
+        **EVAL_MODE,
     },
     build=build,
     check=check,

@@ -18,6 +18,7 @@ from gnnpar.config.schema import Config
 from gnnpar.parallel.parallel_dims import ParallelDims
 from gnnpar.strategies.spec import (
     CLUSTER_GCN,
+    EVAL_MODE,
     SIM_ONE_RANK,
     STEP_CHECKPOINTS,
     Advice,
@@ -35,7 +36,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     """The plan of the one process."""
     from gnnpar.data.partition import load_partitions
     from gnnpar.models import build_model
-    from gnnpar.training.evaluation import evaluate_graph, evaluate_images
+    from gnnpar.training.evaluation import evaluate_graph, evaluate_images, full_graph_record
     from gnnpar.training.loop import Final, Plan
     from gnnpar.training.losses import LocalStep, graph_loss, image_loss
     from gnnpar.training.optim import build_optimizer
@@ -78,7 +79,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
     def finish() -> Final:
         scores, t = evaluate_graph(model, ds)
-        return Final(scores, [t])
+        return Final(scores, [t], evaluation=full_graph_record(cfg.strategy.eval_mode))
 
     return Plan(
         name,
@@ -97,6 +98,11 @@ SPEC = StrategySpec(
     help="one process, the baseline",
     advice=Advice(SIM_ONE_RANK),
     degrees=one_process,  # --workers > 1 would train identical copies: an error
-    reads={**CLUSTER_GCN, **reads("batch-size", kinds=("image",)), **STEP_CHECKPOINTS},
+    reads={
+        **CLUSTER_GCN,
+        **reads("batch-size", kinds=("image",)),
+        **STEP_CHECKPOINTS,
+        **EVAL_MODE,
+    },
     build=build,
 )

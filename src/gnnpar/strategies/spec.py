@@ -58,6 +58,8 @@ PIPELINE = {
     **reads("microbatch", kinds=("graph",)),  # image batches are cut evenly
 }
 STEP_CHECKPOINTS = reads("checkpoint-every-steps")  # the ranks reach common steps
+# how a graph's final scores are computed (gnnpar.training.evaluation.choose_eval_mode)
+EVAL_MODE = reads("eval-mode", kinds=("graph",))
 
 # result.json keys that several strategies' plans add (Plan.extra): {key: meaning}
 STRAGGLER_KEYS = {"slowdown": '--slowdown as {"rank": factor}', "jitter": "--jitter"}

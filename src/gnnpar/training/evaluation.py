@@ -15,7 +15,9 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -174,30 +176,36 @@ def _layerwise_chunked(
 ) -> torch.Tensor:
     """Each block on chunks of destination nodes with their in-neighbours (a local graph), the
     chunks' outputs written into the layer's hidden states (``store``: in memory or on disk);
-    the last block for ``targets`` only (every node where None), in their order."""
+    the last block for ``targets`` only (every node where None), in their order, and each block
+    before it only for the nodes the next one reads (:func:`_closures`)."""
     n = x.size(0)
     store = store if store is not None else HiddenStore(n, 1, None, None, in_memory=True)
     dst_sorted, order = torch.sort(edge_index[1], stable=True)
     src_sorted = edge_index[0][order]
     del order
     ptr = indptr(dst_sorted, n)
-    h = model.stem(x)
+
+    def neighbours(ids: torch.Tensor, into: torch.Tensor) -> None:
+        into[src_sorted[_ranges(ptr[ids], ptr[ids + 1])]] = True
+
+    h, pos = model.stem(x), None
     last = len(model.blocks) - 1
+    outs = _closures(neighbours, targets, n, last + 1)
     for i, block in enumerate(model.blocks):
-        dests = targets if i == last and targets is not None else None
+        dests = outs[i]
         out = None
-        for pos, dst_ids in _chunks(ptr, dests, n, edges_per_chunk):
+        for at, dst_ids in _chunks(ptr, dests, n, edges_per_chunk):
             starts, ends = ptr[dst_ids], ptr[dst_ids + 1]
             sel = _ranges(starts, ends)
             src, dst = src_sorted[sel], dst_sorted[sel]
             nodes = torch.unique(torch.cat([dst_ids, src]))  # sorted
             local = torch.stack([torch.searchsorted(nodes, src), torch.searchsorted(nodes, dst)])
-            o = block(h[nodes], local)[torch.searchsorted(nodes, dst_ids)]
+            o = block(_read(h, pos, nodes), local)[torch.searchsorted(nodes, dst_ids)]
             if out is None:
                 rows = n if dests is None else dests.numel()
                 out = store.layer(rows, o.size(1), o.dtype, in_memory=i == last)
-            out[pos : pos + o.size(0)] = o
-        h = store.advance(out)
+            out[at : at + o.size(0)] = o
+        h, pos = store.advance(out), _positions(dests, n)
     return model.head(h)
 
 
@@ -210,21 +218,77 @@ def _layerwise_rows(
 ) -> torch.Tensor:
     """Each block ``block((h, h[rows]), adjacency rows)`` on blocks of destination rows (the
     same sums, row by row, as the whole model on the whole adjacency); the last block for
-    ``targets`` only."""
+    ``targets`` only, and each block before it only for the nodes the next one reads
+    (:func:`_closures`).
+
+    Where ``h`` is all of the layer's rows in memory, each block reads them in place, as the
+    whole model would. Otherwise (a spilled layer, or one holding only a closure's rows) a
+    block reads the rows its adjacency names once each, in ascending order, in one batch, and
+    its columns are renumbered to them: the same values in the same order in every row's sum,
+    so the same outputs, bit for bit."""
     n = x.size(0)
-    h = model.stem(x)
+    h, pos = model.stem(x), None
     last = len(model.blocks) - 1
+    outs = _closures(adjacency.neighbours, targets, n, last + 1)
     for i, block in enumerate(model.blocks):
-        dests = targets if i == last and targets is not None else None
+        dests = outs[i]
         out = None
-        for pos, dst_ids in _chunks(adjacency.ptr, dests, n, ROW_CHUNK_EDGES):
-            o = block((h, h[dst_ids]), adjacency.rows(dst_ids))
+        in_place = pos is None and store.in_memory
+        for at, dst_ids in _chunks(adjacency.ptr, dests, n, ROW_CHUNK_EDGES):
+            adj = adjacency.rows(dst_ids)
+            if in_place:
+                o = block((h, h[dst_ids]), adj)
+            else:
+                cols, inv = torch.unique(adj.col_indices(), return_inverse=True)
+                shape = (dst_ids.numel(), cols.numel())
+                local = _csr(adj.crow_indices(), inv, adj.values(), shape)
+                o = block((_read(h, pos, cols), _read(h, pos, dst_ids)), local)
             if out is None:
                 rows = n if dests is None else dests.numel()
                 out = store.layer(rows, o.size(1), o.dtype, in_memory=i == last)
-            out[pos : pos + o.size(0)] = o
-        h = store.advance(out)
+            out[at : at + o.size(0)] = o
+        h, pos = store.advance(out), _positions(dests, n)
     return model.head(h)
+
+
+def _closures(
+    neighbours, targets: torch.Tensor | None, n: int, layers: int
+) -> list[torch.Tensor | None]:
+    """The nodes each block computes: the last, ``targets``; each one before, the nodes the next
+    reads (S_{l-1} = S_l plus their in-neighbours), sorted; None for every node (no targets, or
+    a closure that has grown to the whole graph, and every block before it).
+    ``neighbours(ids, into)`` sets ``into[v]`` for the in-neighbours v of ``ids``."""
+    outs: list[torch.Tensor | None] = [None] * layers
+    if targets is None:
+        return outs
+    outs[-1] = cur = targets
+    for i in range(layers - 2, -1, -1):
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[cur] = True
+        neighbours(cur, mask)
+        cur = mask.nonzero().flatten()
+        del mask
+        if cur.numel() == n:
+            break
+        outs[i] = cur
+    return outs
+
+
+def _positions(ids: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """Where each node's row is in a layer holding the rows of ``ids`` (-1: not held); None for
+    a layer holding every node's row at its id."""
+    if ids is None:
+        return None
+    dtype = torch.int32 if ids.numel() < 2**31 else torch.long
+    pos = torch.full((n,), -1, dtype=dtype)
+    pos[ids] = torch.arange(ids.numel(), dtype=dtype)
+    return pos
+
+
+def _read(h: torch.Tensor, pos: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """The rows of nodes ``ids`` (ascending, distinct: one batched read in file order where
+    ``h`` is a spilled layer) of a layer whose rows are at ``pos`` (None: at the node ids)."""
+    return h[ids] if pos is None else h[pos[ids].long()]
 
 
 def _csr(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor, shape) -> torch.Tensor:
@@ -246,6 +310,10 @@ class SlicedRows:
         sub_crow = torch.zeros(dst_ids.numel() + 1, dtype=crow.dtype)
         torch.cumsum(crow[dst_ids + 1] - crow[dst_ids], 0, out=sub_crow[1:])
         return _csr(sub_crow, col[sel], val[sel], (dst_ids.numel(), self.adj_t.size(1)))
+
+    def neighbours(self, ids: torch.Tensor, into: torch.Tensor) -> None:
+        """Set ``into[v]`` for every in-neighbour v of the nodes ``ids``."""
+        into[self.adj_t.col_indices()[_ranges(self.ptr[ids], self.ptr[ids + 1])]] = True
 
 
 class StreamedRows:
@@ -282,6 +350,14 @@ class StreamedRows:
                 row = row[hit].long()
             keys.append(row * self.n + src[hit])
         return torch.unique(torch.cat(keys), return_counts=True)
+
+    def neighbours(self, ids: torch.Tensor, into: torch.Tensor) -> None:
+        """Set ``into[v]`` for every in-neighbour v of the nodes ``ids`` (one pass)."""
+        wanted = torch.zeros(self.n, dtype=torch.bool)
+        wanted[ids] = True
+        for a in range(0, self.edge_index.size(1), EDGE_SCAN):
+            dst, src = self.edge_index[1, a : a + EDGE_SCAN], self.edge_index[0, a : a + EDGE_SCAN]
+            into[src[wanted[dst]]] = True
 
     def unique_edges(self) -> int:
         """The number of distinct edges (one pass, block by block)."""
@@ -454,6 +530,41 @@ def _remove_stale_spills(folder: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def scored_nodes(data, splits: tuple[str, ...] = ("train", "val", "test")) -> torch.Tensor:
+    """The nodes an evaluation scores, ascending: those of any of ``splits`` (papers100M labels
+    1.4% of its nodes); every node where no split of the graph has any."""
+    needed = torch.zeros(data.num_nodes, dtype=torch.bool)
+    for split in splits:
+        needed |= data[f"{split}_mask"].cpu()
+    targets = needed.nonzero().flatten()
+    if targets.numel() or any(data[f"{s}_mask"].any() for s in SPLITS):
+        return targets
+    return torch.arange(data.num_nodes)
+
+
+def split_scores(
+    out: torch.Tensor, targets: torch.Tensor, ds, splits: tuple[str, ...] = ("train", "val", "test")
+) -> dict[str, float | None]:
+    """The score of each of ``splits`` from ``out``, the logits of the nodes ``targets`` (row i:
+    node ``targets[i]``); None for the other splits."""
+    data = ds.data
+    row = torch.full((data.num_nodes,), -1, dtype=torch.long)
+    row[targets] = torch.arange(targets.numel())
+    scores: dict[str, float | None] = {}
+    for split in SPLITS:
+        if split not in splits:
+            scores[split] = None
+            continue
+        m = data[f"{split}_mask"]
+        ids = m.cpu().nonzero().flatten()
+        scores[split] = score(out[row[ids].to(out.device)], data.y[m], ds.multilabel)
+    return scores
+
+
+SPLITS = ("train", "val", "test")
+SAMPLED_SPLITS = ("val", "test")  # what sampled evaluation scores (train_score: null)
+
+
 @torch.no_grad()
 def evaluate_graph(
     model: nn.Module, ds: GraphDataset, cache: EvalGraphCache | None = None
@@ -464,24 +575,161 @@ def evaluate_graph(
     data = ds.data
     device = next(model.parameters()).device  # no copy when the data is already there
     x, edge_index = data.x.to(device), data.edge_index.to(device)
-    masks = {split: data[f"{split}_mask"] for split in ("train", "val", "test")}
     # only the nodes a split needs are scored at the last layer (papers100M labels 1.4%)
-    needed = torch.zeros(data.num_nodes, dtype=torch.bool)
-    for m in masks.values():
-        needed |= m.cpu()
-    targets = needed.nonzero().flatten()
-    if targets.numel() == 0:  # no split: every node (the scores of empty splits as before)
-        targets = torch.arange(data.num_nodes)
+    targets = scored_nodes(data)
     out = graph_logits(model, x, edge_index, cache=cache, targets=targets.to(device))
-    out = out.to(data.y.device)
-    row = torch.full((data.num_nodes,), -1, dtype=torch.long)
-    row[targets] = torch.arange(targets.numel())
-    scores = {}
-    for split, m in masks.items():
-        ids = m.cpu().nonzero().flatten()
-        scores[split] = score(out[row[ids].to(out.device)], data.y[m], ds.multilabel)
+    scores = split_scores(out.to(data.y.device), targets, ds)
     model.train()
     return scores, time.perf_counter() - t0
+
+
+@torch.no_grad()
+def evaluate_sampled(
+    model: nn.Module,
+    ds: GraphDataset,
+    batches,
+    workers: int = 0,
+    timeout_s: float = 120.0,
+) -> tuple[dict[str, float], float]:
+    """Sampled evaluation, as PyG's and DGL GraphBolt's papers100M examples evaluate: the
+    validation and test nodes (:data:`SAMPLED_SPLITS`, :func:`scored_nodes`) in mini-batches
+    through training's neighbour sampler and fan-outs, forward only; ``batches`` is the
+    :class:`~gnnpar.data.sampling.loader.EvalBatches` over them (reproducible from the seed,
+    the same from a prepared folder as from memory), made by ``workers`` loader processes.
+    Memory: one batch at a time, as a training step, and the scored nodes' logits. Scores on
+    val and test (train: None, not computed: papers100M's training nodes are 78% of its
+    labelled ones, and their score is no measure of the model), and the seconds."""
+    model.eval()
+    t0 = time.perf_counter()
+    out = sampled_logits(model, batches, workers, timeout_s)
+    scores = split_scores(out, batches.train_idx, ds, SAMPLED_SPLITS)
+    model.train()
+    return scores, time.perf_counter() - t0
+
+
+@torch.no_grad()
+def sampled_logits(
+    model: nn.Module, batches, workers: int = 0, timeout_s: float = 120.0
+) -> torch.Tensor:
+    """The model's fp32 outputs for the nodes of ``batches`` (an
+    :class:`~gnnpar.data.sampling.loader.EvalBatches`), in their order, one batch at a time."""
+    from gnnpar.data.sampling.loader import build_loader
+    from gnnpar.training.losses import seed_logits
+
+    out = None
+    at = 0
+    for b in build_loader(batches, 1, workers, timeout_s):
+        logits = seed_logits(model, b.to_data()).float()
+        if out is None:
+            out = torch.empty(batches.train_idx.numel(), logits.size(1))
+        out[at : at + logits.size(0)] = logits
+        at += logits.size(0)
+    return out
+
+
+EVAL_MODES = ("auto", "layerwise", "sampled")
+# the spill layer-wise inference would read per layer, under which it is taken even where its
+# hidden states do not fit (reading it back is seconds)
+SMALL_SPILL = 1 << 30
+
+
+@dataclass
+class EvalChoice:
+    """How the final evaluation runs (``mode``: layerwise or sampled), with which fan-outs
+    (sampled), and why (one line, for the screen)."""
+
+    mode: str
+    why: str
+    fanouts: list[int] | None = None
+    batch_size: int | None = None
+    limited: bool = False  # a memory limit (a cgroup's) binds the run
+
+    def record(self) -> dict[str, Any]:
+        """result.json's ``eval_mode`` (and ``eval_fanouts``, ``eval_batch_size`` when sampled)."""
+        if self.mode == "sampled":
+            return {
+                "eval_mode": "sampled",
+                "eval_fanouts": list(self.fanouts or []),
+                "eval_batch_size": self.batch_size,
+            }
+        return {"eval_mode": self.mode}
+
+    def line(self) -> str:
+        what = self.mode
+        if self.mode == "sampled":
+            fan = ",".join(map(str, self.fanouts or []))
+            what = f"sampled (fan-outs {fan}, batches of {self.batch_size})"
+        return f"gnnpar: final evaluation {what}: {self.why}"
+
+
+def full_graph_record(setting: str) -> dict[str, Any]:
+    """result.json's record of the final evaluation of a strategy without fan-outs (full-graph,
+    Cluster-GCN): layer-wise, whatever ``--eval-mode`` (``sampled`` is refused for them)."""
+    return choose_eval_mode(setting, None, None, None, None).record()
+
+
+def _limited() -> bool:
+    """Whether a memory limit (a cgroup's, or ``GNNPAR_MEMORY_LIMIT``) binds the run."""
+    budget = resources.available_memory()
+    return budget is not None and budget.limit is not None
+
+
+def layerwise_bytes(model: nn.Module, ds: GraphDataset) -> tuple[int, int]:
+    """(the hidden states layer-wise inference holds: two layers of N x width fp32, the graph
+    it builds beside what is loaded already: a prepared folder's [2, E] int64 edge_index and
+    its half-precision features widened to fp32)."""
+    width = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
+    n = int(ds.num_nodes)
+    graph = 0
+    if ds.info.get("prepared"):
+        graph = 16 * int(ds.info.get("num_edges", 0))
+        if ds.info.get("feature_dtype", "fp32") != "fp32":
+            graph += 4 * n * int(ds.info.get("num_features", 0))
+    return 2 * n * width * 4, graph
+
+
+def choose_eval_mode(
+    setting: str,
+    model: nn.Module,
+    ds: GraphDataset,
+    fanouts: list[int] | None,
+    batch_size: int | None,
+    budget: resources.MemoryBudget | None | str = "now",
+) -> EvalChoice:
+    """``--eval-mode``: ``layerwise`` and ``sampled`` as given; ``auto`` takes layer-wise
+    inference (exact) where its hidden states fit in half of the memory the run may use
+    (``budget``: :func:`gnnpar.runtime.footprint.memory_budget`, a cgroup's limit where there
+    is one) beside the graph it would build, or where the spill it would read is small
+    (:data:`SMALL_SPILL` a layer), and sampled evaluation otherwise. Only sampled training
+    has fan-outs (``fanouts`` None): there ``auto`` is layer-wise."""
+    if setting == "layerwise":
+        return EvalChoice("layerwise", "--eval-mode layerwise")
+    if setting == "sampled":
+        return EvalChoice("sampled", "--eval-mode sampled", fanouts, batch_size, _limited())
+    if fanouts is None:
+        return EvalChoice("layerwise", "only sampled training has fan-outs to sample with")
+    if budget == "now":
+        from gnnpar.runtime.footprint import memory_budget
+
+        budget = memory_budget(torch.device("cpu"))
+    hidden, graph = layerwise_bytes(model, ds)
+    gb = resources.size_words
+    need = f"layer-wise inference's hidden states (2 x {gb(hidden // 2)})" + (
+        f" and the graph it builds ({gb(graph)})" if graph else ""
+    )
+    if budget is None:
+        return EvalChoice("layerwise", "the memory the run may use is unknown")
+    half = budget.free // 2
+    if graph <= half and (hidden <= half or hidden // 2 <= SMALL_SPILL):
+        how = "fit in" if hidden <= half else "spill little beyond"
+        return EvalChoice("layerwise", f"{need} {how} half of {budget.words()}")
+    return EvalChoice(
+        "sampled",
+        f"{need} would not fit in half of {budget.words()}",
+        fanouts,
+        batch_size,
+        budget.limit is not None,
+    )
 
 
 @torch.no_grad()

@@ -65,6 +65,8 @@ class Final:
     choice: FinalChoice | None = None
     # which model is final: "rank0" (every rank holds it), or the choice's name
     final_model: str | None = None
+    # how a graph's final evaluation ran (EvalChoice.record(): eval_mode, eval_fanouts, ...)
+    evaluation: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -128,6 +130,7 @@ class Outcome:
     partition_time_s: float = 0.0
     final_model: str | None = None  # Final.final_model
     choice: FinalChoice | None = None  # Final.choice
+    evaluation: dict[str, Any] = field(default_factory=dict)  # Final.evaluation
     checkpoints: CheckpointStats | None = None  # None: no checkpointer
     strategy: dict[str, Any] = field(default_factory=dict)  # Plan.extra
     model: torch.nn.Module | None = None
@@ -354,6 +357,7 @@ def _outcome(plan: Plan, log: RankLog, eval_times: list[float], final: Final) ->
         partition_time_s=plan.partition_time_s,
         final_model=final.final_model,
         choice=final.choice,
+        evaluation=final.evaluation,
         strategy=plan.extra,
         model=plan.model,
     )

@@ -50,6 +50,12 @@ def seed_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
     and computes each layer only for the nodes the seeds' outputs depend on (the same seed
     outputs; models/hops.py). Any other model, a user's module with its own forward included,
     gets ``edge_index``."""
+    return loss_fn(seed_logits(model, batch), batch.y, multilabel)
+
+
+def seed_logits(model: nn.Module, batch) -> torch.Tensor:
+    """The model's outputs for the seed nodes of a neighbour-sampled batch (see
+    :func:`seed_loss`; sampled evaluation scores them)."""
     hops = HopGraph.of(batch)
     inner = getattr(model, "module", model)  # DistributedDataParallel wraps the model
     trims = (
@@ -58,8 +64,7 @@ def seed_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
         and type(inner).forward is BlockModel.forward
         and inner.trims(hops)
     )
-    out = model(batch.x, hops if trims else batch.edge_index)[: batch.batch_size]
-    return loss_fn(out, batch.y, multilabel)
+    return model(batch.x, hops if trims else batch.edge_index)[: batch.batch_size]
 
 
 def image_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], device) -> torch.Tensor:

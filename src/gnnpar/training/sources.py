@@ -248,6 +248,9 @@ class SampledSource(BaseSource):
         cache, self.cache_fd, self.cache_bytes = share_feature_cache(ds, ctx, s.feature_cache)
         self.on_disk = bool(ds.info.get("prepared"))
         self.feature_io: dict[int, list[int]] = {}  # epoch: [rows gathered, cache hits, bytes read]
+        self.graph_path, self.cache_path = path, cache
+        # kept past close() for a sampled final evaluation (rank 0), until release()
+        self.keep_graph = False
         self.setup_s = time.perf_counter() - t0
         self.per_rank, steps = shard_plan(train_idx.numel(), ctx.world_size, s.batch_size)
         self.steps = min(steps, r.max_steps or steps)
@@ -322,8 +325,22 @@ class SampledSource(BaseSource):
         return info
 
     def close(self) -> None:
-        """Stop the workers; drop the shared graph (already unlinked: freed with the last map)."""
+        """Stop the workers; drop the shared graph (already unlinked: freed with the last map),
+        unless it is kept for a sampled final evaluation (:meth:`eval_batches`, then
+        :meth:`release`)."""
         self._it = self.loader = None
+        if not self.keep_graph:
+            self.release()
+
+    def eval_batches(self, ids: torch.Tensor, fanouts: list[int], batch_size: int, seed: int):
+        """Evaluation batches of the nodes ``ids`` over the graph (and feature cache) training
+        sampled from (:class:`~gnnpar.data.sampling.loader.EvalBatches`)."""
+        from gnnpar.data.sampling.loader import EvalBatches
+
+        return EvalBatches(self.graph_path, ids, fanouts, batch_size, seed, self.cache_path)
+
+    def release(self) -> None:
+        """Close this process's hold on the shared graph and feature cache."""
         for name in ("fd", "cache_fd"):
             if getattr(self, name) is not None:
                 os.close(getattr(self, name))

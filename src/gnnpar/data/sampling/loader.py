@@ -138,8 +138,12 @@ class SampledBatches(torch.utils.data.Dataset):
             )
             self._epoch = (epoch, seeds)
         seeds = self._epoch[1][step]
-        g = self._graph()
         gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
+        return self._batch(seeds, gen)
+
+    def _batch(self, seeds: torch.Tensor, gen: torch.Generator) -> SampledBatch:
+        """The sampled neighbourhood of ``seeds``, its features and the seeds' labels."""
+        g = self._graph()
         b: SampledBatch = g["sampler"].sample(seeds, gen)
         if g.get("on_disk"):
             x = g["x"]
@@ -151,6 +155,40 @@ class SampledBatches(torch.utils.data.Dataset):
             # index_select, not x[n_id]: the same rows, ~2x faster on CPU (23K x 602: 8 vs 16 ms)
             b.x, b.y = torch.index_select(g["x"], 0, b.n_id), g["y"][seeds]
         return b
+
+
+# the random streams of evaluation batches: (seed, EVAL_STREAM, batch), apart from training's
+# (seed, epoch, rank, step) for every epoch below 2**32
+EVAL_STREAM = 0x6576616C00000000
+
+
+class EvalBatches(SampledBatches):
+    """Evaluation batch ``i``: the nodes ``ids[i * batch_size : (i + 1) * batch_size]`` (in the
+    order given) with their neighbourhoods sampled by training's sampler and fan-outs, from the
+    stream ``(seed, EVAL_STREAM, i)``: the same batches from a prepared folder as from memory,
+    whichever process makes them."""
+
+    def __init__(
+        self,
+        graph_path: str,
+        ids: torch.Tensor,
+        fanouts: list[int],
+        batch_size: int,
+        seed: int,
+        cache_path: str | None = None,
+    ) -> None:
+        steps = -(-ids.numel() // batch_size)
+        super().__init__(
+            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path
+        )
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, i: int) -> SampledBatch:
+        i = int(i)
+        seeds = self.train_idx[i * self.batch_size : (i + 1) * self.batch_size]
+        return self._batch(seeds, torch.Generator().manual_seed(_mix(self.seed, EVAL_STREAM, i)))
 
 
 def open_graph_folder(folder: str) -> dict:
