@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -196,6 +197,76 @@ def _add_advise(sub, uses: dict[str, tuple[Use, ...]]) -> None:
     )
 
 
+WATCHED_ENV = "GNNPAR_WATCHED"  # set in the child of _watched: it trains, nobody forks again
+
+
+def _one_rank_under_a_memory_limit(cfg) -> bool:
+    """One rank, not started by torchrun, in a memory cgroup whose limit is tighter than the
+    machine's available memory (several ranks are watched by their launcher already)."""
+    from gnnpar.runtime import dist, launch, resources
+
+    if os.environ.get(WATCHED_ENV) == "1" or dist.launched_by_torchrun():
+        return False
+    if launch.started_as_rank():
+        return False
+    if registry.get(cfg.strategy.name).parallel_dims(cfg, None).world > 1:
+        return False
+    budget = resources.available_memory()
+    return budget is not None and budget.limit is not None
+
+
+def _watched(args: argparse.Namespace) -> int:
+    """``gnnpar train`` of one rank inside a memory limit, run in a forked child while this
+    process waits: the kernel's OOM killer kills the process that outgrows the limit, and only a
+    parent that outlives it can say so (``the run was killed by the memory limit of 3.0 GiB``),
+    instead of the shell's bare ``Killed``. A fork shares this process's pages, so the watch
+    costs the cgroup almost nothing (the elastic launcher's fork server would cost a second
+    torch). Ctrl-C reaches the child from the terminal; SIGTERM is passed on to it."""
+    from gnnpar.runtime import resources
+
+    before = resources.oom_kills()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: the whole command, its messages and exit status its own
+        os.environ[WATCHED_ENV] = "1"
+        code = 1
+        try:
+            code = _command(args)
+        finally:
+            if "gnnpar.run" in sys.modules:
+                from gnnpar.run import discard_unused_out
+
+                discard_unused_out(keep=code == 0)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_term = signal.signal(signal.SIGTERM, lambda sig, frame: os.kill(pid, sig))
+    try:
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:  # pragma: no cover (PEP 475 retries it)
+                continue
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        words = resources.killed_by_memory_limit(before, resources.oom_kills())
+        if sig == signal.SIGKILL and words is not None:
+            raise UsageError(
+                f"the run was killed by {words}: it needed more memory than that. Use a smaller "
+                "--batch-size, --fanouts or --hidden, --feature-cache 0, --eval-mode sampled, "
+                "or run where the limit is higher."
+            )
+        print(f"gnnpar: error: the run was stopped by {signal.Signals(sig).name}", file=sys.stderr)
+        return 128 + sig
+    return os.WEXITSTATUS(status)
+
+
 def _start_ranks_server(cfg) -> None:
     """Local ranks (``--workers N``) are forked from a server that imports torch, PyG and
     gnnpar: start it before this process imports them too, so that the two import at once."""
@@ -243,6 +314,8 @@ def _command(args: argparse.Namespace) -> int:
         if args.command == "train":
             flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
             cfg = build_config(args.config, flags)
+            if _one_rank_under_a_memory_limit(cfg):
+                return _watched(args)
             _start_ranks_server(cfg)
             from gnnpar.run import run
 

@@ -130,7 +130,7 @@ def run(cfg: Config) -> dict[str, Any] | None:
         )
     if not dist.launched_by_torchrun() and not cfg.run.resume:
         clear_old_checkpoints(cfg)  # one agent (or none): its restarts resume from them
-    if (dims.world > 1 or _watched(cfg)) and not dist.launched_by_torchrun():
+    if dims.world > 1 and not dist.launched_by_torchrun():
         launch.check_ranks(dims.world)
         outputs = launch.launch(
             _rank_main,
@@ -143,19 +143,6 @@ def run(cfg: Config) -> dict[str, Any] | None:
         )
         return outputs.get(0)
     return run_rank(cfg, dims, direct=True)
-
-
-def _watched(cfg: Config) -> bool:
-    """A single rank runs as a child of this process when a memory cgroup limits it:
-    the kernel's OOM killer kills the process that outgrows the limit, and only a parent that
-    outlives it can say so ("rank 0 was killed by the memory limit of 3.0 GiB ..."), instead of
-    the shell's bare "Killed". Costs one process start; without a limit tighter than the machine's
-    available memory the rank runs here."""
-    from gnnpar.runtime import resources
-
-    del cfg  # (the same for every run: a limit binds the host's memory on any device)
-    budget = resources.available_memory()  # a limit looser than the machine's memory: no watch
-    return budget is not None and budget.limit is not None
 
 
 def clear_old_checkpoints(cfg: Config) -> None:

@@ -1,6 +1,6 @@
 """Resources that run out, for real: gnnpar in a memory cgroup that it cannot fit (refused before
 it starts, exit 2, both figures), a rank killed by its cgroup's limit (named as that, one rank
-running as a child of gnnpar under a limit), and a
+training in a forked child of gnnpar under a limit), and a
 full disk (a 2 MiB tmpfs) while writing a checkpoint (one message, exit 2, the checkpoint
 before intact). The parsing of the cgroup files themselves: tests/runtime/test_resources.py.
 
@@ -11,6 +11,7 @@ when ``GNNPAR_REQUIRE_CGROUP=1`` (CI sets it: it runs as root).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -138,8 +139,8 @@ def test_evaluation_spilling_to_a_full_disk_ends_in_one_message(tmp_path, monkey
 
 
 def test_a_single_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
-    """One rank (no --workers) that outgrows a 1.5 GiB cgroup: under a limit the rank runs as a
-    child of gnnpar, which names the kill, exit 2 (before: the process itself was killed and the
+    """One rank (no --workers) that outgrows a 1.5 GiB cgroup: under a limit gnnpar trains in a
+    forked child and names the kill, exit 2 (before: the process itself was killed and the
     shell printed only 'Killed', exit 137)."""
     with cgroup(3 * GIB // 2) as folder:
         p = gnnpar_in(
@@ -149,4 +150,37 @@ def test_a_single_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
     assert p.returncode == 2, p.stderr
     err = p.stderr.strip().splitlines()[-1]
     assert "was killed by the memory limit of 1.5 GiB (the memory cgroup's limit)" in err, err
-    assert err.startswith("gnnpar: error: rank 0") and "Signal 9" not in err
+    assert err.startswith("gnnpar: error: the run was killed by") and "Signal 9" not in err
+
+
+@pytest.mark.timeout(900)
+def test_a_graph_half_again_larger_than_its_cgroup_trains_and_evaluates_from_disk(tmp_path):
+    """A prepared folder of 0.84 GiB (tests.runtime.wide_graph: 110,000 nodes x 2,048 fp32
+    features) trained with sampled GraphSAGE and evaluated inside a cgroup of 1/1.5 of the
+    folder's bytes (torch alone takes ~0.3 GiB of it): it finishes, scores val and test, and its
+    loss curve is the in-memory run's, bit for bit (the same graph from memory, no limit)."""
+    from tests.helpers import run_cli
+
+    data = str(tmp_path / "data")
+    folder = tmp_path / "wide"
+    source = "tests.runtime.wide_graph:wide"
+    p = run_cli("prepare", "--dataset", source, "--out", str(folder), "--data-root", data,
+                "--quiet", timeout=600)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    flags = [
+        "--strategy", "sampled", "--model", "sage", "--hidden", "32", "--fanouts", "4,4,4",
+        "--batch-size", "128", "--epochs", "2", "--threads", "1", "--seed", "3", "--quiet",
+    ]  # fmt: skip
+    mem = run_cli("train", "--dataset", source, "--data-root", data, *flags,
+                  "--out", str(tmp_path / "memory"), timeout=600)  # fmt: skip
+    assert mem.returncode == 0, mem.stderr
+    limit = int(size / 1.5)
+    with cgroup(limit) as cg:
+        disk = gnnpar_in(cg, "train", "--dataset", str(folder), *flags,
+                         "--out", str(tmp_path / "disk"), timeout=600)  # fmt: skip
+    assert disk.returncode == 0, disk.stderr
+    want = json.loads((tmp_path / "memory" / "result.json").read_text())
+    got = json.loads((tmp_path / "disk" / "result.json").read_text())
+    assert got["loss_curve"] == want["loss_curve"]
+    assert 0.0 <= got["val_score"] <= 1.0 and 0.0 <= got["test_score"] <= 1.0, got

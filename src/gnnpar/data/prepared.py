@@ -582,14 +582,10 @@ class Prepared:
             t = t.view(torch.bfloat16)
         return t
 
-    def larger_than_memory(self, name: str) -> bool:
-        """Whether the array's file is larger than the memory the run may use now (a memory
-        cgroup's headroom where one binds, else the machine's available memory)."""
-        from gnnpar.runtime.resources import available_memory
-
-        budget = available_memory()
+    def larger_than(self, name: str, size: int | None) -> bool:
+        """Whether the array's file holds more than ``size`` bytes (False for None: unknown)."""
         path = self.folder / Path(self.manifest["arrays"][name]["file"]).name
-        return budget is not None and path.stat().st_size > budget.free
+        return size is not None and path.stat().st_size > size
 
     @property
     def num_nodes(self) -> int:
