@@ -368,24 +368,3 @@ def test_module_function_and_ogb_folder_prepare_to_the_in_memory_graph(tmp_path,
         out = _prepare(tmp_path, source, f"p{i}", seed="2")
         mem = load_dataset(source, tmp_path / "root", seed=2)
         _same_graph(mem.data, load_dataset(str(out), tmp_path / "root").data)
-
-
-def test_arrays_mapped_without_readahead_are_the_same_arrays(cora_folder):
-    """``Prepared.array(name, random=True)`` (MADV_RANDOM, for files larger than the memory the
-    run may use) maps the same bytes as numpy's own map; the sampler's loader picks it when a
-    file is larger than the memory it may use, and gathers the same rows."""
-    import numpy as np
-    import torch
-
-    from gnnpar.data.sampling import loader
-
-    p = prepared.open_prepared(cora_folder)
-    for name in p.manifest["arrays"]:
-        a, b = p.array(name), p.array(name, random=True)
-        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), name
-    whole = loader.open_graph_folder(str(cora_folder))
-    assert not p.larger_than("features", None) and p.larger_than("features", 1)
-    small = loader.open_graph_folder(str(cora_folder), memory_bytes=1)
-    n_id = torch.randperm(2708, generator=torch.Generator().manual_seed(1))[:300]
-    assert torch.equal(loader.gather_rows(small["x"], n_id), loader.gather_rows(whole["x"], n_id))
-    assert torch.equal(small["col"], whole["col"])

@@ -554,38 +554,23 @@ class Prepared:
     def __reduce__(self):  # noqa: ANN204 (another process maps the folder itself)
         return (Prepared, (str(self.folder),))
 
-    def array(self, name: str, random: bool = False) -> np.ndarray:
-        """The array, memory-mapped copy-on-write. ``random``: a separate map on which the
-        kernel reads no pages ahead of a fault (``madvise(MADV_RANDOM)``), for reads of scattered
-        rows from a file larger than the memory the run may use: read-ahead around each row
-        (128 KiB for a 512-byte row) fills the little page cache a memory cgroup leaves with
-        pages nobody reads, and evicts the ones that would be read again."""
-        key = f"{name}:random" if random else name
-        if key not in self._arrays:
+    def array(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
             path = self.folder / Path(self.manifest["arrays"][name]["file"]).name
             try:
-                if random:
-                    self._arrays[key] = _map_without_readahead(path)
-                else:
-                    self._arrays[key] = np.load(path, mmap_mode="c", allow_pickle=False)
+                self._arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
             except (OSError, ValueError) as e:
                 raise Damaged(f"{self.folder}: {path.name} cannot be read ({_brief(e)}).") from None
-        return self._arrays[key]
+        return self._arrays[name]
 
-    def tensor(self, name: str, random: bool = False) -> torch.Tensor:
-        """The array as a torch tensor over the same mapped pages (bf16 features as bfloat16);
-        ``random``: see :meth:`array`."""
+    def tensor(self, name: str) -> torch.Tensor:
+        """The array as a torch tensor over the same mapped pages (bf16 features as bfloat16)."""
         import torch
 
-        t = torch.from_numpy(self.array(name, random))
+        t = torch.from_numpy(self.array(name))
         if name == "features" and self.manifest["feature_dtype"] == "bf16":
             t = t.view(torch.bfloat16)
         return t
-
-    def larger_than(self, name: str, size: int | None) -> bool:
-        """Whether the array's file holds more than ``size`` bytes (False for None: unknown)."""
-        path = self.folder / Path(self.manifest["arrays"][name]["file"]).name
-        return size is not None and path.stat().st_size > size
 
     @property
     def num_nodes(self) -> int:
@@ -655,31 +640,6 @@ def is_sharded(folder: str | os.PathLike) -> bool:
         return bool(json.loads((Path(folder).expanduser() / MANIFEST).read_text()).get("shards"))
     except (OSError, ValueError, UnicodeDecodeError, AttributeError):
         return False
-
-
-def _map_without_readahead(path: Path) -> np.ndarray:
-    """An ``.npy`` file mapped copy-on-write with ``MADV_RANDOM`` (public numpy and mmap only:
-    the header read by ``numpy.lib.format``, the data viewed with ``numpy.frombuffer``)."""
-    import mmap
-
-    fmt = np.lib.format
-    with open(path, "rb") as f:
-        version = fmt.read_magic(f)
-        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, fortran, dtype = read(f)
-        offset = f.tell()
-        if fortran or dtype.hasobject:
-            raise ValueError("not a C-ordered array of numbers")
-        size = os.fstat(f.fileno()).st_size
-        count = int(np.prod(shape, dtype=np.int64))
-        if offset + count * dtype.itemsize > size:
-            raise ValueError(f"{count * dtype.itemsize + offset} bytes expected, {size} found")
-        if count == 0:
-            return np.empty(shape, dtype=dtype)
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-        mm.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(mm, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def open_prepared(folder: str | os.PathLike, full: bool = False) -> Prepared:

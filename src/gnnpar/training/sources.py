@@ -44,7 +44,6 @@ from gnnpar.data.sampling.sampler import CSRGraph
 from gnnpar.parallel import collectives
 from gnnpar.parallel.gossip import WorkPool
 from gnnpar.runtime.dist import DistContext
-from gnnpar.runtime.footprint import available_bytes
 from gnnpar.training.protocols import BaseSource
 
 
@@ -257,7 +256,7 @@ class SampledSource(BaseSource):
         self.steps = min(steps, r.max_steps or steps)
         batches = SampledBatches(
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps,
-            cache_path=cache, memory_bytes=available_bytes(torch.device("cpu")),
+            cache_path=cache,
         )  # fmt: skip
         self.batches, self.epochs, self.workers = batches, r.epochs, s.loader_workers
         # what share_graph wrote, so what every batch is rows of (a prepared graph's rows are
@@ -338,10 +337,7 @@ class SampledSource(BaseSource):
         sampled from (:class:`~gnnpar.data.sampling.loader.EvalBatches`)."""
         from gnnpar.data.sampling.loader import EvalBatches
 
-        return EvalBatches(
-            self.graph_path, ids, fanouts, batch_size, seed, self.cache_path,
-            available_bytes(torch.device("cpu")),
-        )  # fmt: skip
+        return EvalBatches(self.graph_path, ids, fanouts, batch_size, seed, self.cache_path)
 
     def release(self) -> None:
         """Close this process's hold on the shared graph and feature cache."""

@@ -94,7 +94,6 @@ class SampledBatches(torch.utils.data.Dataset):
         steps: int,
         replace: bool = False,
         cache_path: str | None = None,
-        memory_bytes: int | None = None,
     ) -> None:
         self.graph_path = graph_path
         self.train_idx = train_idx
@@ -106,8 +105,6 @@ class SampledBatches(torch.utils.data.Dataset):
         self.steps = steps
         self.replace = replace
         self.cache_path = cache_path  # a prepared graph's hot feature rows (shared memory)
-        # the memory the run may use: a prepared file larger than it is read without read-ahead
-        self.memory_bytes = memory_bytes
         self.owner_pid = os.getpid()  # the training process; workers end when it is gone
         self._state: dict | None = None  # mapped graph + sampler, per process
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
@@ -121,7 +118,7 @@ class SampledBatches(torch.utils.data.Dataset):
     def _graph(self) -> dict:
         if self._state is None:
             if os.path.isdir(self.graph_path):  # a prepared folder (gnnpar.data.prepared)
-                g = open_graph_folder(self.graph_path, self.memory_bytes)
+                g = open_graph_folder(self.graph_path)
             else:
                 g = torch.load(self.graph_path, mmap=True, weights_only=True)
             if self.cache_path is not None:
@@ -179,13 +176,11 @@ class EvalBatches(SampledBatches):
         batch_size: int,
         seed: int,
         cache_path: str | None = None,
-        memory_bytes: int | None = None,
     ) -> None:
         steps = -(-ids.numel() // batch_size)
         super().__init__(
-            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path,
-            memory_bytes=memory_bytes,
-        )  # fmt: skip
+            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path
+        )
 
     def __len__(self) -> int:
         return self.steps
@@ -196,19 +191,18 @@ class EvalBatches(SampledBatches):
         return self._batch(seeds, torch.Generator().manual_seed(_mix(self.seed, EVAL_STREAM, i)))
 
 
-def open_graph_folder(folder: str, memory_bytes: int | None = None) -> dict:
+def open_graph_folder(folder: str) -> dict:
     """A prepared folder's CSR, features and labels, memory-mapped (checked on open: sizes and
-    ends checksums, gnnpar.data.prepared). The neighbour lists and the feature rows a batch
-    reads are scattered: a file larger than ``memory_bytes`` (the memory the run may use) is
-    mapped without read-ahead (:meth:`~gnnpar.data.prepared.Prepared.array`); the same bytes
-    either way."""
+    ends checksums, gnnpar.data.prepared). The kernel's read-ahead stays on: a batch's rows,
+    gathered in ascending order, lie close enough for it to pay (turning it off,
+    ``MADV_RANDOM``, made 10 steps at papers100m 0.1 inside 3 GiB 7.7x slower, BENCHMARKS.md)."""
     from gnnpar.data.prepared import open_prepared
 
     p = open_prepared(folder)
     return {
         "rowptr": p.tensor("indptr"),
-        "col": p.tensor("indices", p.larger_than("indices", memory_bytes)),
-        "x": p.tensor("features", p.larger_than("features", memory_bytes)),
+        "col": p.tensor("indices"),
+        "x": p.tensor("features"),
         "y": p.tensor("labels"),
         "on_disk": True,
     }
