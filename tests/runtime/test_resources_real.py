@@ -155,7 +155,7 @@ def test_a_single_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_a_graph_half_again_larger_than_its_cgroup_trains_and_evaluates_from_disk(tmp_path):
-    """A prepared folder of 0.84 GiB (tests.runtime.wide_graph: 110,000 nodes x 2,048 fp32
+    """A prepared folder of 1.53 GiB (tests.runtime.wide_graph: 200,000 nodes x 2,048 fp32
     features) trained with sampled GraphSAGE and evaluated inside a cgroup of 1/1.5 of the
     folder's bytes (torch alone takes ~0.3 GiB of it): it finishes, scores val and test, and its
     loss curve is the in-memory run's, bit for bit (the same graph from memory, no limit)."""

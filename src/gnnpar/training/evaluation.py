@@ -74,7 +74,7 @@ def graph_logits(
       O(N x width) activations, never O(E x width);
     * otherwise (``GATConv``: one attention weight per edge), layer-wise and node-chunked: each
       block runs on chunks of destination nodes together with their in-neighbours, holding
-      about ``limit`` bytes of messages at a time. Exact because such a block's output at a node
+      about ``limit`` bytes of messages at a time (at most a tenth of ``budget``). Exact because such a block's output at a node
       depends only on its own features and its incoming edges (attention is normalised over
       them).
 
@@ -98,6 +98,15 @@ def graph_logits(
     convs = [m for m in model.modules() if isinstance(m, MessagePassing)]
     # Widest feature a message can carry (SAGEConv aggregates its input before projecting).
     width = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
+    if budget is None:
+        from gnnpar.runtime.footprint import available_bytes
+
+        budget = available_bytes(torch.device("cpu"))
+    if budget is not None:
+        # a block's messages, its gathered rows and the aggregation's copies take ~3x ``limit``
+        # at their peak (measured: 3.2 GB for 1 GiB): a tenth of the budget leaves the rest to
+        # the hidden states (half of it) and to the process itself
+        limit = min(limit, max(1 << 20, budget // 10))
     if edge_index.size(1) * width * 4 <= limit or not convs:
         out = model(x, edge_index).float()
         return out if targets is None else out[targets]
