@@ -178,7 +178,11 @@ KEYS: dict[str, str] = {
 def build_result(
     cfg: Config, o: Outcome, ds, world_size: int, device: torch.device | str = "cpu"
 ) -> dict[str, Any]:
-    """result.json of a run, the same on every rank. Raises for a key no group declares."""
+    """result.json of a run, the same on every rank. Raises for a key no group declares.
+
+    Why one function: it is the file's one literal of result.json, key by key in the order a
+    reader finds them (docs/CONTRACTS.md lists the same); split, the order would be spread
+    across helpers."""
     ranks = o.ranks
     result: dict[str, Any] = {
         "dataset": cfg.data.dataset,
