@@ -506,8 +506,14 @@ def load_sharded(folder: str | os.PathLike):
     got = assemble(folder)
     t, m = got["tensors"], got["manifest"]
     data = Data(**t)
-    info = {
-        "source": str(Path(folder).expanduser().absolute()),
+    info = {"source": str(Path(folder).expanduser().absolute()), **_graph_info(m)}
+    return GraphDataset(m["name"], data, int(m["num_classes"]), bool(m.get("multilabel")), info)
+
+
+def _graph_info(m: dict) -> dict:
+    """What a sharded folder's top manifest says of the whole graph, for a dataset's ``info``
+    (the same on a host holding every shard and on one holding its own)."""
+    return {
         "sharded": len(m["shards"]),
         "partition": m.get("partition", {}),
         "fingerprint": hashlib.sha256(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest(),
@@ -520,7 +526,6 @@ def load_sharded(folder: str | os.PathLike):
         "feature_dtype": m["feature_dtype"],
         "made": m.get("made", {}),
     }
-    return GraphDataset(m["name"], data, int(m["num_classes"]), bool(m.get("multilabel")), info)
 
 
 def load_shard_host(folder: str | os.PathLike, host: int):
@@ -536,20 +541,5 @@ def load_shard_host(folder: str | os.PathLike, host: int):
     recs = check_top(top, m)
     Shard(top, recs[host], host)  # intact (agreed on already; checked again where it is used)
     data = Data(num_nodes=int(m["num_nodes"]))
-    info = {
-        "source": str(top),
-        "host": host,
-        "across_shards": True,
-        "sharded": len(recs),
-        "partition": m.get("partition", {}),
-        "fingerprint": hashlib.sha256(json.dumps(m["shards"], sort_keys=True).encode()).hexdigest(),
-        "directed": bool(m.get("directed", False)),
-        "split": m.get("made", {}).get("split", "given"),
-        "split_counts": dict(m["splits"]),
-        "num_nodes": int(m["num_nodes"]),
-        "num_edges": int(m["num_edges"]),
-        "num_features": int(m["num_features"]),
-        "feature_dtype": m["feature_dtype"],
-        "made": m.get("made", {}),
-    }
+    info = {"source": str(top), "host": host, "across_shards": True, **_graph_info(m)}
     return GraphDataset(m["name"], data, int(m["num_classes"]), bool(m.get("multilabel")), info)
