@@ -395,16 +395,9 @@ class ShardBatches(torch.utils.data.Dataset):
         return self.steps
 
     def __getitem__(self, i: int) -> SampledBatch:
-        from gnnpar.data.sampling.loader import _mix, epoch_seeds
+        from gnnpar.data.sampling.loader import step_seeds
 
-        epoch, step = divmod(int(i), self.steps)
-        if self._epoch is None or self._epoch[0] != epoch:
-            seeds = epoch_seeds(
-                self.train_idx, self.seed, epoch, self.rank, self.world_size, self.batch_size
-            )
-            self._epoch = (epoch, seeds)
-        seeds = self._epoch[1][step]
-        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
+        seeds, gen = step_seeds(self, i)
         b = self.sampler.sample(seeds, gen)
         b.x = self.sampler.features(b.n_id)
         b.y = self.train_y[self.label_row[seeds]]

@@ -131,15 +131,7 @@ class SampledBatches(torch.utils.data.Dataset):
         return self._state
 
     def __getitem__(self, i: int) -> SampledBatch:
-        epoch, step = divmod(int(i), self.steps)
-        if self._epoch is None or self._epoch[0] != epoch:
-            seeds = epoch_seeds(
-                self.train_idx, self.seed, epoch, self.rank, self.world_size, self.batch_size
-            )
-            self._epoch = (epoch, seeds)
-        seeds = self._epoch[1][step]
-        gen = torch.Generator().manual_seed(_mix(self.seed, epoch, self.rank, step))
-        return self._batch(seeds, gen)
+        return self._batch(*step_seeds(self, i))
 
     def _batch(self, seeds: torch.Tensor, gen: torch.Generator) -> SampledBatch:
         """The sampled neighbourhood of ``seeds``, its features and the seeds' labels."""
@@ -189,6 +181,18 @@ class EvalBatches(SampledBatches):
         i = int(i)
         seeds = self.train_idx[i * self.batch_size : (i + 1) * self.batch_size]
         return self._batch(seeds, torch.Generator().manual_seed(_mix(self.seed, EVAL_STREAM, i)))
+
+
+def step_seeds(b, i: int) -> tuple[torch.Tensor, torch.Generator]:
+    """Batch ``i`` of the run (``i = epoch * steps + step``) of ``b`` (a :class:`SampledBatches`,
+    or a source with its ``train_idx``, ``seed``, ``rank``, ``world_size``, ``batch_size``,
+    ``steps``; its ``_epoch`` caches the epoch's seed order): its seed nodes and the generator
+    of its draws, from (seed, epoch, rank, step) alone."""
+    epoch, step = divmod(int(i), b.steps)
+    if b._epoch is None or b._epoch[0] != epoch:
+        seeds = epoch_seeds(b.train_idx, b.seed, epoch, b.rank, b.world_size, b.batch_size)
+        b._epoch = (epoch, seeds)
+    return b._epoch[1][step], torch.Generator().manual_seed(_mix(b.seed, epoch, b.rank, step))
 
 
 def open_graph_folder(folder: str) -> dict:
