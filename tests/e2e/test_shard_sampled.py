@@ -100,8 +100,9 @@ def _ranks(tmp_path, world: int, fn, folders: list, *args, per_host: int = 1) ->
     return [g["ok"] for g in got]
 
 
-def _sharded_batches(h: int, world: int, folder: str, cache: int) -> list:
-    """Every batch of this rank's two epochs, sampled across shards, ids made original."""
+def _sharded_batches(h: int, world: int, folder: str, cache: int, block: int | None) -> list:
+    """Every batch of this rank's two epochs, sampled across shards, ids made original; the
+    feature rows exchanged in rounds of ``block`` rows per peer where given."""
     import torch.distributed as dist
 
     from gnnpar.data.sampling import distributed as shard
@@ -114,6 +115,7 @@ def _sharded_batches(h: int, world: int, folder: str, cache: int) -> list:
     train_idx, train_y = shard.gather_train(graph)
     _, steps = shard_plan(train_idx.numel(), world, BATCH)
     sampler = shard.ShardSampler(graph, ex, FANOUTS)
+    sampler.block_rows = block
     if cache:  # the remote rows sampled most, held: the same batches, fewer rows asked for
         assert sampler.cache_hot_rows(cache) == cache
         ex.bytes_sent = ex.bytes_needed = 0
@@ -130,7 +132,8 @@ def _sharded_batches(h: int, world: int, folder: str, cache: int) -> list:
         out.append((orig[b.n_id], b.edge_index, b.x, b.y, b.batch_size))
     sent, needed = ex.bytes_sent, ex.bytes_needed
     hits = getattr(sampler, "cache_hits", 0)
-    scores = shard.evaluate_across(_model(), graph, ex, FANOUTS, EVAL_BATCH, False)
+    model = _model().eval()
+    scores = shard.evaluate_across(lambda b: model(b.x, b.edge_index), sampler, EVAL_BATCH, False)
     dist.destroy_process_group()
     return out, sent, needed, hits, scores
 
@@ -171,9 +174,11 @@ def _reference_scores(full, hosts: int, per_host: int, d) -> dict:  # noqa: ANN0
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("hosts", "per_host", "cache"), [(2, 1, 0), (3, 1, 300), (2, 2, 0)])
+@pytest.mark.parametrize(
+    ("hosts", "per_host", "cache", "block"), [(2, 1, 0, None), (3, 1, 300, 50), (2, 2, 0, 7)]
+)
 def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
-    tmp_path, sharded, hosts, per_host, cache
+    tmp_path, sharded, hosts, per_host, cache, block
 ):
     from gnnpar.data.sampling.loader import SampledBatches, save_shared_graph, shard_plan
     from gnnpar.data.sampling.sampler import CSRGraph
@@ -181,7 +186,7 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
 
     full, folders = sharded[hosts]
     world = hosts * per_host  # several ranks per host share its shard and answer for it
-    got = _ranks(tmp_path, world, _sharded_batches, folders, cache, per_host=per_host)
+    got = _ranks(tmp_path, world, _sharded_batches, folders, cache, block, per_host=per_host)
     # one host over the unsharded graph (original ids), as the sampled strategy samples it
     ds = load_sharded(full)
     d = ds.data
@@ -210,9 +215,14 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
     assert total_needed <= total_sent <= 1.2 * total_needed, (total_sent, total_needed)
 
 
-def _train(h: int, world: int, folder: str, out: str) -> dict | None:
+def _train(h: int, world: int, folder: str, out: str, limit: str | None = None) -> dict | None:
+    """One rank of the run; ``limit``: the memory it may use (GNNPAR_MEMORY_LIMIT, as a cgroup's
+    limit: across shards the feature exchange then runs in rounds bounded by it)."""
     from gnnpar.configure import build_config
     from gnnpar.run import prepare, run_rank
+
+    if limit:
+        os.environ["GNNPAR_MEMORY_LIMIT"] = limit
 
     flags = {"model": "sage", "hidden": "16", "layers": "2", "seed": str(SEED), "threads": "1"}
     flags |= {"strategy": "sampled", "epochs": str(EPOCHS), "batch-size": str(BATCH)}
@@ -226,10 +236,11 @@ def _train(h: int, world: int, folder: str, out: str) -> dict | None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("hosts", [2, 3])
-def test_shards_train_the_loss_curve_of_the_whole_graph(tmp_path, sharded, hosts):
+@pytest.mark.parametrize(("hosts", "limit"), [(2, None), (3, "48M")])
+def test_shards_train_the_loss_curve_of_the_whole_graph(tmp_path, sharded, hosts, limit):
     full, folders = sharded[hosts]
-    across = _ranks(tmp_path, hosts, _train, folders, str(tmp_path / "a"))[0]
+    # 48M: the least block, 256 feature rows per peer a round: most steps take 2 rounds
+    across = _ranks(tmp_path, hosts, _train, folders, str(tmp_path / "a"), limit)[0]
     # the same ranks, each host holding every shard: each trains on the whole graph
     whole = _ranks(tmp_path, hosts, _train, [full] * hosts, str(tmp_path / "w"))[0]
     assert len(across["loss_curve"]) == EPOCHS

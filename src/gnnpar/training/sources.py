@@ -354,7 +354,10 @@ class ShardSampledSource(SampledSource):
     the group: no loader workers). The same batches as one host over the unsharded graph."""
 
     def __init__(self, cfg: Config, ds, ctx: DistContext) -> None:
+        import sys
+
         from gnnpar.data.sampling import distributed as shard
+        from gnnpar.runtime.resources import available_memory, size_words
 
         s, r = cfg.strategy, cfg.run
         self.device = ctx.device
@@ -366,13 +369,27 @@ class ShardSampledSource(SampledSource):
         self.exchange = shard.Exchange(graph.bounds, ds.info["host"])
         sampler = shard.ShardSampler(graph, self.exchange, s.fanouts)
         train_idx, train_y = shard.gather_train(graph)
+        # inside a memory limit (a cgroup's, or GNNPAR_MEMORY_LIMIT) the feature exchange runs
+        # in rounds whose buffers take a sixteenth of it, and the remote rows held a quarter
+        mem = available_memory()
+        free = mem.free if mem is not None and mem.limit is not None else None
+        row = 4 * graph.x.size(1)  # a feature row as exchanged and held: float32
+        sampler.block_rows = shard.exchange_block_rows(row, free)
         self.cached_rows = 0
         if s.feature_cache is not None:  # remote hot rows: bytes, or a share of all features
             from gnnpar.data.prepared import parse_cache_size
 
             size, fraction = parse_cache_size(s.feature_cache)
-            row = 4 * graph.x.size(1)  # held as float32
             budget = size if size is not None else int(fraction * graph.num_nodes * row)
+            if free is not None and budget > free // 4:
+                if ctx.is_main:
+                    print(
+                        f"gnnpar: --feature-cache {s.feature_cache} ({size_words(budget)} of "
+                        f"remote rows) is more than a quarter of {mem.words()}: "
+                        f"{size_words(free // 4)} held",
+                        file=sys.stderr,
+                    )
+                budget = free // 4
             self.cached_rows = sampler.cache_hot_rows(budget // row)
         self.exchange.bytes_sent = self.exchange.bytes_needed = 0  # the steps' alone
         self.setup_s = time.perf_counter() - t0

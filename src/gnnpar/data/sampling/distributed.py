@@ -35,6 +35,7 @@ it sends itself is not counted), for result.json's ``exchange_bytes_per_step``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,6 +190,9 @@ class ShardSampler:
         self.table = self.table.long()
         # the node-mark array over the whole graph's ids (int64 per node, as one host's)
         self.local = torch.full((graph.num_nodes,), -1, dtype=torch.long)
+        # feature rows per peer in one exchange round (None: one round); set by the run from
+        # the memory it may use, the same on every rank (:func:`exchange_block_rows`)
+        self.block_rows: int | None = None
 
     def _answer(self, got: torch.Tensor, rc: list, fanout: int) -> tuple[torch.Tensor, list]:
         """The owner's half: for each source rank's [seed, ids...], the counts and sampled
@@ -295,14 +299,20 @@ class ShardSampler:
         counts = torch.zeros(n, dtype=torch.long)
         first_of_host = ex.place == 0  # one count per host
         if first_of_host and k > 0:
-            step = 1 << 24
+            step = 1 << 20  # 8 MiB of int64 ids at a time, no bincount of n per chunk
+            ones = torch.ones(step, dtype=torch.long)
             for i in range(0, self.col.numel(), step):
-                counts += torch.bincount(self.col[i : i + step].long(), minlength=n)
+                chunk = self.col[i : i + step].long()
+                counts.index_add_(0, chunk, ones[: chunk.numel()])
         dist.all_reduce(counts, group=ex.group)
         counts[g.first : g.end] = -1  # its own rows are read from its shard
         remote = int(n - (g.end - g.first))
         k = max(0, min(k, remote))
-        order = torch.sort(-counts, stable=True).indices[:k]  # most reached first, ties by id
+        # most reached first, ties by id: one key per node (count, then the lower id), so the
+        # k largest keys are those nodes whatever topk's order (no sort of n keys and indices)
+        counts.mul_(n).add_(n - 1).sub_(torch.arange(n))
+        order = torch.topk(counts, k, sorted=False).indices if k else counts[:0]
+        del counts
         hot = torch.sort(order).values
         rows = self.features(hot)
         self.slot = torch.full((n,), -1, dtype=torch.int32)
@@ -324,18 +334,58 @@ class ShardSampler:
         return self._fetch(n_id)
 
     def _fetch(self, n_id: torch.Tensor) -> torch.Tensor:
-        order, counts, got, rc = self.ex.ask(n_id)
+        """``x[n_id]`` as float32 from the owners: the ids asked in ascending order (each owner
+        reads its mapped rows front to back), the rows answered in rounds of at most
+        ``block_rows`` per peer (the exchange buffers stay within the memory the run may use;
+        every rank runs the same rounds, the most any pair needs), each written in place."""
+        ex, width = self.ex, self.g.x.size(1)
+        perm = torch.argsort(n_id)
+        order, counts, got, rc = ex.ask(n_id[perm])
+        pos = perm[order]  # where the k-th id sent sits in n_id
         rows = got - self.g.first
-        srt = torch.argsort(rows)  # read the mapped file front to back
-        answer = torch.empty((rows.numel(), self.g.x.size(1)), dtype=torch.float32)
-        answer[srt] = torch.index_select(self.g.x, 0, rows[srt]).float()
-        back, _ = self.ex.all_to_all(answer, torch.tensor(rc, dtype=torch.long))
-        out = torch.empty_like(back)
-        out[order] = back
+        sc = counts.tolist()
+        s_at = [sum(sc[:r]) for r in range(ex.world)]
+        r_at = [sum(rc[:r]) for r in range(ex.world)]
+        most = max(sc + rc)
+        per, rounds = most, 1
+        if self.block_rows is not None:  # agreed by every rank (setup): so is the round count
+            per = self.block_rows
+            n = torch.tensor([-(-most // per)], dtype=torch.long)
+            dist.all_reduce(n, op=dist.ReduceOp.MAX, group=ex.group)
+            ex.bytes_sent += 8 * (ex.world - 1)
+            rounds = int(n)
+        out = torch.empty((n_id.numel(), width), dtype=torch.float32)
+        for j in range(rounds):
+            lo = j * per
+            take = [rows[r_at[r] + lo : r_at[r] + min(rc[r], lo + per)] for r in range(ex.world)]
+            answer = torch.index_select(self.g.x, 0, torch.cat(take)).float()
+            sizes = torch.tensor([t.numel() for t in take], dtype=torch.long)
+            back, _ = ex.all_to_all(answer, sizes)
+            del answer
+            at = [
+                torch.arange(s_at[r] + lo, s_at[r] + max(lo, min(sc[r], lo + per)))
+                for r in range(ex.world)
+            ]
+            out[pos[torch.cat(at)]] = back
+            del back
         remote = self.ex.owner_rank(n_id)
         remote = int((self.ex.host_of_rank[remote] != self.ex.host).sum())
-        self.ex.bytes_needed += remote * (8 + 4 * self.g.x.size(1))  # ids asked, rows answered
+        self.ex.bytes_needed += remote * (8 + 4 * width)  # ids asked, rows answered
         return out
+
+
+def exchange_block_rows(row_bytes: int, free: int | None, group=None) -> int | None:  # noqa: ANN001
+    """Feature rows per peer in one round of :meth:`ShardSampler._fetch`: a round's buffers (the
+    rows this rank answers and the rows it receives, a block per peer each) within a sixteenth
+    of ``free``, the memory this rank's run may use (None: unbounded), and the least of every
+    rank's (an all_reduce: every rank runs the same rounds). None: one round, whatever its
+    size (no rank is bounded)."""
+    world = dist.get_world_size(group)
+    unbounded = 1 << 62
+    mine = unbounded if free is None else max(256, free // 16 // (2 * world * row_bytes))
+    least = torch.tensor([mine], dtype=torch.long)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN, group=group)
+    return None if int(least) >= unbounded else int(least)
 
 
 def gather_train(graph: ShardGraph, group=None) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
@@ -357,11 +407,12 @@ def gather_train(graph: ShardGraph, group=None) -> tuple[torch.Tensor, torch.Ten
     every = [torch.empty_like(pad) for _ in range(world)]
     dist.all_gather(every, pad, group=group)
     allrows = torch.cat([e[: int(s)] for e, s in zip(every, sizes, strict=True)])
-    uniq = torch.unique(allrows[:, 1], return_inverse=False)
-    by_orig = torch.full((int(uniq.max()) + 1 if uniq.numel() else 0,), -1, dtype=torch.long)
-    by_orig[allrows[:, 1]] = torch.arange(allrows.size(0))
-    pick = by_orig[uniq]  # one row per training node, in ascending original id
-    table = allrows[pick]
+    # one row per training node, in ascending original id (a host's ranks send the same rows):
+    # sorted by original id, the first of each run of equal ids (no array over every node)
+    srt = torch.sort(allrows[:, 1], stable=True)
+    first = torch.ones(srt.values.numel(), dtype=torch.bool)
+    first[1:] = srt.values[1:] != srt.values[:-1]
+    table = allrows[srt.indices[first]]
     y = table[:, 2:].to(graph.y.dtype)
     y = y.view(-1) if graph.y.dim() == 1 else y
     return table[:, 0].contiguous(), y
@@ -386,9 +437,9 @@ class ShardBatches(torch.utils.data.Dataset):
     ) -> None:
         self.sampler, self.train_idx, self.batch_size = sampler, train_idx, batch_size
         self.rank, self.world_size, self.seed, self.steps = rank, world_size, seed, steps
-        self.label_row = torch.full((sampler.g.num_nodes,), -1, dtype=torch.long)
-        self.label_row[train_idx] = torch.arange(train_idx.numel())
-        self.train_y = train_y
+        # a seed's label by binary search over the training nodes (not an array over every node)
+        by_id = torch.argsort(train_idx)
+        self.train_ids, self.train_y = train_idx[by_id], train_y[by_id]
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
 
     def __len__(self) -> int:
@@ -400,32 +451,33 @@ class ShardBatches(torch.utils.data.Dataset):
         seeds, gen = step_seeds(self, i)
         b = self.sampler.sample(seeds, gen)
         b.x = self.sampler.features(b.n_id)
-        b.y = self.train_y[self.label_row[seeds]]
+        b.y = self.train_y[torch.searchsorted(self.train_ids, seeds)]
         return b
 
 
 @torch.no_grad()
 def evaluate_across(
-    model: torch.nn.Module,
-    graph: ShardGraph,
-    ex: Exchange,
-    fanouts: list[int],
+    logits: Callable[[SampledBatch], torch.Tensor],
+    sampler: ShardSampler,
     batch_size: int,
     multilabel: bool,
 ) -> dict[str, float | None]:
     """The model's scores on the val and test nodes of every shard, each host scoring its own
     shard's nodes (its ranks a share each: every ``share``-th, from its place among them), in
-    batches of ``batch_size`` in ascending id, over neighbourhoods sampled with ``fanouts``
-    (the training's: a batch of the size a training step has, whatever the degrees; with the
-    owners, as in training; batch i's generator seeded with i), so the scores are those of
+    batches of ``batch_size`` in ascending id, over neighbourhoods sampled with the training's
+    ``sampler`` (its fan-outs: a batch of the size a training step has, whatever the degrees;
+    its node-mark array and exchange rounds, so evaluation adds no array over every node; with
+    the owners, as in training; batch i's generator seeded with i), so the scores are those of
     sampled inference: the same batches one host samples over the unsharded graph for those
-    seeds. (Exact full neighbourhoods were tried: on a power-law graph a hub's in-neighbours
-    alone can outgrow a host's memory.) ``train``: None, not computed (the training nodes are
-    often most of the labelled ones). The counts behind each score are summed over the group
+    seeds. ``logits(batch)``: the model's outputs for a batch's seeds (the sampled strategy
+    runs the model on the batch's trimmed layers, as one host's sampled evaluation does).
+    (Exact full neighbourhoods were tried: on a power-law graph a hub's in-neighbours alone can
+    outgrow a host's memory.) ``train``: None, not computed (the training nodes are often most
+    of the labelled ones). The counts behind each score are summed over the group
     (all_reduce), so every rank returns the same scores. Every rank runs the same number of
     batches (the most any rank needs; empty ones where it has none left), so each enters
     every exchange."""
-    sampler = ShardSampler(graph, ex, fanouts)
+    graph, ex = sampler.g, sampler.ex
     host_ranks = [r for r in range(ex.world) if int(ex.host_of_rank[r]) == ex.host]
     place, share = host_ranks.index(ex.rank), len(host_ranks)
     splits = ("val", "test")
@@ -438,32 +490,28 @@ def evaluate_across(
     steps = torch.tensor([-(-ids_all.numel() // batch_size)], dtype=torch.long)
     dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=ex.group)
     counts = torch.zeros(len(splits), 3, dtype=torch.float64)  # correct|tp, total|fp, 0|fn
-    was = model.training
-    model.eval()
-    try:
-        for i in range(int(steps)):
-            seeds = ids_all[i * batch_size : (i + 1) * batch_size]
-            tag = tag_all[i * batch_size : (i + 1) * batch_size]
-            b = sampler.sample(seeds, torch.Generator().manual_seed(i))
-            x = sampler.features(b.n_id)
-            if seeds.numel() == 0:
+    for i in range(int(steps)):
+        seeds = ids_all[i * batch_size : (i + 1) * batch_size]
+        tag = tag_all[i * batch_size : (i + 1) * batch_size]
+        b = sampler.sample(seeds, torch.Generator().manual_seed(i))
+        b.x = sampler.features(b.n_id)
+        if seeds.numel() == 0:
+            continue
+        out = logits(b)[: seeds.numel()]
+        del b
+        y = graph.y[seeds - graph.first]
+        for t in range(len(splits)):
+            m = tag == t
+            if not bool(m.any()):
                 continue
-            out = model(x, b.edge_index)[: seeds.numel()]
-            y = graph.y[seeds - graph.first]
-            for t in range(len(splits)):
-                m = tag == t
-                if not bool(m.any()):
-                    continue
-                if multilabel:
-                    pred, truth = out[m] > 0, y[m] > 0.5
-                    counts[t, 0] += float((pred & truth).sum())
-                    counts[t, 1] += float((pred & ~truth).sum())
-                    counts[t, 2] += float((~pred & truth).sum())
-                else:
-                    counts[t, 0] += float((out[m].argmax(dim=-1) == y[m]).sum())
-                    counts[t, 1] += float(m.sum())
-    finally:
-        model.train(was)
+            if multilabel:
+                pred, truth = out[m] > 0, y[m] > 0.5
+                counts[t, 0] += float((pred & truth).sum())
+                counts[t, 1] += float((pred & ~truth).sum())
+                counts[t, 2] += float((~pred & truth).sum())
+            else:
+                counts[t, 0] += float((out[m].argmax(dim=-1) == y[m]).sum())
+                counts[t, 1] += float(m.sum())
     dist.all_reduce(counts, group=ex.group)
     scores = {}
     for t, name in enumerate(splits):
