@@ -58,6 +58,18 @@ def host_folders(sharded: Path, work: Path) -> list[Path]:
     return out
 
 
+def evict(folder: Path) -> None:
+    """Drop ``folder``'s files from the page cache (posix_fadvise DONTNEED), so each host's
+    reads are charged to its own cgroup, not left resident from an earlier run outside it."""
+    for f in folder.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def train_args(args, dataset: Path, out: Path) -> list[str]:
     a = [sys.executable, "-m", "gnnpar", "train", "--dataset", str(dataset), "--model", "sage"]
     a += ["--layers", str(len(args.fanouts.split(","))), "--hidden", str(args.hidden)]
@@ -93,6 +105,8 @@ def run_hosts(args, folders: list[Path], work: Path, hosts=None, limit: int | No
             stack.enter_context(resources.memory_cgroup(limit)) if limit else None for _ in folders
         ]
         procs = []
+        for g in folders:
+            evict(g)
         t0 = time.perf_counter()
         for h, g in enumerate(folders):
             argv = train_args(args, g, outs[h])

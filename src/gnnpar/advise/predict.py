@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gnnpar.advise import shard_exchange
 from gnnpar.advise import simulate as sim
 from gnnpar.advise.fit import default_partitions
 from gnnpar.advise.profile import (
@@ -657,6 +658,13 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     c, prof, cluster, per_host, strag = r.c, r.prof, r.cluster, r.per_host, r.strag
     s, world, epochs, loop = c.settings, c.world, r.epochs, r.loop
     w = s["loader_workers"]
+    exchange = 0.0  # across shards: the frontier's and the rows' exchange, every step
+    if advice_of(c.strategy).across_shards and prof.shards and cluster.hosts > 1:
+        w = 0  # made in the rank: its exchanges are collectives of the group
+        key = sampled_key(prof, s["batch_size"], world)
+        exchange = shard_exchange.exchange_s(
+            cluster, shard_exchange.step_traffic(prof, key, cluster)
+        )
     steps = shard_plan(prof.num_train, world, s["batch_size"])[1]
     # a rank whose share of the training nodes is smaller than the batch (a small graph on
     # several ranks) makes and trains smaller ones: their own costs, or scaled ones
@@ -683,7 +691,7 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
             cluster,
             steps,
             epochs,
-            compute * f + loop,
+            compute * f + loop + exchange,
             sample * f,
             w,
             prof.param_bytes,

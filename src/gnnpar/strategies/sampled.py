@@ -241,7 +241,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
 SPEC = StrategySpec(
     name="sampled",
     help="neighbour-sampled mini-batches under DDP",
-    advice=Advice(SIM_SAMPLED),
+    advice=Advice(SIM_SAMPLED, across_shards=True),
     degrees=data_parallel,
     reads={
         **reads("fanouts", "batch-size", "loader-workers"),

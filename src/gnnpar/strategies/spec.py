@@ -100,6 +100,10 @@ class Advice:
       memory per rank.
     * ``default``: in advise's grid when ``--strategies`` is not given.
     * ``bipartite``: SIM_GOSSIP: active ranks pair with passive ones only.
+    * ``across_shards``: on a sharded folder, each host holds only its shard and the step
+      exchanges the frontier and the feature rows with their owners: the simulated step adds
+      that exchange over the cluster's network (:mod:`gnnpar.advise.shard_exchange`), and the
+      batches are made in the rank (no loader workers).
     * ``own_plan``: the profile times its steps through its own plan (its ``build``, in one
       process as rank 0); else through the reference plan of what it needs measured (the first
       registered strategy of that simulation: a one-rank step of the full graph or of a subgraph,
@@ -111,6 +115,7 @@ class Advice:
     default: bool = True
     bipartite: bool = False
     own_plan: bool = False
+    across_shards: bool = False
 
     def __post_init__(self) -> None:
         if self.simulation not in SIMULATIONS:

@@ -206,7 +206,17 @@ def _new_profile(cfg, ds, threads: int, rounds: int) -> Profile:
         batch_size=cfg.strategy.batch_size if image else 0,
         max_steps=cfg.run.max_steps,
         rounds=rounds,
+        shards=_shards(ds),
     )
+
+
+def _shards(ds) -> dict:  # noqa: ANN001
+    """A sharded folder's record for the exchange across shards (see Profile.shards)."""
+    info = getattr(ds, "info", None) or {}
+    if not info.get("sharded"):
+        return {}
+    cut = (info.get("partition") or {}).get("edge_cut_share")
+    return {"hosts": int(info["sharded"]), "edge_cut_share": cut, "row_bytes": 4 * ds.num_features}
 
 
 def _measure_steps(

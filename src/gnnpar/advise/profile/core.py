@@ -137,6 +137,10 @@ class Profile:
     # "parts8" -> gossip's rank beside a straggler on its machine: its steps in a real run of
     # gossip with the stragglers over alone (:func:`_beside_straggler_ratio`); as after_pause
     beside_straggler: dict[str, float] = field(default_factory=dict)
+    # a sharded folder's (each host holding its shard, sampled): the shards it was prepared
+    # with ("hosts"), its edge cut's share ("edge_cut_share") and a feature row as exchanged
+    # ("row_bytes", float32); empty for an unsharded graph (gnnpar.advise.shard_exchange)
+    shards: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -154,6 +154,7 @@ def profile_sampled(
             batches = plan.source.batches
             n = min(SAMPLED_BATCHES, batches.steps)
             sample, compute, first, split = [], [], 0.0, []
+            nodes, edges = [], []  # per batch: new nodes per hop (seeds first), sampled edges
             for i in range(n):
                 threads = torch.get_num_threads()
                 torch.set_num_threads(1)
@@ -162,6 +163,8 @@ def profile_sampled(
                 first = first or time.perf_counter() - t0
                 t0 = time.perf_counter()
                 b = batches[i]
+                nodes.append([float(n) for n in b.num_sampled_nodes])
+                edges.append([float(e) for e in b.num_sampled_edges])
                 data = plan.source.mark(b.to_data())
                 sample.append(time.perf_counter() - t0)
                 torch.set_num_threads(threads)
@@ -186,6 +189,9 @@ def profile_sampled(
             "first_batch_s": max(0.0, first - sample_s),
             "slowed_share": _share(split),  # forward and backward (see Profile.slowed_share)
             "fanouts": list(cfg.strategy.fanouts),
+            # the frontier's sizes, for the exchange across shards (advise/shard_exchange.py)
+            "nodes_per_hop": [statistics.fmean(h) for h in zip(*nodes, strict=True)],
+            "edges_per_hop": [statistics.fmean(h) for h in zip(*edges, strict=True)],
             **loader,
         }
         prof.memory[f"sampled{bs}"] = rank_estimate(cfg, ds)

@@ -1,0 +1,55 @@
+"""gnnpar advise's model of a sampled run across shards (gnnpar.advise.shard_exchange): what a
+rank sends per step from a batch's frontier sizes and the edge cut, and the seconds it costs on
+the cluster. The model against the bytes a real run across shards sent: tests/e2e/
+test_shard_sampled.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gnnpar.advise import shard_exchange as sx
+from gnnpar.advise.simulate import Cluster, Link
+
+
+def test_seeds_dealt_regardless_of_owner_make_every_hop_remote_by_the_hosts_alone():
+    # p0 = 1/H is the recurrence's fixed point: the cut does not change the remote share
+    for hosts in (2, 3, 16, 64):
+        for cut in (0.0, 0.1, 0.366, 0.9):
+            got = sx.remote_shares(3, hosts, cut)
+            assert got == pytest.approx([(hosts - 1) / hosts] * 4)
+
+
+def test_seeds_on_their_owner_make_the_cut_matter():
+    # seeds local (p0 = 1): hop 1's nodes are remote as often as an edge is cut
+    got = sx.remote_shares(2, 2, 0.25, local_first=1.0)
+    assert got == pytest.approx([0.0, 0.25, 0.25 * 0.75 + 0.75 * 0.25])
+
+
+def test_the_cut_for_other_host_counts_scales_as_a_random_partitions():
+    made = {"hosts": 2, "edge_cut_share": 0.3}
+    assert sx.cut_share(made, 2) == 0.3
+    assert sx.cut_share(made, 4) == pytest.approx(0.3 * 0.75 / 0.5)
+    assert sx.cut_share(made, 64) == pytest.approx(min(1.0, 0.3 * (63 / 64) / 0.5))
+    assert sx.cut_share({}, 4) == 0.75  # an unsharded graph: a random partition's
+    assert sx.cut_share(made, 1) == 0.0
+
+
+def test_bytes_of_a_step_by_hand():
+    # 2 hosts x 1 rank, one hop: 10 seeds, 30 new nodes, 40 sampled edges, rows of 16 bytes
+    t = sx.traffic([10.0, 30.0], [40.0], 16, 2, 1, 0.5)
+    half = 0.5
+    want = [8, 8 * (half * 10 + 1), 8, 8 * half * (10 + 40)]  # the hop: sizes, ask, sizes, answer
+    want += [8, 8 * half * 40, 8, 16 * half * 40]  # the features of all 40 nodes
+    assert t.rounds == pytest.approx(want)
+    assert t.bytes_sent == pytest.approx(sum(want))
+    assert sx.traffic([10.0, 30.0], [40.0], 16, 1, 4, 0.5).bytes_sent == 0  # one host
+
+
+def test_exchange_seconds_pay_the_link_per_round():
+    net = Link(1e-3, 125e6)  # 1 Gbit/s, 1 ms
+    c = Cluster(2, 1, ring_step=Link(0.0, 1e12), p2p=Link(0.0, 1e12), network=net)
+    t = sx.Traffic(2e6, [1e6, 1e6])
+    got = sx.exchange_s(c, t)
+    # two rounds, each gloo's two latencies of a message (GLOO_P2P_LATENCIES) and its bytes
+    assert got == pytest.approx(2 * (2e-3 + 1e6 / 125e6), rel=1e-6)
+    assert sx.exchange_s(Cluster(1, 2, Link(0, 1e12), Link(0, 1e12)), t) == 0.0
