@@ -138,10 +138,10 @@ def run_hosts(args, folders: list[Path], work: Path, hosts=None, limit: int | No
     return json.loads((outs[0] / "result.json").read_text()), peaks, took
 
 
-def run_whole(args, whole: Path, work: Path) -> tuple[dict, float]:
+def run_whole(args, whole: Path, work: Path, workers: int = 2) -> tuple[dict, float]:  # noqa: ANN001
     out = work / "run-whole"
     shutil.rmtree(out, ignore_errors=True)
-    argv = train_args(args, whole, out) + ["--workers", "2"]
+    argv = train_args(args, whole, out) + ["--workers", str(workers)]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=harness.module_env(), capture_output=True, text=True)
     if proc.returncode:
