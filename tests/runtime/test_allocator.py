@@ -75,3 +75,14 @@ def test_reuse_large_blocks_stops_the_page_faults_of_every_large_tensor():
     assert applied == "True"
     # 4 x 100 MiB is >= 200 faults even with 2 MiB transparent huge pages, ~100,000 with 4 KiB
     assert int(plain) >= 200 and int(reused) < int(plain) // 8, (plain, reused)
+
+
+def test_heap_keeps_freed_blocks_up_to_a_32nd_of_a_memory_limit(monkeypatch):
+    from gnnpar.runtime.allocator import heap_block_limit
+
+    monkeypatch.setenv("GNNPAR_MEMORY_LIMIT", "64M")  # stands for a cgroup's limit
+    assert heap_block_limit() == (64 << 20) // 32
+    monkeypatch.setenv("GNNPAR_MEMORY_LIMIT", "8M")
+    assert heap_block_limit() == 1 << 20  # at least 1 MiB
+    monkeypatch.setenv("GNNPAR_MEMORY_LIMIT", "1T")  # more than the machine: its own figure
+    assert (1 << 20) <= heap_block_limit() <= 512 << 20
