@@ -67,6 +67,7 @@ HEAVY = (
     "benchmarks.robustness.outage_cost",
     "benchmarks.robustness.checkpoint_cost",
     "benchmarks.comm.shard_sampled_two_hosts",
+    "benchmarks.comm.shard_sampled_scaling",  # the same two hosts, and one rank beside them
     # 20-25 s each at their smallest (Lightning's start-up; three prepares and an epoch), their
     # paths run by tests/lightning and tests/data/test_prepared*.py
     "benchmarks.frameworks.lightning_loaders",
