@@ -225,3 +225,26 @@ def test_gossip_strategy_runs_only_on_the_lightning_releases_it_was_checked_agai
     monkeypatch.setattr(lightning, "__version__", f"{high[0]}.{high[1]}.0")
     with pytest.raises(UsageError, match=r'pip install "lightning>=2.2,<2.7"'):
         strategies._unlock_batches(trainer)
+
+
+def test_checkpoints_by_steps_or_time_are_refused_under_gossip():
+    """Gossip ranks train different numbers of batches: a ModelCheckpoint that saves every N
+    steps (or T seconds) would ask them to save at different moments. Refused with one message
+    naming what works; epoch-end checkpoints pass. (The real Trainer's refusal, on 2 ranks:
+    tests/lightning/test_lightning_ranks.py.)"""
+    from datetime import timedelta
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from gnnpar.lightning.strategies import _refuse_step_checkpoints
+
+    for cb, what in (
+        (ModelCheckpoint(every_n_train_steps=3), "every_n_train_steps=3"),
+        (ModelCheckpoint(train_time_interval=timedelta(seconds=30)), "train_time_interval=0:00:30"),
+    ):
+        with pytest.raises(UsageError) as err:
+            _refuse_step_checkpoints([cb])
+        message = str(err.value)
+        assert message.startswith(f"ModelCheckpoint({what}) cannot run under GossipStrategy")
+        assert "GossipStrategy(checkpoint_every=N)" in message and "\n" not in message
+    _refuse_step_checkpoints([ModelCheckpoint(), ModelCheckpoint(every_n_epochs=2)])
