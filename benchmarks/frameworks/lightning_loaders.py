@@ -417,6 +417,15 @@ def driver(args: argparse.Namespace) -> None:
         for rep in range(args.reps):
             for side in sides if rep % 2 == 0 else sides[::-1]:
                 runs[side].append(run_side(args, side, ranks, graph, folder))
+        for side in sides[1:]:  # gnnpar's figure over the peer's, per repetition, median
+            loaders[f"gnnpar/{side} x{ranks}"] = {
+                key: statistics.median(
+                    later([a], key) / later([b], key)
+                    for a, b in zip(runs["gnnpar"], runs[side], strict=True)
+                )
+                for key in ("data_wait_s", "epoch_s")
+            }
+            print(f"gnnpar/{side} x{ranks}: {loaders[f'gnnpar/{side} x{ranks}']}")
         for side in sides:
             loaders[f"{side} x{ranks}"] = {
                 "data_wait_s": later(runs[side], "data_wait_s"),

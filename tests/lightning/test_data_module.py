@@ -248,3 +248,44 @@ def test_checkpoints_by_steps_or_time_are_refused_under_gossip():
         assert message.startswith(f"ModelCheckpoint({what}) cannot run under GossipStrategy")
         assert "GossipStrategy(checkpoint_every=N)" in message and "\n" not in message
     _refuse_step_checkpoints([ModelCheckpoint(), ModelCheckpoint(every_n_epochs=2)])
+
+
+def test_a_pt_file_module_function_and_prepared_folder_give_their_own_graphs(tmp_path, monkeypatch):
+    """Any graph ``gnnpar train --dataset`` reads: each batch holds that graph's features and
+    labels of its nodes, the seeds from its training nodes."""
+    from torch_geometric.data import Data
+
+    from gnnpar.data.prepare_command import run_prepare
+
+    n = 60
+    src = torch.arange(n)
+    ring = torch.stack([src, (src + 1) % n])
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(1))
+    y = src % 3
+    data = Data(x=x, edge_index=torch.cat([ring, ring.flip(0)], 1), y=y, train_mask=src < 30)
+    data.val_mask, data.test_mask = (src >= 30) & (src < 45), src >= 45
+    torch.save(data, tmp_path / "ring.pt")
+    (tmp_path / "ringgraphs.py").write_text(
+        f"import torch\n\ndef build():\n    return torch.load({str(tmp_path / 'ring.pt')!r}, "
+        "weights_only=False)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = str(tmp_path / "root")
+    run_prepare("cora", str(tmp_path / "cora-prepared"), None, None, None, root, None, quiet=True)
+    cora_x = GraphDataModule(dataset="cora", data_root=root).load().data.x
+    cases = {
+        str(tmp_path / "ring.pt"): (x, y, data.train_mask),
+        "ringgraphs:build": (x, y, data.train_mask),
+    }
+    for dataset, (want_x, want_y, train) in cases.items():
+        dm = GraphDataModule(dataset=dataset, batch_size=8, fanouts=[2], data_root=root)
+        dm.setup()
+        assert (dm.num_features, dm.num_classes) == (5, 3)
+        b = next(iter(dm.train_dataloader()))
+        assert torch.equal(b.x, want_x[b.n_id]) and torch.equal(b.y, want_y[b.n_id])
+        assert bool(train[b.n_id[: b.batch_size]].all()) and b.batch_size == 8
+    dm = GraphDataModule(dataset=str(tmp_path / "cora-prepared"), batch_size=8, data_root=root)
+    dm.setup()
+    b = next(iter(dm.train_dataloader()))
+    assert (dm.num_features, dm.num_classes) == (1433, 7)
+    assert torch.equal(b.x, cora_x[b.n_id])

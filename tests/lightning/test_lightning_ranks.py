@@ -265,3 +265,10 @@ def test_same_loss_curve_as_gnnpar_train(runs, tmp_path):
     for key in ("dataset", "workers", "seed", "per_worker_batches", "score_name"):
         assert lightning_run[key] == gnnpar_run[key]
     assert lightning_run["strategy"] == "sampled"
+    # every key a gnnpar run's result.json has, and `gnnpar advise --validate`'s reader takes it
+    from gnnpar.advise.validate import _measured
+    from gnnpar.result import CONTRACT
+
+    assert set(CONTRACT) <= set(lightning_run)
+    case = _measured({"predicted_epoch_s": 1.0}, [str(runs / "ddp-run")], 0, "")
+    assert "failed" not in case and case["measured_epoch_s"] > 0

@@ -436,6 +436,23 @@ class ResumableLoader(GraphLoader):
         s.resume(int(state["epoch"]), int(state["done"]))
 
 
+def start_fork_server() -> Any:
+    """The fork server that loader workers are forked from (``gnnpar train``'s, :func:`gnnpar.
+    data.sampling.loader.build_loader`: it imports torch and the sampler once, and holds no
+    process group), started if it is not running yet; returns its multiprocessing context.
+
+    :class:`GraphDataModule` starts it when it is made with ``loader_workers``, not when the
+    first loader iterates: the server's import of torch (5-8 s on 2 loaded cores) then runs
+    while the model and the ``Trainer`` are set up instead of inside the first batch's wait."""
+    from gnnpar.data.sampling import loader
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", loader.__name__])
+    with omp.ranks_sleep_at_once():
+        multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
 def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
     """What ``gnnpar train``'s loader gives its workers (:func:`gnnpar.data.sampling.loader.
     build_loader`): a fork server that imported torch and the sampler only, one thread each,
@@ -444,10 +461,7 @@ def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
         return {}
     from gnnpar.data.sampling import loader
 
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", loader.__name__])
-    with omp.ranks_sleep_at_once():
-        multiprocessing.forkserver.ensure_running()
+    ctx = start_fork_server()
     return {
         "num_workers": workers,
         "persistent_workers": True,
@@ -472,6 +486,10 @@ class GraphDataModule(pl.LightningDataModule):
     def __init__(self, dataset: Any = "cora", **settings: Any) -> None:
         super().__init__()
         self.cfg = data_config(dataset, settings)
+        # not in a process multiprocessing started (a loader worker importing the user's
+        # script, which makes a data module too): workers never start loader workers
+        if self.sampled and self.cfg.strategy.loader_workers > 0 and mp.parent_process() is None:
+            start_fork_server()
         self.dataset_name = self.cfg.data.dataset
         self.ds = None  # the loaded gnnpar GraphDataset (loaded once per process)
         self.setup_s = 0.0  # loading, partitioning and sharing the graph
