@@ -266,7 +266,7 @@ class HandOff:
     Why: each batch a worker sends costs the training process a few milliseconds of CPU
     (unpickling, receiving and mapping the shared-memory file of every tensor, the ``Data``), and
     a loop that asks for it when it is due also waits for the worker's side of that exchange to
-    be scheduled. On 2 cores at load 10-25 that wait was 17-48 ms a batch (median), against 2-3
+    be scheduled. On 2 cores at load 10-27 that wait was 16-49 ms a batch (median), against 2-3
     ms from this queue (the profile in BENCHMARKS.md). torch's ``pin_memory`` thread and DGL's
     prefetching iterator take batches the same way. The thread holds at most one batch besides
     the ``depth`` queued ones (the workers' ``prefetch_factor`` batches come on top).
