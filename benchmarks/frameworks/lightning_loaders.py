@@ -410,7 +410,7 @@ def driver(args: argparse.Namespace) -> None:
             "lightning (build it with /work/shared/anchors/setup.sh dgl DIR, then "
             '`DIR/bin/python -m pip install "lightning>=2.2,<2.7"`)'
         )
-    rank_counts = [1] if args.smoke else [1, 2]
+    rank_counts = [1] if args.smoke else [int(r) for r in args.rank_counts.split(",")]
     loaders: dict[str, dict] = {}
     for ranks in rank_counts:
         runs: dict[str, list] = {s: [] for s in sides}
@@ -584,6 +584,7 @@ def main() -> None:
     )
     p.add_argument("--out", default=None, help="JSON record (default: none)")
     p.add_argument("--no-straggler", action="store_true", help="the loaders' figures only")
+    p.add_argument("--rank-counts", default="1,2", help="the loaders' runs: ranks, comma-separated")
     p.add_argument(
         "--stream-check",
         action="store_true",

@@ -289,3 +289,45 @@ def test_a_pt_file_module_function_and_prepared_folder_give_their_own_graphs(tmp
     b = next(iter(dm.train_dataloader()))
     assert (dm.num_features, dm.num_classes) == (1433, 7)
     assert torch.equal(b.x, cora_x[b.n_id])
+
+
+def test_the_hand_off_thread_gives_every_batch_in_order_and_the_loaders_error_in_place():
+    """HandOff (the training stream's thread that takes batches from the loader workers ahead of
+    the loop): each item converted, in order, then the end; an error of the loader is raised at
+    the batch where it happened; close() ends the thread even with its queue full."""
+    import threading
+    import time
+
+    from gnnpar.lightning.data import HandOff
+
+    assert list(HandOff(iter(range(5)), lambda i: i * 10)) == [0, 10, 20, 30, 40]
+
+    def failing():
+        yield from (1, 2)
+        raise RuntimeError("DataLoader worker (pid 123) exited unexpectedly")
+
+    stream = HandOff(failing(), str)
+    assert next(stream) == "1" and next(stream) == "2"
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        next(stream)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+    made = []
+
+    def endless():
+        i = 0
+        while True:
+            made.append(i)
+            yield i
+            i += 1
+
+    stream = HandOff(endless(), lambda i: i, depth=1)
+    assert next(stream) == 0
+    time.sleep(0.2)  # the thread fills the queue, then waits to put the next one
+    stream.close()
+    deadline = time.monotonic() + 5
+    while stream._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not stream._thread.is_alive() and len(made) <= 4  # one queued, one in hand, no more
+    assert "gnnpar-hand-off" not in [t.name for t in threading.enumerate()]
