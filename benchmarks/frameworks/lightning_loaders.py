@@ -410,13 +410,22 @@ def driver(args: argparse.Namespace) -> None:
             "lightning (build it with /work/shared/anchors/setup.sh dgl DIR, then "
             '`DIR/bin/python -m pip install "lightning>=2.2,<2.7"`)'
         )
-    rank_counts = [1] if args.smoke else [1, 2]
+    rank_counts = [1] if args.smoke else [int(r) for r in args.rank_counts.split(",")]
     loaders: dict[str, dict] = {}
     for ranks in rank_counts:
         runs: dict[str, list] = {s: [] for s in sides}
         for rep in range(args.reps):
             for side in sides if rep % 2 == 0 else sides[::-1]:
                 runs[side].append(run_side(args, side, ranks, graph, folder))
+        for side in sides[1:]:  # gnnpar's figure over the peer's, per repetition, median
+            loaders[f"gnnpar/{side} x{ranks}"] = {
+                key: statistics.median(
+                    later([a], key) / later([b], key)
+                    for a, b in zip(runs["gnnpar"], runs[side], strict=True)
+                )
+                for key in ("data_wait_s", "epoch_s")
+            }
+            print(f"gnnpar/{side} x{ranks}: {loaders[f'gnnpar/{side} x{ranks}']}")
         for side in sides:
             loaders[f"{side} x{ranks}"] = {
                 "data_wait_s": later(runs[side], "data_wait_s"),
@@ -575,6 +584,7 @@ def main() -> None:
     )
     p.add_argument("--out", default=None, help="JSON record (default: none)")
     p.add_argument("--no-straggler", action="store_true", help="the loaders' figures only")
+    p.add_argument("--rank-counts", default="1,2", help="the loaders' runs: ranks, comma-separated")
     p.add_argument(
         "--stream-check",
         action="store_true",

@@ -13,6 +13,7 @@ a one-process reference (the test recomputes them from the batches saved here).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lit_ranks_config import DATA, config
 
+from gnnpar.errors import UsageError
 from gnnpar.lightning import (
     GossipStrategy,
     GraphDataModule,
@@ -154,6 +156,19 @@ def main(out: Path) -> None:
     t.fit(m, datamodule=dm, ckpt_path=str(out / "ckpt" / "epoch=0-step=3.ckpt"))
     save(out, "resumed", t, m)
 
+    # 3b. scenarios 2 and 3 with one loader worker per rank (forkserver workers, the hand-off
+    # thread): a checkpoint after every step, then resumed from the one after step 3
+    workers_dm = GraphDataModule(dataset="cora", loader_workers=1, **DATA)
+    m = GnnparSage(0.0, *dims)
+    ckpt = ModelCheckpoint(dirpath=out / "ckpt-workers", every_n_train_steps=1, save_top_k=-1)
+    t = trainer(out, callbacks=[ckpt], enable_checkpointing=True)
+    t.fit(m, datamodule=workers_dm)
+    save(out, "workers", t, m)
+    m = GnnparSage(0.0, *dims)
+    t = trainer(out)
+    t.fit(m, datamodule=workers_dm, ckpt_path=str(out / "ckpt-workers" / "epoch=0-step=3.ckpt"))
+    save(out, "workers-resumed", t, m)
+
     # 4. gnnpar's periodic all-reduce of gradients every step (DDP's maths), and of parameters
     # every 2 steps (local SGD)
     m = GnnparSage(0.0, *dims)
@@ -189,6 +204,18 @@ def main(out: Path) -> None:
     t = trainer(out, strategy, epochs=3, callbacks=[Slowdown({1: 3.0})])
     t.fit(m, datamodule=dm, ckpt_path=saved[mid[0]])
     save(out, "gossip-resumed", t, m, exchanges=t.strategy.exchanges, index=mid[0])
+
+    # 6. ModelCheckpoint by steps under gossip: refused before the fit trains anything
+    m = GnnparSage(0.0, *dims)
+    ckpt = ModelCheckpoint(dirpath=out / "ckpt-refused", every_n_train_steps=2)
+    t = trainer(out, GossipStrategy(), callbacks=[ckpt], enable_checkpointing=True)
+    try:
+        t.fit(m, datamodule=dm)
+        message = None
+    except UsageError as e:
+        message = str(e)
+    rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch.save({"message": message, "steps": len(m.steps)}, out / f"refused-rank{rank}.pt")
 
 
 if __name__ == "__main__":

@@ -225,3 +225,109 @@ def test_gossip_strategy_runs_only_on_the_lightning_releases_it_was_checked_agai
     monkeypatch.setattr(lightning, "__version__", f"{high[0]}.{high[1]}.0")
     with pytest.raises(UsageError, match=r'pip install "lightning>=2.2,<2.7"'):
         strategies._unlock_batches(trainer)
+
+
+def test_checkpoints_by_steps_or_time_are_refused_under_gossip():
+    """Gossip ranks train different numbers of batches: a ModelCheckpoint that saves every N
+    steps (or T seconds) would ask them to save at different moments. Refused with one message
+    naming what works; epoch-end checkpoints pass. (The real Trainer's refusal, on 2 ranks:
+    tests/lightning/test_lightning_ranks.py.)"""
+    from datetime import timedelta
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from gnnpar.lightning.strategies import _refuse_step_checkpoints
+
+    for cb, what in (
+        (ModelCheckpoint(every_n_train_steps=3), "every_n_train_steps=3"),
+        (ModelCheckpoint(train_time_interval=timedelta(seconds=30)), "train_time_interval=0:00:30"),
+    ):
+        with pytest.raises(UsageError) as err:
+            _refuse_step_checkpoints([cb])
+        message = str(err.value)
+        assert message.startswith(f"ModelCheckpoint({what}) cannot run under GossipStrategy")
+        assert "GossipStrategy(checkpoint_every=N)" in message and "\n" not in message
+    _refuse_step_checkpoints([ModelCheckpoint(), ModelCheckpoint(every_n_epochs=2)])
+
+
+def test_a_pt_file_module_function_and_prepared_folder_give_their_own_graphs(tmp_path, monkeypatch):
+    """Any graph ``gnnpar train --dataset`` reads: each batch holds that graph's features and
+    labels of its nodes, the seeds from its training nodes."""
+    from torch_geometric.data import Data
+
+    from gnnpar.data.prepare_command import run_prepare
+
+    n = 60
+    src = torch.arange(n)
+    ring = torch.stack([src, (src + 1) % n])
+    x = torch.randn(n, 5, generator=torch.Generator().manual_seed(1))
+    y = src % 3
+    data = Data(x=x, edge_index=torch.cat([ring, ring.flip(0)], 1), y=y, train_mask=src < 30)
+    data.val_mask, data.test_mask = (src >= 30) & (src < 45), src >= 45
+    torch.save(data, tmp_path / "ring.pt")
+    (tmp_path / "ringgraphs.py").write_text(
+        f"import torch\n\ndef build():\n    return torch.load({str(tmp_path / 'ring.pt')!r}, "
+        "weights_only=False)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = str(tmp_path / "root")
+    run_prepare("cora", str(tmp_path / "cora-prepared"), None, None, None, root, None, quiet=True)
+    cora_x = GraphDataModule(dataset="cora", data_root=root).load().data.x
+    cases = {
+        str(tmp_path / "ring.pt"): (x, y, data.train_mask),
+        "ringgraphs:build": (x, y, data.train_mask),
+    }
+    for dataset, (want_x, want_y, train) in cases.items():
+        dm = GraphDataModule(dataset=dataset, batch_size=8, fanouts=[2], data_root=root)
+        dm.setup()
+        assert (dm.num_features, dm.num_classes) == (5, 3)
+        b = next(iter(dm.train_dataloader()))
+        assert torch.equal(b.x, want_x[b.n_id]) and torch.equal(b.y, want_y[b.n_id])
+        assert bool(train[b.n_id[: b.batch_size]].all()) and b.batch_size == 8
+    dm = GraphDataModule(dataset=str(tmp_path / "cora-prepared"), batch_size=8, data_root=root)
+    dm.setup()
+    b = next(iter(dm.train_dataloader()))
+    assert (dm.num_features, dm.num_classes) == (1433, 7)
+    assert torch.equal(b.x, cora_x[b.n_id])
+
+
+def test_the_hand_off_thread_gives_every_batch_in_order_and_the_loaders_error_in_place():
+    """HandOff (the training stream's thread that takes batches from the loader workers ahead of
+    the loop): each item converted, in order, then the end; an error of the loader is raised at
+    the batch where it happened; close() ends the thread even with its queue full."""
+    import threading
+    import time
+
+    from gnnpar.lightning.data import HandOff
+
+    assert list(HandOff(iter(range(5)), lambda i: i * 10)) == [0, 10, 20, 30, 40]
+
+    def failing():
+        yield from (1, 2)
+        raise RuntimeError("DataLoader worker (pid 123) exited unexpectedly")
+
+    stream = HandOff(failing(), str)
+    assert next(stream) == "1" and next(stream) == "2"
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        next(stream)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+    made = []
+
+    def endless():
+        i = 0
+        while True:
+            made.append(i)
+            yield i
+            i += 1
+
+    stream = HandOff(endless(), lambda i: i, depth=1)
+    assert next(stream) == 0
+    time.sleep(0.2)  # the thread fills the queue, then waits to put the next one
+    stream.close()
+    deadline = time.monotonic() + 5
+    while stream._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not stream._thread.is_alive() and len(made) <= 4  # one queued, one in hand, no more
+    assert "gnnpar-hand-off" not in [t.name for t in threading.enumerate()]

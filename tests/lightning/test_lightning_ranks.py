@@ -135,6 +135,33 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(runs):
             assert torch.equal(v, resumed["final"][k])
 
 
+def test_loader_workers_give_the_same_run_and_resume_mid_epoch(runs):
+    """One forkserver loader worker per rank (batches handed to the loop by a thread that takes
+    them ahead): the same batches, losses and weights as sampling in the training process, and
+    a checkpoint written while the worker and the thread were ahead of the loop resumes the rest
+    of the epoch exactly."""
+    for rank in (0, 1):
+        plain, workers = load(runs, "plain", rank), load(runs, "workers", rank)
+        resumed = load(runs, "workers-resumed", rank)
+        assert len(workers["steps"]) == EPOCHS * STEPS
+        for a, b in zip(plain["steps"], workers["steps"], strict=True):
+            assert torch.equal(a["seeds"], b["seeds"]) and a["loss"] == b["loss"]
+        assert [s["epoch"] for s in resumed["steps"]] == [0, 0] + [1] * STEPS
+        for a, b in zip(plain["steps"][3:], resumed["steps"], strict=True):
+            assert torch.equal(a["seeds"], b["seeds"]) and a["loss"] == b["loss"]
+        for k, v in plain["final"].items():
+            assert torch.equal(v, workers["final"][k]) and torch.equal(v, resumed["final"][k])
+
+
+def test_step_checkpoints_under_gossip_are_refused_on_every_rank(runs):
+    for rank in (0, 1):
+        refused = load(runs, "refused", rank)
+        assert refused["steps"] == 0
+        assert refused["message"].startswith(
+            "ModelCheckpoint(every_n_train_steps=2) cannot run under GossipStrategy"
+        )
+
+
 def test_periodic_average_strategy(runs):
     for rank in (0, 1):  # gradients averaged every step: DDP's maths, bit for bit here
         ddp, grads = load(runs, "plain", rank), load(runs, "grads1", rank)
@@ -238,3 +265,10 @@ def test_same_loss_curve_as_gnnpar_train(runs, tmp_path):
     for key in ("dataset", "workers", "seed", "per_worker_batches", "score_name"):
         assert lightning_run[key] == gnnpar_run[key]
     assert lightning_run["strategy"] == "sampled"
+    # every key a gnnpar run's result.json has, and `gnnpar advise --validate`'s reader takes it
+    from gnnpar.advise.validate import _measured
+    from gnnpar.result import CONTRACT
+
+    assert set(CONTRACT) <= set(lightning_run)
+    case = _measured({"predicted_epoch_s": 1.0}, [str(runs / "ddp-run")], 0, "")
+    assert "failed" not in case and case["measured_epoch_s"] > 0

@@ -59,6 +59,8 @@ import math
 import multiprocessing as mp
 import multiprocessing.forkserver
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -256,6 +258,72 @@ class PoolSampler(DistributedSampler):
 
 
 # ------------------------------------------------------------------------------ loaders
+class HandOff:
+    """The batches of a DataLoader with workers, taken from them by a thread of the training
+    process while the model trains, and made into PyG ``Data`` there too (``convert``): the loop
+    finds the next batch ready in a queue of ``depth``.
+
+    Why: each batch a worker sends costs the training process a few milliseconds of CPU
+    (unpickling, receiving and mapping the shared-memory file of every tensor, the ``Data``), and
+    a loop that asks for it when it is due also waits for the worker's side of that exchange to
+    be scheduled. On 2 cores at load 10-27 that wait was 16-49 ms a batch (median), against 2-3
+    ms from this queue (the profile in BENCHMARKS.md). torch's ``pin_memory`` thread and DGL's
+    prefetching iterator take batches the same way. The thread holds at most one batch besides
+    the ``depth`` queued ones (the workers' ``prefetch_factor`` batches come on top).
+
+    An error of the loader (a worker's, or its ``timeout``) is raised in the loop at the batch
+    it stopped; :meth:`close` stops the thread at its next batch, which lets the DataLoader's
+    workers end."""
+
+    def __init__(self, batches: Iterator[Any], convert: Callable[[Any], Any], depth: int = 1):
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(batches, convert), name="gnnpar-hand-off", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, batches: Iterator[Any], convert: Callable[[Any], Any]) -> None:
+        try:
+            for item in batches:
+                if not self._put((True, convert(item))):
+                    return
+            self._put((False, None))
+        except BaseException as e:  # noqa: BLE001 - raised again in the loop (__next__)
+            self._put((False, e))
+
+    def _put(self, entry: tuple[bool, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> HandOff:
+        return self
+
+    def __next__(self) -> Any:
+        if self._stop.is_set():
+            raise StopIteration
+        ok, value = self._queue.get()
+        if ok:
+            return value
+        self._stop.set()
+        if value is None:
+            raise StopIteration
+        raise value
+
+    def close(self) -> None:
+        self._stop.set()
+        while True:  # a thread waiting to put sees the stop within 0.5 s; drop what it queued
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+
 class GraphLoader(DataLoader):
     """A DataLoader whose items become PyG ``Data`` batches in the training process."""
 
@@ -292,7 +360,8 @@ class ResumableLoader(GraphLoader):
     would begin with the loop waiting for a whole batch to be sampled. The stream is made
     again only where an epoch does not begin where it stopped (a resume, a different
     ``set_epoch``); it ends at ``end`` (the run's last batch, when the Trainer's
-    ``max_epochs`` is known)."""
+    ``max_epochs`` is known). With loader workers, a thread of the training process takes each
+    batch from them ahead of the loop (:class:`HandOff`)."""
 
     trainer: pl.Trainer | None = None
 
@@ -312,17 +381,27 @@ class ResumableLoader(GraphLoader):
             return
         first = indices[0]
         if self._stream is None or self._stream_at != first:
-            self._stream = None  # ends the old stream's workers
+            self.close()  # ends the old stream's workers
             end = self._end if self._end is not None and self._end > first else 2**62
             loader = DataLoader(
                 self.dataset, batch_size=None, sampler=range(first, end), **self._stream_kwargs
             )
-            self._stream, self._stream_at = iter(loader), first
+            if loader.num_workers > 0:
+                self._stream = HandOff(iter(loader), self.convert)
+            else:  # sampled in this process, when the loop asks
+                self._stream = map(self.convert, loader)
+            self._stream_at = first
         for _ in indices:
-            item = next(self._stream)
+            batch = next(self._stream)
             self._stream_at += 1
             self.yielded += 1
-            yield self.convert(item)
+            yield batch
+
+    def close(self) -> None:
+        """End the stream (its workers and hand-off thread)."""
+        if isinstance(self._stream, HandOff):
+            self._stream.close()
+        self._stream = None
 
     def _trained(self) -> int:
         """Batches of the epoch trained: Lightning's count where a Trainer runs (the loader has
@@ -357,6 +436,23 @@ class ResumableLoader(GraphLoader):
         s.resume(int(state["epoch"]), int(state["done"]))
 
 
+def start_fork_server() -> Any:
+    """The fork server that loader workers are forked from (``gnnpar train``'s, :func:`gnnpar.
+    data.sampling.loader.build_loader`: it imports torch and the sampler once, and holds no
+    process group), started if it is not running yet; returns its multiprocessing context.
+
+    :class:`GraphDataModule` starts it when it is made with ``loader_workers``, not when the
+    first loader iterates: the server's import of torch (5-8 s on 2 loaded cores) then runs
+    while the model and the ``Trainer`` are set up instead of inside the first batch's wait."""
+    from gnnpar.data.sampling import loader
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", loader.__name__])
+    with omp.ranks_sleep_at_once():
+        multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
 def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
     """What ``gnnpar train``'s loader gives its workers (:func:`gnnpar.data.sampling.loader.
     build_loader`): a fork server that imported torch and the sampler only, one thread each,
@@ -365,10 +461,7 @@ def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
         return {}
     from gnnpar.data.sampling import loader
 
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", loader.__name__])
-    with omp.ranks_sleep_at_once():
-        multiprocessing.forkserver.ensure_running()
+    ctx = start_fork_server()
     return {
         "num_workers": workers,
         "persistent_workers": True,
@@ -393,6 +486,10 @@ class GraphDataModule(pl.LightningDataModule):
     def __init__(self, dataset: Any = "cora", **settings: Any) -> None:
         super().__init__()
         self.cfg = data_config(dataset, settings)
+        # not in a process multiprocessing started (a loader worker importing the user's
+        # script, which makes a data module too): workers never start loader workers
+        if self.sampled and self.cfg.strategy.loader_workers > 0 and mp.parent_process() is None:
+            start_fork_server()
         self.dataset_name = self.cfg.data.dataset
         self.ds = None  # the loaded gnnpar GraphDataset (loaded once per process)
         self.setup_s = 0.0  # loading, partitioning and sharing the graph
@@ -401,6 +498,7 @@ class GraphDataModule(pl.LightningDataModule):
         self._fd: int | None = None
         self._parts = None
         self._ranks_at_setup: SimpleNamespace | None = None
+        self._train_loader: ResumableLoader | None = None  # the last one made, to close
 
     @property
     def sampled(self) -> bool:
@@ -546,7 +644,14 @@ class GraphDataModule(pl.LightningDataModule):
         sampler = EpochSampler(steps, ranks.rank, ranks.world_size, r.seed)
         loader = ResumableLoader(dataset, sampler, convert, end, **kwargs)
         loader.trainer = trainer
+        self._close_train_loader()
+        self._train_loader = loader
         return loader
+
+    def _close_train_loader(self) -> None:
+        if self._train_loader is not None:
+            self._train_loader.close()
+            self._train_loader = None
 
     def _parts_with(self, split: str) -> list[int]:
         return parts_with(self._parts, f"{split}_mask")
@@ -603,7 +708,10 @@ class GraphDataModule(pl.LightningDataModule):
         return self._eval_loader("test")
 
     def teardown(self, stage: str | None = None) -> None:
-        pass  # the shared graph stays for later fit/validate/test calls; close() drops it
+        """End the training loader's stream (workers, hand-off thread) after a fit; the shared
+        graph stays for later fit/validate/test calls (:meth:`close` drops it)."""
+        if stage in (None, "fit"):
+            self._close_train_loader()
 
 
 def _identity(x):

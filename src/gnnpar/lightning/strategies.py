@@ -35,10 +35,11 @@ initial weights does not overwrite it). With :class:`PeriodicAverageStrategy` th
 step and ``ModelCheckpoint(every_n_train_steps=N)`` works as under DDP: a run resumed from a
 checkpoint written mid-epoch trains what the uninterrupted run trains, to the bit. Gossip ranks
 never share a step count (each trains what it takes from the pool), so a ``ModelCheckpoint``
-that counts steps would ask the ranks to save at different moments; ``GossipStrategy(
-checkpoint_every=N)`` saves instead each time the work pool has handed out another ``N``
-batches, every rank at its next batch boundary (an agreement through the run's store decides,
-before any other collective, whether that checkpoint comes first). The file also holds the
+that counts steps (or time) would ask the ranks to save at different moments: ``Trainer.fit``
+refuses it with one message; ``GossipStrategy(checkpoint_every=N)`` saves instead each time
+the work pool has handed out another ``N`` batches, every rank at its next batch boundary (an
+agreement through the run's store decides, before any other collective, whether that
+checkpoint comes first). The file also holds the
 pool's position and each rank's batches taken but not yet trained (loader workers and
 Lightning fetch ahead), which the resumed rank trains first: across the interruption every
 batch of every epoch is trained once, each rank resumes with its own model, optimiser and
@@ -284,6 +285,17 @@ class GossipStrategy(_LocalSteps):
             dist.barrier()  # every rank's state key exists before anybody claims
         return GossipSync(pairing, params, self.average, self.sync_every, self.timeout_s)
 
+    def setup_environment(self) -> None:
+        """Refuse what cannot run out of step (:func:`_refuse_step_checkpoints`) before any
+        process group exists, then Lightning's set-up."""
+        try:
+            trainer = self.lightning_module.trainer
+        except (AttributeError, RuntimeError):  # no module attached: nothing to check
+            trainer = None
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            _refuse_step_checkpoints(trainer.callbacks)
+        super().setup_environment()
+
     def setup(self, trainer) -> None:
         super().setup(trainer)
         self._paused = self._finished = self._saving = False
@@ -462,6 +474,32 @@ class GossipStrategy(_LocalSteps):
     @property
     def exchange_log(self) -> list:
         return [] if self.sync is None else self.sync.log
+
+
+def _refuse_step_checkpoints(callbacks: list) -> None:
+    """A ``ModelCheckpoint`` that saves every N training steps or every T seconds cannot run
+    under :class:`GossipStrategy`: the ranks train different numbers of batches at different
+    paces, so it would ask one rank to save (a collective: every rank writes its part) while the
+    others train on, a hang until the timeout. Refused with one message that names the way that
+    works (``checkpoint_every``, or checkpoints at epoch ends). ``ModelCheckpoint`` keeps the two
+    settings in attributes only (no public accessor in Lightning 2.2-2.6): they are read here, and
+    tests/lightning/test_data_module.py checks that they exist in the Lightning installed."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for cb in callbacks:
+        if not isinstance(cb, ModelCheckpoint):
+            continue
+        steps = getattr(cb, "_every_n_train_steps", 0) or 0
+        interval = getattr(cb, "_train_time_interval", None)
+        if steps < 1 and interval is None:
+            continue
+        what = f"every_n_train_steps={steps}" if steps >= 1 else f"train_time_interval={interval}"
+        raise UsageError(
+            f"ModelCheckpoint({what}) cannot run under GossipStrategy: its ranks train different "
+            "numbers of batches, so a checkpoint by steps or time would ask them to save at "
+            "different moments. Save mid-epoch with GossipStrategy(checkpoint_every=N) (every N "
+            "batches of the work pool), or at epoch ends with ModelCheckpoint(every_n_epochs=...)."
+        )
 
 
 class _PoolCheckpoints(Callback):
