@@ -118,6 +118,10 @@ LOOP: dict[str, str] = {
 RANK_INFO: dict[str, str] = {
     "pool_log": "gossip (PoolSource), per rank: [epoch, subgraph] in the order taken",
     "exchange_log": "gossip (GossipSync), per rank: [step, partner, exchange id, initiated]",
+    "fetched_subgraphs": "gossip across shards (gnnpar.parallel.fetch), per rank: subgraphs "
+    "of other hosts' pools it trained, fetched from their hosts",
+    "fetched_bytes": "gossip across shards, per rank: the bytes of those subgraphs received",
+    "served_subgraphs": "gossip across shards, per rank: its host's subgraphs it sent to others",
     "loader_start_time_s": "sampled (SampledSource), per rank: seconds to start the loader",
     "exchange_bytes_per_step": "sampled across shards (ShardSampledSource), per rank: bytes "
     "sent to other ranks per training step (sampling requests and answers, feature rows, split "

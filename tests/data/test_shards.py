@@ -229,7 +229,9 @@ def test_what_each_host_holds_and_how_the_hosts_judge_it(tmp_path, cora):
     shutil.rmtree(out / "shard-0")
     lone = shards.host_status(out, 1)
     assert lone["own"] is None and lone["lacks"] == [0] and not lone["every"]
-    with pytest.raises(UsageError, match="^host 1 lacks shard 0: only --strategy sampled "):
+    with pytest.raises(
+        UsageError, match="^host 1 lacks shard 0: only --strategy sampled, allreduce, gossip "
+    ):
         shards.agreed([every, lone])
     # the sampled strategy trains across shards: one rank per host, each with its own shard
     only_0 = {"host": 0, "shards": 2, "own": None, "lacks": [1], "every": False}

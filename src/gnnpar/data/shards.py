@@ -38,7 +38,9 @@ agree through the store, within ``--timeout``, before any step (gnnpar.runtime.s
 a missing or damaged shard is named with its host on every rank, exit 2. Hosts that each hold
 only their own shard (plus the top manifest) train across shards with ``--strategy sampled``
 (gnnpar.data.sampling.distributed: the owners sample their nodes' neighbours and serve their
-feature rows); the other strategies need every shard on every host, and are told so, exit 2.
+feature rows) and with Cluster-GCN's ``allreduce`` and ``gossip`` (gnnpar.data.shard_parts:
+each host's parts lie within its shard; gossip fetches another host's subgraph from it); the
+other strategies need every shard on every host, and are told so, exit 2.
 """
 
 from __future__ import annotations
@@ -437,9 +439,9 @@ def agreed(statuses: list[dict[str, Any]], across: bool = False) -> bool:
             for h, lacks in sorted(partial.items())
         )
         raise UsageError(
-            f"{what}: only --strategy sampled trains across shards that each host holds "
-            "alone; the other strategies need every shard on every host (copy the whole "
-            "folder to every host)."
+            f"{what}: only --strategy sampled, allreduce, gossip and gossip-bipartite train "
+            "across shards that each host holds alone; the other strategies need every shard "
+            "on every host (copy the whole folder to every host)."
         )
     return False
 

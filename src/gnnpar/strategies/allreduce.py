@@ -26,6 +26,7 @@ are scored on validation and the better is kept (:func:`~gnnpar.training.final_m
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -89,9 +90,9 @@ def defaults(cfg: Config) -> None:
 
 
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
-    from gnnpar.data.partition import load_partitions
     from gnnpar.models import build_model
     from gnnpar.parallel import collectives
+    from gnnpar.training.cluster_parts import cluster_parts, final_across
     from gnnpar.training.evaluation import evaluate_graph, full_graph_record
     from gnnpar.training.final_model import choose_final_model
     from gnnpar.training.loop import Final, Plan
@@ -103,7 +104,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     from gnnpar.training.sync import GradAllReduce, ParamAverage
 
     s, r = cfg.strategy, cfg.run
-    graph, partition_time, cache_hit = load_partitions(cfg, ds)
+    parts = cluster_parts(cfg, ds, ctx)  # this host's parts, across shards
     seed_everything(r.seed)
     model = build_model(
         cfg.model, ds.num_features, ds.num_classes, ds.multilabel, graph=getattr(ds, "data", None)
@@ -115,10 +116,16 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
     opt = build_optimizer(cfg, params)
     Policy = ParamAverage if s.average == "params" else GradAllReduce
     source = DealtPartitions(
-        graph, ctx.rank, ctx.world_size, r.epochs, r.seed, r.max_steps, ctx.device
-    )
+        parts.graph, ctx.rank, ctx.world_size, r.epochs, r.seed, r.max_steps, ctx.device,
+        deal=parts.deal(ctx.rank, ctx.world_size, r.seed), first=parts.first,
+    )  # fmt: skip
+    record = parts.record(cfg) if parts.across else full_graph_record(cfg.strategy.eval_mode)
 
     def evaluate() -> tuple[dict | None, list[float]]:
+        if parts.across:  # every host scores its shard's nodes, every rank takes part
+            t0 = time.perf_counter()
+            scores = parts.evaluate(model, cfg, ds.multilabel)
+            return (scores if ctx.is_main else None), [time.perf_counter() - t0]
         if not ctx.is_main:  # the others wait at the next epoch's (untimed) barrier
             return None, []
         scores, t = evaluate_graph(model, ds)
@@ -126,20 +133,20 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
     def finish() -> Final:
         if s.sync_every > 1 and ctx.world_size > 1:
-            choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
-            return Final(
-                choice.scores,
-                choice.eval_times,
-                choice,
-                evaluation=full_graph_record(cfg.strategy.eval_mode),
-            )
+            if parts.across:
+                choice = final_across(model, params, parts, cfg, ds)
+            else:
+                choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
+            return Final(choice.scores, choice.eval_times, choice, evaluation=record)
         scores, times = {"val": float("nan"), "test": float("nan"), "train": None}, []
+        if parts.across:  # every rank takes part, and gets the scores
+            t0 = time.perf_counter()
+            scores = parts.evaluate(model, cfg, ds.multilabel)
+            return Final(scores, [time.perf_counter() - t0], final_model="rank0", evaluation=record)
         if ctx.is_main:
             scores, t = evaluate_graph(model, ds)
             times.append(t)
-        return Final(
-            scores, times, final_model="rank0", evaluation=full_graph_record(cfg.strategy.eval_mode)
-        )
+        return Final(scores, times, final_model="rank0", evaluation=record)
 
     return Plan(
         f"allreduce {cfg.model.name} x{ctx.world_size}",
@@ -152,15 +159,15 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
         straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
         evaluate=evaluate,
         reporter=ctx.is_main,
-        partition_time_s=partition_time,
+        partition_time_s=parts.seconds,
         extra={
             "slowdown": {str(k): v for k, v in sorted(s.slowdown.items())},
             "jitter": s.jitter,
             "sync_every": s.sync_every,
             "average": s.average,
             "partitioner": cfg.data.partitioner,
-            "partitions": graph.num_parts,
-            "partition_cache_hit": cache_hit,
+            "partitions": parts.num_parts,
+            "partition_cache_hit": parts.cache_hit,
             "steps_per_epoch": source.steps,
         },
     )
@@ -183,4 +190,5 @@ SPEC = StrategySpec(
     build=build,
     check=check,
     defaults=defaults,
+    across_shards=True,  # each host trains its own shard's parts (training/cluster_parts.py)
 )

@@ -63,13 +63,52 @@ def defaults(cfg: Config) -> None:
         cfg.strategy.average = "params"
 
 
+def pool_of(parts, cfg: Config, ctx: DistContext):  # noqa: ANN001, ANN201
+    """(the subgraphs by id, the work pool, what the source runs once the pool is empty for
+    it). One graph: every subgraph here, one pool. Across shards: this host's subgraphs, one
+    pool per host (ShardedPool: its own first), another host's subgraph fetched from one of its
+    ranks when taken (SubgraphFetch), and every rank serving the others' fetches until all are
+    done (gnnpar.parallel.fetch)."""
+    import bisect
+
+    from gnnpar.data.shard_parts import offsets
+    from gnnpar.errors import UsageError
+    from gnnpar.parallel.fetch import SubgraphFetch
+    from gnnpar.parallel.gossip import ShardedPool, WorkPool
+
+    r = cfg.run
+    if not parts.across:
+        batches = [b.to(ctx.device) for b in parts.graph.batches()]
+        return batches, WorkPool(ctx.store, "gossip/pool", len(batches), r.epochs, r.seed), None
+    if r.checkpoint_every or r.resume:
+        raise UsageError(
+            f"--strategy {cfg.strategy.name} across shards does not checkpoint yet (a rank "
+            "serving another host's subgraphs cannot sit in a checkpoint's barrier): drop "
+            "--checkpoint-every/--resume, or use --strategy allreduce."
+        )
+    at = offsets(parts.sizes)
+    own = {parts.first + i: b.to(ctx.device) for i, b in enumerate(parts.graph.batches())}
+    pools = [list(range(a, a + n)) for a, n in zip(at, parts.sizes, strict=True)]
+    host = int(parts.exchange.host)
+    pool = ShardedPool(ctx.store, "gossip/pool", pools, host, r.epochs, r.seed)
+    answerer = [int(a) for a in parts.exchange.answerer]
+
+    def server_of(p: int) -> int:
+        return answerer[bisect.bisect_right(at, p) - 1]
+
+    fetch = SubgraphFetch(
+        ctx.store, "gossip/fetch", ctx.rank, ctx.world_size, own, server_of, cfg.strategy.timeout_s
+    )
+    return fetch, pool, fetch.drain
+
+
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool = False) -> Plan:
     """``bipartite``: active ranks pick partners among passive ones only (gossip-bipartite)."""
     import torch.distributed as dist
 
-    from gnnpar.data.partition import load_partitions
     from gnnpar.models import build_model
-    from gnnpar.parallel.gossip import AnyPeer, Bipartite, Pairing, WorkPool
+    from gnnpar.parallel.gossip import AnyPeer, Bipartite, Pairing
+    from gnnpar.training.cluster_parts import cluster_parts, final_across
     from gnnpar.training.final_model import choose_final_model
     from gnnpar.training.gossip_sync import GossipSync
     from gnnpar.training.loop import Final, Plan
@@ -88,20 +127,25 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
     model.to(ctx.device)
     opt = build_optimizer(cfg, model.parameters())
     seed_rank_dropout(r.seed, ctx.rank)
-    graph, partition_time, _ = load_partitions(cfg, ds)
-    batches = [b.to(ctx.device) for b in graph.batches()]
-    pool = WorkPool(ctx.store, "gossip/pool", len(batches), r.epochs, r.seed)
+    parts = cluster_parts(cfg, ds, ctx)  # this host's parts, across shards
+    batches, pool, on_empty = pool_of(parts, cfg, ctx)
     rng = random.Random(r.seed * 7919 + ctx.rank)
     pairing = Pairing(ctx.store, "gossip", topology(ctx.rank, ctx.world_size), rng, s.timeout_s)
     pairing.open()
     if ctx.is_distributed:
         dist.barrier()  # every state key exists before anybody claims; common start time
     params = [p for p in model.parameters() if p.requires_grad]
+    sync = GossipSync(pairing, params, s.average, s.sync_every, s.timeout_s)
+    if on_empty is not None:  # while waiting for a fetch: the exchange a partner waits in
+        batches.idle = sync.serve_pending
 
     def finish() -> Final:
-        choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
         from gnnpar.training.evaluation import full_graph_record
 
+        if parts.across:  # every rank scores each candidate with the others
+            choice = final_across(model, params, parts, cfg, ds)
+            return Final(choice.scores, choice.eval_times, choice, evaluation=parts.record(cfg))
+        choice = choose_final_model(model, params, ds, ctx.store, s.timeout_s)
         return Final(
             choice.scores,
             choice.eval_times,
@@ -113,14 +157,14 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
         f"{cfg.strategy.name} {cfg.model.name} x{ctx.world_size}",
         model,
         opt,
-        PoolSource(pool, batches),
+        PoolSource(pool, batches, on_empty),
         LocalStep(model, partial(graph_loss, multilabel=ds.multilabel)),
         finish,
-        sync=GossipSync(pairing, params, s.average, s.sync_every, s.timeout_s),
+        sync=sync,
         straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
         lockstep=False,
         reporter=ctx.is_main,
-        partition_time_s=partition_time,
+        partition_time_s=parts.seconds,
         extra={
             "sync_every": s.sync_every,
             "average": s.average,
@@ -146,4 +190,5 @@ SPEC = StrategySpec(
     build=build,
     check=check,
     defaults=defaults,
+    across_shards=True,  # a host's pool is its shard's parts; others' are fetched (pool_of)
 )

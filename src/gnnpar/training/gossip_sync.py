@@ -55,6 +55,16 @@ class GossipSync(NoSync):
             # the picker may line up its next pick at once when K = 1 (it never waits)
             x = self.pairing.at_boundary(want=self.every == 1) if x.initiated else None
 
+    def serve_pending(self) -> None:
+        """Between steps, while this rank waits on others (a subgraph fetched across shards,
+        gnnpar.parallel.fetch): the exchange a partner may be blocked in with us (our pick,
+        ready; or a claim on us), so that it never waits for us while we wait for it. No new
+        pick. Averaged gradients are those of the last step (already applied)."""
+        x = self.pairing.at_boundary(want=False)
+        if x is not None:
+            self.serve(x)
+            self.since = 0
+
     def after_backward(self, has_batch: bool) -> bool:
         self.steps += 1
         self.since += 1

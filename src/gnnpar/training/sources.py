@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -157,10 +157,21 @@ class DealtPartitions(Resumable):
     and trains them in a fresh seeded order each epoch. Every rank runs ``ceil(n / world)``
     steps (at most ``max_steps``); a rank with one subgraph fewer yields None at the last."""
 
-    def __init__(self, graph, rank: int, world: int, epochs: int, seed: int, max_steps, device):
+    def __init__(
+        self, graph, rank: int, world: int, epochs: int, seed: int, max_steps, device,
+        deal: tuple[list[int], int] | None = None, first: int = 0,
+    ):  # fmt: skip
+        """``deal``: (this rank's part ids, the steps every rank runs) where the parts are
+        dealt by host (a sharded graph: gnnpar.data.shard_parts.deal_by_host); ``first``: the
+        id of ``graph``'s part 0 (a host holding only its shard's parts)."""
         self.graph, self.rank, self.seed, self.device = graph, rank, seed, device
-        self.mine = assign_parts(graph.num_parts, world, seed)[rank]
-        self.steps = min(math.ceil(graph.num_parts / world), max_steps or graph.num_parts)
+        self.first = first
+        if deal is None:
+            self.mine = assign_parts(graph.num_parts, world, seed)[rank]
+            per = math.ceil(graph.num_parts / world)
+        else:
+            self.mine, per = deal
+        self.steps = min(per, max_steps or per)
         self.total_steps = epochs * self.steps
         self.position = 0
         # each subgraph made once (views of the partitioned graph, no copy): the same tensors
@@ -170,7 +181,7 @@ class DealtPartitions(Resumable):
 
     def _batch(self, p: int) -> Data:
         if p not in self._made:
-            self._made[p] = self.graph.batch(p)
+            self._made[p] = self.graph.batch(p - self.first)
         return self._made[p].to(self.device)
 
     def epoch(self, epoch: int) -> Iterator[Data | None]:
@@ -185,8 +196,11 @@ class PoolSource(BaseSource):
     epoch, epochs back to back; a rank's epoch ``e`` is what it takes while the pool hands out
     epoch ``e`` (possibly nothing, if the others emptied it meanwhile)."""
 
-    def __init__(self, pool: WorkPool, batches: list[Data]) -> None:
-        self.pool, self.batches = pool, batches
+    def __init__(self, pool: WorkPool, batches, on_empty: Callable[[], None] | None = None):
+        """``batches[i]``: subgraph i (a list, or across shards a
+        :class:`~gnnpar.parallel.fetch.SubgraphFetch`); ``on_empty``: run once the pool is
+        empty for this rank (across shards: serve the others until every rank is done)."""
+        self.pool, self.batches, self.on_empty = pool, batches, on_empty
         self.total_steps = pool.total
         self.position = 0
         self.taken: list[list[int]] = []  # [epoch, subgraph] in the order taken
@@ -199,6 +213,8 @@ class PoolSource(BaseSource):
             self._next = None
             if item is None:
                 self._empty = True
+                if self.on_empty is not None:
+                    self.on_empty()
                 # every position is handed out (the others may be training their last ones):
                 # the progress display counts the pool's work done, not this rank's last take
                 self.position = self.total_steps
@@ -212,7 +228,8 @@ class PoolSource(BaseSource):
             yield self.batches[idx]
 
     def rank_info(self) -> dict:
-        return {"pool_log": self.taken}
+        more = getattr(self.batches, "rank_info", None)  # across shards: what was fetched
+        return {"pool_log": self.taken, **(more() if more else {})}
 
     def state(self) -> dict:
         """At a checkpoint every rank has stopped taking (the loop quiesces gossip first), so

@@ -11,7 +11,7 @@ The sync policy that runs them at the training loop's step boundaries is a plug-
 """
 
 from gnnpar.parallel.gossip.mixing import GossipTimeoutError, exchange_average
-from gnnpar.parallel.gossip.pool import WorkPool
+from gnnpar.parallel.gossip.pool import ShardedPool, WorkPool
 from gnnpar.parallel.gossip.protocol import Exchange, Pairing
 from gnnpar.parallel.gossip.topology import AnyPeer, Bipartite, Topology
 
@@ -21,6 +21,7 @@ __all__ = [
     "GossipTimeoutError",
     "Exchange",
     "Pairing",
+    "ShardedPool",
     "Topology",
     "WorkPool",
     "exchange_average",

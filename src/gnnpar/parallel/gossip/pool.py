@@ -49,3 +49,53 @@ class WorkPool:
     def handed_out(self) -> int:
         """How many positions were taken so far (for the progress display; add 0 reads)."""
         return min(self.store.add(self.key, 0), self.total)
+
+
+class ShardedPool:
+    """The work pool across shards: one pool per host (its shard's parts, each epoch in an
+    order every rank derives from (seed, epoch, host)), one counter per (epoch, host) in the
+    store. A rank takes from its own host's pool first, where its subgraphs are local, then
+    from the other hosts' pools in turn (fetching what it takes: gnnpar.parallel.fetch). Each
+    counter's ``add`` is atomic, so every position of every pool, and so every subgraph, is
+    handed out exactly once per epoch; a rank moves to epoch e + 1 only once every pool of epoch
+    e is empty, as the one pool's epochs follow each other. ``take()`` -> (position, epoch,
+    global part id) or None, as :meth:`WorkPool.take`."""
+
+    def __init__(self, store, key: str, parts: list[list[int]], host: int, epochs: int, seed: int):
+        self.store, self.key, self.parts, self.host = store, key, parts, host
+        self.epochs, self.seed = epochs, seed
+        self.size = sum(len(p) for p in parts)
+        self._orders: dict[tuple[int, int], list[int]] = {}
+        self._epoch, self._empty = 0, set()  # the epoch this rank takes from; its empty pools
+        n = len(parts)
+        self._visit = [(host + i) % n for i in range(n)]  # own pool first
+
+    @property
+    def total(self) -> int:
+        return self.size * self.epochs
+
+    def order(self, epoch: int, h: int) -> list[int]:
+        if (epoch, h) not in self._orders:
+            g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1009 + h)
+            perm = torch.randperm(len(self.parts[h]), generator=g).tolist()
+            self._orders[(epoch, h)] = [self.parts[h][i] for i in perm]
+        return self._orders[(epoch, h)]
+
+    def take(self) -> tuple[int, int, int] | None:
+        while self._epoch < self.epochs:
+            for h in self._visit:
+                if h in self._empty:
+                    continue
+                pos = self.store.add(f"{self.key}/{self._epoch}/{h}", 1) - 1
+                if pos < len(self.parts[h]):
+                    handed = self.store.add(f"{self.key}/handed", 1) - 1
+                    return handed, self._epoch, self.order(self._epoch, h)[pos]
+                self._empty.add(h)
+            self._epoch, self._empty = self._epoch + 1, set()
+        return None
+
+    def handed_out(self) -> int:
+        return min(self.store.add(f"{self.key}/handed", 0), self.total)
+
+    def restore(self, counter: int) -> None:
+        raise RuntimeError("a work pool across shards is not restored from a checkpoint")

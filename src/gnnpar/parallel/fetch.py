@@ -1,0 +1,142 @@
+"""A subgraph fetched from the host that holds it, over the process group (gloo point to point;
+no torch RPC): the mechanism that lets a gossip rank train a subgraph from another host's pool
+(:class:`gnnpar.parallel.gossip.pool.ShardedPool`) when each host holds only its shard.
+
+The ranks run out of step, so the owner cannot post a matching receive in advance; requests go
+through the run's key-value store and the owner answers at its next *service point*:
+
+1. the requester takes ticket ``i = add("<prefix>/<server>/n", 1) - 1`` and writes
+   ``"<prefix>/<server>/<i>" = "<its rank>:<part>"``. The server is one rank of the owning host,
+   chosen by the requester's place among its own host's ranks (as sampling across shards picks
+   its answerer), so serving is spread over the owner's ranks;
+2. the server, at a service point, reads its tickets in order, writes the payload's size to
+   ``"<prefix>/<server>/<i>/size"`` and sends the payload (the subgraph's tensors, serialized
+   with ``torch.save``; read back with ``weights_only=True``) with ``dist.send`` under
+   :data:`FETCH_TAG`;
+3. the requester, polling the store for the size, then receives the payload with ``dist.recv``.
+
+Service points: before a rank takes its own next subgraph, while it waits for a fetch of its
+own, and after its work is done until every rank's is (:meth:`SubgraphFetch.drain`), so no rank
+leaves for a collective (the end's barrier) while another may still need a subgraph it serves.
+While waiting, a rank also runs ``idle`` (gossip: serve the exchange a partner may be blocked
+in, with us), so two ranks never wait on each other: a fetch waits only for a server that is
+training (it serves after its step), fetching (it serves while waiting), or draining (it serves
+until every rank is done). ``bytes_fetched`` / ``fetches``: what this rank received.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+from torch_geometric.data import Data
+
+FETCH_TAG = 0x676366  # apart from the gossip exchange's and the pipelines' messages
+KEYS = ("x", "y", "train_mask", "val_mask", "test_mask", "edge_index", "n_id")
+
+
+class FetchTimeoutError(RuntimeError):
+    """The rank serving a subgraph did not answer within --timeout."""
+
+
+def pack(batch: Data) -> torch.Tensor:
+    """A subgraph as bytes (its tensors copied: a view would carry its whole storage)."""
+    buf = io.BytesIO()
+    torch.save({k: batch[k].clone() for k in KEYS if k in batch}, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def unpack(payload: torch.Tensor) -> Data:
+    tensors = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+    out = Data(**tensors)
+    out.num_nodes = int(tensors["x"].size(0))
+    return out
+
+
+class SubgraphFetch:
+    """``fetch[p]``: subgraph ``p``, this host's own (``own``) or fetched from the rank that
+    ``server_of(p)`` names. See the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        store,  # noqa: ANN001
+        prefix: str,
+        rank: int,
+        world: int,
+        own: Mapping[int, Data],
+        server_of: Callable[[int], int],
+        timeout_s: float,
+        poll_s: float = 0.0005,
+    ) -> None:
+        self.store, self.prefix, self.rank, self.world = store, prefix, rank, world
+        self.own, self.server_of, self.timeout_s, self.poll_s = own, server_of, timeout_s, poll_s
+        self.idle: Callable[[], None] = lambda: None
+        self.served = 0  # tickets answered
+        self.fetches = self.bytes_fetched = 0
+
+    def __getitem__(self, p: int) -> Data:
+        self.serve()
+        if p in self.own:
+            return self.own[p]
+        return self.fetch(p)
+
+    def _key(self, server: int, *rest: object) -> str:
+        return "/".join([self.prefix, str(server), *map(str, rest)])
+
+    def serve(self) -> int:
+        """Answer every request made of this rank so far; how many were answered."""
+        n = self.store.add(self._key(self.rank, "n"), 0)
+        done = 0
+        while self.served < n:
+            who, part = (
+                int(v) for v in self.store.get(self._key(self.rank, self.served)).split(b":")
+            )
+            payload = pack(self.own[part])
+            self.store.set(self._key(self.rank, self.served, "size"), str(payload.numel()))
+            dist.send(payload, who, tag=FETCH_TAG)
+            self.served += 1
+            done += 1
+        return done
+
+    def fetch(self, p: int) -> Data:
+        server = self.server_of(p)
+        ticket = self.store.add(self._key(server, "n"), 1) - 1
+        self.store.set(self._key(server, ticket), f"{self.rank}:{p}")
+        size_key = self._key(server, ticket, "size")
+        self._wait(lambda: self.store.check([size_key]), f"rank {server} to send subgraph {p}")
+        payload = torch.empty(int(self.store.get(size_key)), dtype=torch.uint8)
+        dist.recv(payload, server, tag=FETCH_TAG)
+        self.fetches += 1
+        self.bytes_fetched += payload.numel()
+        return unpack(payload)
+
+    def drain(self) -> None:
+        """This rank needs no more subgraphs: serve the others until none does."""
+        self.store.add(f"{self.prefix}/done", 1)
+        self._wait(
+            lambda: self.store.add(f"{self.prefix}/done", 0) >= self.world,
+            "every rank to finish its work",
+        )
+        self.serve()  # a request made before its maker's "done"
+
+    def _wait(self, ready: Callable[[], bool], what: str) -> None:
+        t0 = time.monotonic()
+        while not ready():
+            self.serve()
+            self.idle()
+            if time.monotonic() - t0 > self.timeout_s:
+                raise FetchTimeoutError(
+                    f"rank {self.rank} waited more than --timeout {self.timeout_s:g} s for "
+                    f"{what}: that rank crashed or stalled; check its log, or raise --timeout."
+                )
+            time.sleep(self.poll_s)
+
+    def rank_info(self) -> dict:
+        return {
+            "fetched_subgraphs": self.fetches,
+            "fetched_bytes": self.bytes_fetched,
+            "served_subgraphs": self.served,
+        }

@@ -1,0 +1,143 @@
+"""Cluster-GCN across shards (gnnpar.data.shard_parts, gnnpar.parallel.fetch): hosts, each a real
+process of a gloo group whose folder holds only the top manifest and its own shard.
+
+"The same model" here: with allreduce every step, 2 hosts each training its own shard's parts
+reach the model that one host reaches over the unsharded graph when its 2 ranks are dealt the
+same parts (shard h's parts to rank h): the same loss curve and the same weights, bit for bit.
+Both sides compute each part's forward and backward from the same tensors (the parts are equal
+tensor for tensor: tests/data/test_shard_parts.py) and sum the same two gradients, so no
+tolerance is needed. Only the final scores differ in kind: across shards no host holds the
+whole graph, so they are sampled inference's (as for the sampled strategy across shards).
+
+Gossip: the pool across shards hands every subgraph out exactly once per epoch, a rank that
+takes another host's subgraph fetches it, and what it fetches is the tensors its owner holds.
+
+The ranks are forked from the test process, as in test_shard_sampled.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from gnnpar.data.prepare_command import run_prepare
+from gnnpar.runtime.launch import free_port
+from tests.e2e.test_shard_sampled import _ranks
+
+pytestmark = pytest.mark.slow
+
+SEED = 3
+EPOCHS = 2
+PARTS = 6
+
+
+@pytest.fixture(scope="module")
+def cora2(tmp_path_factory):
+    """(the folder holding both shards, [host h's folder: manifest + shard-h only])"""
+    tmp = tmp_path_factory.mktemp("cora2")
+    full = tmp / "full"
+    run_prepare("cora", str(full), None, None, None, str(tmp / "root"), None, True,
+                shards="2", partitioner="metis")  # fmt: skip
+    hosts = []
+    for s in range(2):
+        g = tmp / f"host-{s}" / "g"
+        g.mkdir(parents=True)
+        shutil.copy(full / "manifest.json", g / "manifest.json")
+        shutil.copytree(full / f"shard-{s}", g / f"shard-{s}")
+        hosts.append(g)
+    return full, hosts
+
+
+def _train(h: int, world: int, folder: str, out: str, flags: dict) -> dict:
+    from gnnpar.configure import build_config
+    from gnnpar.run import prepare, run_rank
+
+    base = {"model": "gcn", "hidden": "16", "layers": "2", "seed": str(SEED), "threads": "1"}
+    base |= {"epochs": str(EPOCHS), "partitions": str(PARTS), "partitioner": "metis"}
+    base |= {"quiet": True, "dataset": folder, "out": f"{out}-{h}", "timeout": "60"}
+    cfg = build_config(None, base | flags)
+    run_rank(cfg, prepare(cfg), direct=True)
+    if h == 0:
+        model = torch.load(f"{out}-0/model.pt", weights_only=False)
+        return {"result": json.loads(open(f"{out}-0/result.json").read()), "model": model}
+    return {}
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_across_shards_trains_the_model_of_one_host_dealt_the_same_parts(tmp_path, cora2):
+    full, hosts = cora2
+    flags = {"strategy": "allreduce"}
+    across = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "a"), flags)[0]
+    # one host with 2 ranks over the unsharded graph (the folder holding both shards)
+    whole = _ranks(tmp_path, 2, _train, [full], str(tmp_path / "w"), flags, per_host=2)[0]
+    a, w = across["result"], whole["result"]
+    assert len(a["loss_curve"]) == EPOCHS
+    assert a["loss_curve"] == w["loss_curve"]
+    wa, ww = across["model"]["state_dict"], whole["model"]["state_dict"]
+    assert wa.keys() == ww.keys()
+    for k in wa:
+        assert torch.equal(wa[k], ww[k]), k
+    assert a["partitions"] == w["partitions"] == PARTS
+    # scored without the whole graph: sampled inference over the shards
+    assert a["eval_mode"] == "sampled" and 0 < a["val_score"] <= 1 and 0 < a["test_score"] <= 1
+    assert w["eval_mode"] != "sampled"  # the one host scores over the whole graph
+
+
+@pytest.mark.timeout(120)
+def test_gossip_across_shards_trains_every_subgraph_once_per_epoch(tmp_path, cora2):
+    _, hosts = cora2
+    # rank 1 three times slower: rank 0 empties its own pool first, then takes from host 1's
+    flags = {"strategy": "gossip", "slowdown": "1=3"}
+    got = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "g"), flags)[0]["result"]
+    logs = got["pool_log"]
+    taken = sorted(tuple(t) for log in logs for t in log)
+    assert taken == [(e, p) for e in range(EPOCHS) for p in range(PARTS)]
+    fetched, served = got["fetched_subgraphs"], got["served_subgraphs"]
+    assert fetched[0] > 0 and fetched[0] + fetched[1] == served[0] + served[1]
+    assert got["fetched_bytes"][0] > 0
+    # each rank took from its own host's pool (parts 0-2 on host 0, 3-5 on host 1) first
+    mine = [sum(1 for _, p in log if (p >= PARTS // 2) == (r == 1)) for r, log in enumerate(logs)]
+    assert mine[0] + fetched[0] == len(logs[0]) and mine[1] + fetched[1] == len(logs[1])
+    assert 0 < got["val_score"] <= 1 and got["eval_mode"] == "sampled"
+
+
+def _fetch_one(h: int, world: int, folder: str, port: int) -> dict:
+    """Rank 1 fetches each of host 0's subgraphs from rank 0 (serving while it waits)."""
+    import torch.distributed as dist
+
+    from gnnpar.data import shard_parts
+    from gnnpar.data.sampling.distributed import ShardGraph
+    from gnnpar.parallel.fetch import SubgraphFetch
+
+    dist.init_process_group("gloo")
+    graph = ShardGraph.open(folder, h)
+    parts, first, sizes = shard_parts.host_parts(graph, h, PARTS, "metis", SEED)
+    own = {first + i: b for i, b in enumerate(parts.batches())}
+    store = dist.TCPStore("127.0.0.1", port, world, h == 0)  # the requests' store
+    fetch = SubgraphFetch(store, "t", h, world, own, lambda p: 0 if p < sizes[0] else 1, 30)
+    got = {}
+    if h == 1:
+        for p in range(sizes[0]):
+            b = fetch[p]
+            got[p] = {k: b[k] for k in ("x", "y", "edge_index", "n_id", "train_mask")}
+    fetch.drain()
+    if h == 0:
+        got = {
+            p: {k: own[p][k] for k in ("x", "y", "edge_index", "n_id", "train_mask")} for p in own
+        }
+    dist.destroy_process_group()
+    return {"parts": got, "info": fetch.rank_info()}
+
+
+@pytest.mark.timeout(60)
+def test_a_fetched_subgraph_is_the_one_its_owner_holds(tmp_path, cora2):
+    _, hosts = cora2
+    owner, asker = _ranks(tmp_path, 2, _fetch_one, hosts, free_port())
+    assert owner["info"]["served_subgraphs"] == asker["info"]["fetched_subgraphs"] == 3
+    assert asker["info"]["fetched_bytes"] > 0
+    assert owner["parts"].keys() == asker["parts"].keys()
+    for p, want in owner["parts"].items():
+        for k, t in want.items():
+            assert torch.equal(asker["parts"][p][k], t), (p, k)
