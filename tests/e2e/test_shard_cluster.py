@@ -141,3 +141,35 @@ def test_a_fetched_subgraph_is_the_one_its_owner_holds(tmp_path, cora2):
     for p, want in owner["parts"].items():
         for k, t in want.items():
             assert torch.equal(asker["parts"][p][k], t), (p, k)
+
+
+def _refused(h: int, world: int, folder: str, out: str, flags: dict) -> str:
+    """The UsageError this rank ends with (the CLI prints it, exit 2)."""
+    from gnnpar import UsageError
+
+    try:
+        _train(h, world, folder, out, flags)
+    except UsageError as e:
+        return str(e)
+    return "trained"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("strategy", "damage"), [("allreduce", "missing"), ("gossip", "damaged")])
+def test_a_host_whose_shard_is_missing_or_damaged_is_named_before_any_step(
+    tmp_path, cora2, strategy, damage
+):
+    _, hosts = cora2
+    bad = tmp_path / "bad" / "g"
+    shutil.copytree(hosts[1], bad)
+    if damage == "missing":
+        shutil.rmtree(bad / "shard-1")
+    else:
+        f = bad / "shard-1" / "indices.npy"
+        f.write_bytes(f.read_bytes()[:-8])
+    out = str(tmp_path / "r")
+    said = _ranks(tmp_path, 2, _refused, [hosts[0], bad], out, {"strategy": strategy})
+    assert said[0] == said[1]  # the same words on both hosts
+    assert said[0].startswith("host 1 (rank 1) cannot use its shard 1: "), said[0]
+    assert ("is missing" if damage == "missing" else "indices.npy has") in said[0]
+    assert not any((tmp_path / f"r-{h}" / "metrics.jsonl").exists() for h in range(2))

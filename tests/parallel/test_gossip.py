@@ -20,6 +20,7 @@ from gnnpar.parallel.gossip import (
     Exchange,
     GossipTimeoutError,
     Pairing,
+    ShardedPool,
     WorkPool,
     exchange_average,
 )
@@ -49,6 +50,38 @@ def test_pool_order_is_shared_and_differs_between_epochs():
     b = WorkPool(dist.HashStore(), "p", size=20, epochs=2, seed=3)
     assert a.order(0) == b.order(0) and a.order(1) == b.order(1)
     assert a.order(0) != a.order(1)
+
+
+def test_pools_across_shards_hand_every_subgraph_once_per_epoch_own_host_first():
+    store = dist.HashStore()
+    parts = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]  # host h's subgraphs (global ids)
+    hosts = [0, 0, 1, 2]  # two ranks on host 0
+    pools = [ShardedPool(store, "pool", parts, h, epochs=3, seed=7) for h in hosts]
+    assert pools[0].total == 27
+    rng = random.Random(1)
+    taken: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    positions, last_epoch = [], [0] * 4
+    host_of = {p: h for h, ps in enumerate(parts) for p in ps}
+    stolen = 0
+    while True:
+        r = rng.choice([0, 0, 0, 1, 2, 3])  # rank 0 three times as fast: it steals
+        item = pools[r].take()
+        if item is None:
+            if all(p.take() is None for p in pools):
+                break
+            continue
+        pos, epoch, idx = item
+        assert epoch >= last_epoch[r]  # a rank's epochs never go back
+        last_epoch[r] = epoch
+        if host_of[idx] != hosts[r]:  # another host's: only once its own pool is empty
+            stolen += 1
+            assert sum(host_of[i] == hosts[r] for i in taken[epoch]) == len(parts[hosts[r]])
+        positions.append(pos)
+        taken[epoch].append(idx)
+    assert sorted(positions) == list(range(27))
+    assert {e: sorted(v) for e, v in taken.items()} == {e: list(range(9)) for e in range(3)}
+    assert stolen > 0  # the fast rank 0 took from hosts 1 and 2
+    assert ShardedPool(store, "p", parts, 1, 1, 7).order(0, 2) == pools[3].order(0, 2)
 
 
 # ------------------------------------------------------------------------------------- topology

@@ -26,7 +26,6 @@ are scored on validation and the better is kept (:func:`~gnnpar.training.final_m
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -123,9 +122,8 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
 
     def evaluate() -> tuple[dict | None, list[float]]:
         if parts.across:  # every host scores its shard's nodes, every rank takes part
-            t0 = time.perf_counter()
-            scores = parts.evaluate(model, cfg, ds.multilabel)
-            return (scores if ctx.is_main else None), [time.perf_counter() - t0]
+            scores, times = parts.scored(model, cfg, ds.multilabel)
+            return (scores if ctx.is_main else None), times
         if not ctx.is_main:  # the others wait at the next epoch's (untimed) barrier
             return None, []
         scores, t = evaluate_graph(model, ds)
@@ -140,9 +138,8 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims) -> Plan:
             return Final(choice.scores, choice.eval_times, choice, evaluation=record)
         scores, times = {"val": float("nan"), "test": float("nan"), "train": None}, []
         if parts.across:  # every rank takes part, and gets the scores
-            t0 = time.perf_counter()
-            scores = parts.evaluate(model, cfg, ds.multilabel)
-            return Final(scores, [time.perf_counter() - t0], final_model="rank0", evaluation=record)
+            scores, times = parts.scored(model, cfg, ds.multilabel)
+            return Final(scores, times, final_model="rank0", evaluation=record)
         if ctx.is_main:
             scores, t = evaluate_graph(model, ds)
             times.append(t)
