@@ -60,14 +60,15 @@ def test_scripts_are_grouped_by_topic_and_take_smoke():
 # through paths the suite's own tests already run (tests/e2e/test_two_hosts_outage.py,
 # tests/training/test_checkpoint.py's restarts, the shared graph of tests/data/test_sampling.py),
 # so the suite's time stays under CI's 20 minutes. GNNPAR_SMOKE_ALL=1 runs them too. Likewise
-# the two hosts across shards (two ranks from a fresh interpreter each; the path
-# tests/e2e/test_shard_sampled.py runs).
+# the two hosts across shards (two ranks from a fresh interpreter each; the paths
+# tests/e2e/test_shard_sampled.py and tests/e2e/test_shard_cluster.py run).
 HEAVY = (
     "benchmarks.memory.shared_graph_ranks",
     "benchmarks.robustness.outage_cost",
     "benchmarks.robustness.checkpoint_cost",
     "benchmarks.comm.shard_sampled_two_hosts",
     "benchmarks.comm.shard_sampled_scaling",  # the same two hosts, and one rank beside them
+    "benchmarks.comm.shard_cluster_two_hosts",
     # 20-25 s each at their smallest (Lightning's start-up; three prepares and an epoch), their
     # paths run by tests/lightning and tests/data/test_prepared*.py
     "benchmarks.frameworks.lightning_loaders",
