@@ -19,6 +19,10 @@ With K > 1 the ranks' models differ at the end: the average of them and the best
 are scored on validation and the better is kept (:func:`~gnnpar.training.final_model.choose_final_model`;
 ``final_model`` in result.json). With K = 1 every rank holds the same model: ``"rank0"``.
 
+Across shards (each host holding only its shard of a sharded graph), each host builds its own
+shard's parts and deals them to its own ranks (gnnpar.training.cluster_parts); with K = 1 two
+such hosts train the model one host trains over the unsharded graph dealt the same parts.
+
     gnnpar train --dataset cora --model gcn --strategy allreduce --partitions 8 --workers 2
     gnnpar train --dataset synthetic-reddit --scale 0.05 --model sage --strategy allreduce \\
         --partitions 40 --workers 2 --sync-every 20 --slowdown 1=3

@@ -22,6 +22,12 @@ scored on validation and the better one is kept (:func:`~gnnpar.training.final_m
     gnnpar train --dataset synthetic-reddit --scale 0.05 --model sage --strategy gossip \\
         --partitions 40 --workers 2 --sync-every 20 --slowdown 1=3
 
+Across shards (each host holding only its shard of a sharded graph, README "Sharded across
+hosts"): every host's pool holds its own shard's subgraphs (gnnpar.data.shard_parts); a rank
+takes from its own host's pool first and then from the others', fetching such a subgraph from
+a rank of its host (:func:`pool_of`, gnnpar.parallel.fetch); every subgraph is still trained
+once per epoch.
+
 gossip-bipartite (strategies/gossip_bipartite.py) is this with another pairing topology.
 """
 
