@@ -10,10 +10,14 @@ through the run's key-value store and the owner answers at its next *service poi
    chosen by the requester's place among its own host's ranks (as sampling across shards picks
    its answerer), so serving is spread over the owner's ranks;
 2. the server, at a service point, reads its tickets in order, writes the payload's size to
-   ``"<prefix>/<server>/<i>/size"`` and sends the payload (the subgraph's tensors, serialized
-   with ``torch.save``; read back with ``weights_only=True``) with ``dist.send`` under
-   :data:`FETCH_TAG`;
-3. the requester, polling the store for the size, then receives the payload with ``dist.recv``.
+   ``"<prefix>/<server>/<i>/size"`` and starts sending the payload (the subgraph's tensors,
+   serialized with ``torch.save``; read back with ``weights_only=True``) with ``dist.isend``
+   under :data:`FETCH_TAG`, and goes on: a blocking send would wait for the requester's receive
+   while the requester, between its polls, may be in a gossip exchange with the server (a
+   deadlock seen with 40 subgraphs and a slowed rank);
+3. the requester, polling the store for the size, receives the payload with ``dist.recv`` and
+   writes ``"<prefix>/<server>/<i>/got"``; the server waits for that send (done by then) and
+   drops its buffer at its next service point.
 
 Service points: before a rank takes its own next subgraph, while it waits for a fetch of its
 own, and after its work is done until every rank's is (:meth:`SubgraphFetch.drain`), so no rank
@@ -75,6 +79,7 @@ class SubgraphFetch:
         self.own, self.server_of, self.timeout_s, self.poll_s = own, server_of, timeout_s, poll_s
         self.idle: Callable[[], None] = lambda: None
         self.served = 0  # tickets answered
+        self._sending: dict[int, tuple] = {}  # ticket: (the isend's work, its buffer)
         self.fetches = self.bytes_fetched = 0
 
     def __getitem__(self, p: int) -> Data:
@@ -87,7 +92,11 @@ class SubgraphFetch:
         return "/".join([self.prefix, str(server), *map(str, rest)])
 
     def serve(self) -> int:
-        """Answer every request made of this rank so far; how many were answered."""
+        """Answer every request made of this rank so far (sends started, not waited for);
+        release the sends their requesters have received. How many were answered."""
+        got = [t for t in self._sending if self.store.check([self._key(self.rank, t, "got")])]
+        for ticket in got:
+            self._sending.pop(ticket)[0].wait()  # received: complete
         n = self.store.add(self._key(self.rank, "n"), 0)
         done = 0
         while self.served < n:
@@ -96,7 +105,7 @@ class SubgraphFetch:
             )
             payload = pack(self.own[part])
             self.store.set(self._key(self.rank, self.served, "size"), str(payload.numel()))
-            dist.send(payload, who, tag=FETCH_TAG)
+            self._sending[self.served] = (dist.isend(payload, who, tag=FETCH_TAG), payload)
             self.served += 1
             done += 1
         return done
@@ -109,6 +118,7 @@ class SubgraphFetch:
         self._wait(lambda: self.store.check([size_key]), f"rank {server} to send subgraph {p}")
         payload = torch.empty(int(self.store.get(size_key)), dtype=torch.uint8)
         dist.recv(payload, server, tag=FETCH_TAG)
+        self.store.set(self._key(server, ticket, "got"), "1")
         self.fetches += 1
         self.bytes_fetched += payload.numel()
         return unpack(payload)
@@ -121,6 +131,9 @@ class SubgraphFetch:
             "every rank to finish its work",
         )
         self.serve()  # a request made before its maker's "done"
+        for work, _ in self._sending.values():  # every requester has received (it is done)
+            work.wait()
+        self._sending.clear()
 
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         t0 = time.monotonic()
