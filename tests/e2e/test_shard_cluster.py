@@ -86,19 +86,23 @@ def test_allreduce_across_shards_trains_the_model_of_one_host_dealt_the_same_par
 
 
 @pytest.mark.timeout(120)
-def test_gossip_across_shards_trains_every_subgraph_once_per_epoch(tmp_path, cora2):
+@pytest.mark.parametrize(("parts", "epochs"), [(PARTS, EPOCHS), (24, 3)])
+def test_gossip_across_shards_trains_every_subgraph_once_per_epoch(tmp_path, cora2, parts, epochs):
+    """(24, 3): many fetches, each a chance for the exchange a partner waits in to meet it (a
+    blocking send of the fetched subgraph deadlocked there)."""
     _, hosts = cora2
     # rank 1 three times slower: rank 0 empties its own pool first, then takes from host 1's
-    flags = {"strategy": "gossip", "slowdown": "1=3"}
+    flags = {"strategy": "gossip", "slowdown": "1=3", "partitions": str(parts)}
+    flags["epochs"] = str(epochs)
     got = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "g"), flags)[0]["result"]
     logs = got["pool_log"]
     taken = sorted(tuple(t) for log in logs for t in log)
-    assert taken == [(e, p) for e in range(EPOCHS) for p in range(PARTS)]
+    assert taken == [(e, p) for e in range(epochs) for p in range(parts)]
     fetched, served = got["fetched_subgraphs"], got["served_subgraphs"]
     assert fetched[0] > 0 and fetched[0] + fetched[1] == served[0] + served[1]
     assert got["fetched_bytes"][0] > 0
     # each rank took from its own host's pool (parts 0-2 on host 0, 3-5 on host 1) first
-    mine = [sum(1 for _, p in log if (p >= PARTS // 2) == (r == 1)) for r, log in enumerate(logs)]
+    mine = [sum(1 for _, p in log if (p >= parts // 2) == (r == 1)) for r, log in enumerate(logs)]
     assert mine[0] + fetched[0] == len(logs[0]) and mine[1] + fetched[1] == len(logs[1])
     assert 0 < got["val_score"] <= 1 and got["eval_mode"] == "sampled"
 
