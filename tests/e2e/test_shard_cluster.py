@@ -177,3 +177,70 @@ def test_a_host_whose_shard_is_missing_or_damaged_is_named_before_any_step(
     assert said[0].startswith("host 1 (rank 1) cannot use its shard 1: "), said[0]
     assert ("is missing" if damage == "missing" else "indices.npy has") in said[0]
     assert not any((tmp_path / f"r-{h}" / "metrics.jsonl").exists() for h in range(2))
+
+
+def _fetch_meets_exchange(h: int, world: int, folder: str, port: int) -> dict:
+    """Rank 0 fetches one of host 1's subgraphs from rank 1 while rank 1 has picked rank 0 for
+    a gossip exchange: rank 0 accepts the pick while it waits (its idle), so it sits in the
+    exchange when rank 1 answers the fetch; rank 1 must go on to the exchange."""
+    import random
+    import time
+
+    import torch.distributed as dist
+
+    from gnnpar.data import shard_parts
+    from gnnpar.data.sampling.distributed import ShardGraph
+    from gnnpar.parallel.fetch import SubgraphFetch
+    from gnnpar.parallel.gossip import AnyPeer, Pairing, exchange_average
+
+    dist.init_process_group("gloo")
+    graph = ShardGraph.open(folder, h)
+    parts, first, sizes = shard_parts.host_parts(graph, h, PARTS, "metis", SEED)
+    own = {first + i: b for i, b in enumerate(parts.batches())}
+    store = dist.TCPStore("127.0.0.1", port, world, h == 0)
+    fetch = SubgraphFetch(store, "t", h, world, own, lambda p: 0 if p < sizes[0] else 1, 30)
+    pairing = Pairing(store, "g", AnyPeer(h, world), random.Random(h), 10)
+    pairing.open()
+    dist.barrier()
+    weights = torch.full((4,), float(h))
+
+    def exchange(x) -> None:  # noqa: ANN001
+        exchange_average([weights], x.partner, 10, f"exchange {x.xid}")
+        pairing.finish(x)
+
+    def idle() -> None:
+        x = pairing.at_boundary(want=False)
+        if x is not None:
+            exchange(x)
+
+    def until(key: str, prefix: bytes) -> None:
+        while not store.get(key).startswith(prefix):
+            time.sleep(0.001)
+
+    got = None
+    if h == 1:
+        assert pairing.at_boundary(want=True) is None  # picks rank 0
+        until(pairing.key(0), b"ready")  # rank 0 accepted while waiting for its fetch
+        assert fetch.serve() == 1  # answers that fetch, and goes on
+        x = None
+        while x is None:
+            x = pairing.at_boundary(want=False)
+        exchange(x)
+    else:
+        until(pairing.key(0), b"claim")
+        fetch.idle = idle
+        got = fetch[sizes[0]]  # host 1's first subgraph
+    fetch.drain()
+    dist.destroy_process_group()
+    return {"weights": weights, "x": None if got is None else got.x, "own": own}
+
+
+@pytest.mark.timeout(60)
+def test_a_fetch_and_a_gossip_exchange_between_the_same_two_ranks_both_complete(tmp_path, cora2):
+    _, hosts = cora2
+    r0, r1 = _ranks(tmp_path, 2, _fetch_meets_exchange, hosts, free_port())
+    assert torch.equal(r0["weights"], torch.full((4,), 0.5)) and torch.equal(
+        r1["weights"], r0["weights"]
+    )
+    want = min(r1["own"])
+    assert torch.equal(r0["x"], r1["own"][want].x)
