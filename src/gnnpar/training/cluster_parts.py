@@ -52,6 +52,7 @@ class ClusterParts:
     across: bool = False
     shard: Any = None  # across: this host's ShardGraph
     exchange: Any = None  # across: the Exchange that evaluation samples through
+    sampler: Any = None  # across: evaluation's ShardSampler, made at the first evaluation
     extra: dict = field(default_factory=dict)
 
     @property
@@ -69,10 +70,19 @@ class ClusterParts:
 
     def evaluate(self, model: torch.nn.Module, cfg: Config, multilabel: bool) -> dict:
         """Across shards: the model's val and test scores, sampled (every rank takes part)."""
-        from gnnpar.data.sampling.distributed import evaluate_across
+        from gnnpar.data.sampling.distributed import ShardSampler, evaluate_across
+        from gnnpar.training.losses import seed_logits
 
-        fanouts = eval_fanouts(cfg.model.layers)
-        return evaluate_across(model, self.shard, self.exchange, fanouts, EVAL_BATCH, multilabel)
+        if self.sampler is None:  # made once, by every rank together
+            self.sampler = ShardSampler(self.shard, self.exchange, eval_fanouts(cfg.model.layers))
+        was = model.training
+        model.eval()  # the batches' seeds scored on their trimmed layers, as sampled does
+        try:
+            return evaluate_across(
+                lambda b: seed_logits(model, b.to_data()), self.sampler, EVAL_BATCH, multilabel
+            )
+        finally:
+            model.train(was)
 
     def scored(self, model: torch.nn.Module, cfg: Config, multilabel: bool):  # noqa: ANN201
         """(:meth:`evaluate`'s scores, [the seconds it took])."""
