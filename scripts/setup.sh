@@ -15,7 +15,7 @@ fi
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==${GNNPAR_TORCH_VERSION:-2.13.0}"
 fi
-if ! "$PY" -c "import gnnpar, pytest, ruff, setuptools" >/dev/null 2>&1 || [ -n "${GNNPAR_REINSTALL:-}" ]; then
+if ! "$PY" -c "import gnnpar, pytest, ruff, setuptools, xdist" >/dev/null 2>&1 || [ -n "${GNNPAR_REINSTALL:-}" ]; then
   "$PY" -m pip install -q -e ".[dev]"
 fi
 
