@@ -271,3 +271,58 @@ def test_hot_rows_of_an_undirected_graph_need_only_indptr(tmp_path):
     p.manifest["directed"] = True  # the same graph counted source by source
     assert np.array_equal(prepared.hot_rows(p, 300), by_rows)
     assert deg[by_rows].min() >= np.delete(deg, by_rows).max()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype):
+    """FileRows (the compiled kernel's threaded reads, no read-ahead) gathers the rows a map
+    would, bit for bit: single rows, runs of neighbours, rows a gap apart, a row twice, the
+    first and the last, with and without the feature cache, for any threads and gap."""
+    import torch
+
+    from gnnpar.data import prepared
+    from gnnpar.data.sampling import kernel
+    from gnnpar.data.sampling.loader import FileRows, gather_rows, open_graph_folder
+
+    if not kernel.kernel_available():
+        pytest.skip(f"the compiled kernel is not built ({kernel.HINT})")
+    out = tmp_path / dtype
+    run_prepare("cora", str(out), None, None, dtype, str(tmp_path / "root"), None, True)
+    g = open_graph_folder(str(out))
+    reader = FileRows.open(g)
+    x = g["x"]
+    some = torch.randperm(2708, generator=torch.Generator().manual_seed(2))[:600]
+    n_id = torch.cat([some, torch.tensor([2707, 0, 1, 2, 3, 5, 9, 40, 41, 1000, 3])])
+    want = torch.index_select(x, 0, n_id).float()
+    assert torch.equal(gather_rows(x, n_id, reader=reader), want)
+    for threads, gap in ((1, 0), (3, 0), (64, 4096), (7, 1 << 20)):
+        reader.THREADS, reader.GAP = threads, gap
+        assert torch.equal(gather_rows(x, n_id, reader=reader), want), (threads, gap)
+    cache = tmp_path / "cache"
+    prepared.write_feature_cache(prepared.open_prepared(out), 300, str(cache))
+    c = prepared.open_feature_cache(str(cache), x)
+    assert torch.equal(gather_rows(x, n_id, c["slot"], c["rows"], reader), want)
+    empty = torch.empty(0, dtype=torch.int64)
+    assert gather_rows(x, empty, reader=reader).shape == (0, x.size(1))
+    reader.close()
+
+
+def test_a_row_past_the_files_end_is_an_error_naming_the_file(tmp_path):
+    import numpy as np
+    import torch
+
+    from gnnpar.data.sampling import kernel
+    from gnnpar.data.sampling.loader import FileRows
+
+    if not kernel.kernel_available():
+        pytest.skip(f"the compiled kernel is not built ({kernel.HINT})")
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(40, dtype=np.float32).reshape(10, 4))
+    x = np.load(path, mmap_mode="r")
+    reader = FileRows(str(path), int(x.offset), 16)
+    out = torch.empty((2, 4))
+    reader.read(torch.tensor([0, 9]), out)
+    assert out.tolist() == [[0, 1, 2, 3], [36, 37, 38, 39]]
+    with pytest.raises(OSError, match="x.npy"):
+        reader.read(torch.tensor([3, 10]), out)
+    reader.close()

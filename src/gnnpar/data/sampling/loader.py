@@ -125,6 +125,8 @@ class SampledBatches(torch.utils.data.Dataset):
                 from gnnpar.data.prepared import open_feature_cache
 
                 g.update(open_feature_cache(self.cache_path, g["x"]))
+            if g.get("on_disk"):
+                g["reader"] = FileRows.open(g)  # None without the compiled kernel
             csr = CSRGraph(g["rowptr"], g["col"])
             g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
             self._state = g
@@ -139,7 +141,9 @@ class SampledBatches(torch.utils.data.Dataset):
         b: SampledBatch = g["sampler"].sample(seeds, gen)
         if g.get("on_disk"):
             x = g["x"]
-            b.x, b.cache_hits = gather_rows_counted(x, b.n_id, g.get("slot"), g.get("rows"))
+            b.x, b.cache_hits = gather_rows_counted(
+                x, b.n_id, g.get("slot"), g.get("rows"), g.get("reader")
+            )
             b.rows_read = b.n_id.numel() - b.cache_hits
             b.bytes_read = b.rows_read * x.size(1) * x.element_size()
             b.y = g["y"][seeds].long()
@@ -197,19 +201,75 @@ def step_seeds(b, i: int) -> tuple[torch.Tensor, torch.Generator]:
 
 def open_graph_folder(folder: str) -> dict:
     """A prepared folder's CSR, features and labels, memory-mapped (checked on open: sizes and
-    ends checksums, gnnpar.data.prepared). The kernel's read-ahead stays on: a batch's rows,
-    gathered in ascending order, lie close enough for it to pay (turning it off,
-    ``MADV_RANDOM``, made 10 steps at papers100m 0.1 inside 3 GiB 7.7x slower, BENCHMARKS.md)."""
+    ends checksums, gnnpar.data.prepared), and where the features lie in their file
+    (``x_file``: path, byte offset) for :class:`FileRows`. The maps keep the kernel's read-ahead
+    (``MADV_RANDOM`` on them made 10 steps at papers100m 0.1 inside 3 GiB 7.7x slower: one
+    page fault at a time, BENCHMARKS.md); the feature rows a batch misses in the cache are read
+    by :class:`FileRows`, many at once, without read-ahead."""
     from gnnpar.data.prepared import open_prepared
 
     p = open_prepared(folder)
+    x = p.array("features")
     return {
         "rowptr": p.tensor("indptr"),
         "col": p.tensor("indices"),
         "x": p.tensor("features"),
+        "x_file": (str(x.filename), int(x.offset)),  # where its rows lie (FileRows)
         "y": p.tensor("labels"),
         "on_disk": True,
     }
+
+
+class FileRows:
+    """Rows of a prepared folder's memory-mapped feature array read from its file by the compiled
+    kernel's ``gnnpar_pread_rows``: many threads, each waiting on its own small reads, so the
+    disk gets a deep queue of just the pages a batch needs. A gather through the map instead
+    faults one page at a time, and each fault reads the device's read-ahead window around it
+    (8 MiB on a virtio disk, where papers100m 0.1's 5.7 GB of features were read nearly whole
+    every step inside 3 GiB); the descriptor is opened ``POSIX_FADV_RANDOM`` (no read-ahead) for
+    that reason. The bytes are the file's, so the rows are bit for bit the map's."""
+
+    THREADS = 64  # reads in flight (they wait on the disk, not on a core)
+    GAP = 4096  # rows at most this many bytes apart are read in one call
+
+    def __init__(self, path: str, offset: int, row_bytes: int) -> None:
+        self.path, self.offset, self.row_bytes = path, offset, row_bytes
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    @classmethod
+    def open(cls, g: dict) -> FileRows | None:
+        """A reader of the features of ``g`` (:func:`open_graph_folder`'s: ``x`` and its file,
+        ``x_file``), or None when the compiled kernel is not built (the gather then reads
+        through the map: the same rows)."""
+        from gnnpar.data.sampling import kernel
+
+        if kernel.load() is None or "x_file" not in g:
+            return None
+        x = g["x"]
+        return cls(*g["x_file"], x.size(1) * x.element_size())
+
+    def read(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i] = row rows[i]`` for ascending int64 ``rows``, ``out`` contiguous in the
+        file's dtype; OSError naming the file when a read fails."""
+        from gnnpar.data.sampling import kernel
+
+        rows = rows.contiguous()
+        err = kernel.load().gnnpar_pread_rows(
+            self.fd, self.offset, self.row_bytes, rows.data_ptr(), rows.numel(),
+            out.data_ptr(), self.THREADS, 1, self.GAP,
+        )  # fmt: skip
+        if err:
+            raise OSError(err, f"reading feature rows: {os.strerror(err)}", self.path)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def gather_rows(
@@ -217,13 +277,14 @@ def gather_rows(
     n_id: torch.Tensor,
     slot: torch.Tensor | None = None,
     cached: torch.Tensor | None = None,
+    reader: FileRows | None = None,
 ) -> torch.Tensor:
     """``x[n_id]`` as float32: the rows held by the feature cache (``slot[v]``: the place of
-    row v in ``cached``, -1 when not held) from shared memory, the others read from the
-    memory-mapped ``x`` in ascending row order (the file is read front to back, so neighbouring
-    rows share pages and the kernel reads ahead), all put back in ``n_id``'s order: the same
-    values as ``index_select(x, 0, n_id)``, bit for bit."""
-    return gather_rows_counted(x, n_id, slot, cached)[0]
+    row v in ``cached``, -1 when not held) from shared memory, the others read in ascending row
+    order from the file by ``reader`` (:class:`FileRows`), or else from the memory-mapped ``x``,
+    all put back in ``n_id``'s order: the same values as ``index_select(x, 0, n_id)``, bit for
+    bit."""
+    return gather_rows_counted(x, n_id, slot, cached, reader)[0]
 
 
 def gather_rows_counted(
@@ -231,6 +292,7 @@ def gather_rows_counted(
     n_id: torch.Tensor,
     slot: torch.Tensor | None = None,
     cached: torch.Tensor | None = None,
+    reader: FileRows | None = None,
 ) -> tuple[torch.Tensor, int]:
     """:func:`gather_rows` and how many of ``n_id``'s rows the cache served (the others,
     ``n_id.numel()`` minus that, were read from ``x``)."""
@@ -245,7 +307,12 @@ def gather_rows_counted(
         miss = ~hit
         n_id, where = n_id[miss], where[miss]
     order = torch.argsort(n_id)
-    out[where[order]] = torch.index_select(x, 0, n_id[order]).float()
+    if reader is not None:
+        rows = torch.empty((n_id.numel(), x.size(1)), dtype=x.dtype)
+        reader.read(n_id[order], rows)
+    else:
+        rows = torch.index_select(x, 0, n_id[order])
+    out[where[order]] = rows.float()
     return out, hits
 
 
