@@ -281,8 +281,9 @@ def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype):
     import torch
 
     from gnnpar.data import prepared
+    from gnnpar.data.prepared import FileRows
     from gnnpar.data.sampling import kernel
-    from gnnpar.data.sampling.loader import FileRows, gather_rows, open_graph_folder
+    from gnnpar.data.sampling.loader import gather_rows, open_graph_folder
 
     if not kernel.kernel_available():
         pytest.skip(f"the compiled kernel is not built ({kernel.HINT})")
@@ -311,8 +312,8 @@ def test_a_row_past_the_files_end_is_an_error_naming_the_file(tmp_path):
     import numpy as np
     import torch
 
+    from gnnpar.data.prepared import FileRows
     from gnnpar.data.sampling import kernel
-    from gnnpar.data.sampling.loader import FileRows
 
     if not kernel.kernel_available():
         pytest.skip(f"the compiled kernel is not built ({kernel.HINT})")

@@ -88,7 +88,7 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_table_size.restype = i64
                 lib.gnnpar_table_size.argtypes = [i64]
                 # fd, base, row_bytes, rows, n, out, threads, align, gap (feature rows from a
-                # prepared folder's file: gnnpar.data.sampling.loader.FileRows)
+                # prepared folder's file: gnnpar.data.prepared.FileRows)
                 lib.gnnpar_pread_rows.restype = i64
                 lib.gnnpar_pread_rows.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
             except (OSError, AttributeError):  # not loadable here, or not the kernel

@@ -14,11 +14,15 @@ import multiprocessing.forkserver
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from gnnpar import omp
 from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler, SampledBatch
+
+if TYPE_CHECKING:
+    from gnnpar.data.prepared import FileRows
 
 
 def shard_plan(num_train: int, world_size: int, batch_size: int) -> tuple[int, int]:
@@ -126,6 +130,8 @@ class SampledBatches(torch.utils.data.Dataset):
 
                 g.update(open_feature_cache(self.cache_path, g["x"]))
             if g.get("on_disk"):
+                from gnnpar.data.prepared import FileRows
+
                 g["reader"] = FileRows.open(g)  # None without the compiled kernel
             csr = CSRGraph(g["rowptr"], g["col"])
             g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
@@ -202,10 +208,10 @@ def step_seeds(b, i: int) -> tuple[torch.Tensor, torch.Generator]:
 def open_graph_folder(folder: str) -> dict:
     """A prepared folder's CSR, features and labels, memory-mapped (checked on open: sizes and
     ends checksums, gnnpar.data.prepared), and where the features lie in their file
-    (``x_file``: path, byte offset) for :class:`FileRows`. The maps keep the kernel's read-ahead
+    (``x_file``: path, byte offset) for :class:`~gnnpar.data.prepared.FileRows`. The maps keep the kernel's read-ahead
     (``MADV_RANDOM`` on them made 10 steps at papers100m 0.1 inside 3 GiB 7.7x slower: one
     page fault at a time, BENCHMARKS.md); the feature rows a batch misses in the cache are read
-    by :class:`FileRows`, many at once, without read-ahead."""
+    by :class:`~gnnpar.data.prepared.FileRows`, many at once, without read-ahead."""
     from gnnpar.data.prepared import open_prepared
 
     p = open_prepared(folder)
@@ -220,58 +226,6 @@ def open_graph_folder(folder: str) -> dict:
     }
 
 
-class FileRows:
-    """Rows of a prepared folder's memory-mapped feature array read from its file by the compiled
-    kernel's ``gnnpar_pread_rows``: many threads, each waiting on its own small reads, so the
-    disk gets a deep queue of just the pages a batch needs. A gather through the map instead
-    faults one page at a time, and each fault reads the device's read-ahead window around it
-    (8 MiB on a virtio disk, where papers100m 0.1's 5.7 GB of features were read nearly whole
-    every step inside 3 GiB); the descriptor is opened ``POSIX_FADV_RANDOM`` (no read-ahead) for
-    that reason. The bytes are the file's, so the rows are bit for bit the map's."""
-
-    THREADS = 64  # reads in flight (they wait on the disk, not on a core)
-    GAP = 4096  # rows at most this many bytes apart are read in one call
-
-    def __init__(self, path: str, offset: int, row_bytes: int) -> None:
-        self.path, self.offset, self.row_bytes = path, offset, row_bytes
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
-
-    @classmethod
-    def open(cls, g: dict) -> FileRows | None:
-        """A reader of the features of ``g`` (:func:`open_graph_folder`'s: ``x`` and its file,
-        ``x_file``), or None when the compiled kernel is not built (the gather then reads
-        through the map: the same rows)."""
-        from gnnpar.data.sampling import kernel
-
-        if kernel.load() is None or "x_file" not in g:
-            return None
-        x = g["x"]
-        return cls(*g["x_file"], x.size(1) * x.element_size())
-
-    def read(self, rows: torch.Tensor, out: torch.Tensor) -> None:
-        """``out[i] = row rows[i]`` for ascending int64 ``rows``, ``out`` contiguous in the
-        file's dtype; OSError naming the file when a read fails."""
-        from gnnpar.data.sampling import kernel
-
-        rows = rows.contiguous()
-        err = kernel.load().gnnpar_pread_rows(
-            self.fd, self.offset, self.row_bytes, rows.data_ptr(), rows.numel(),
-            out.data_ptr(), self.THREADS, 1, self.GAP,
-        )  # fmt: skip
-        if err:
-            raise OSError(err, f"reading feature rows: {os.strerror(err)}", self.path)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-    def __del__(self) -> None:
-        self.close()
-
-
 def gather_rows(
     x: torch.Tensor,
     n_id: torch.Tensor,
@@ -281,7 +235,7 @@ def gather_rows(
 ) -> torch.Tensor:
     """``x[n_id]`` as float32: the rows held by the feature cache (``slot[v]``: the place of
     row v in ``cached``, -1 when not held) from shared memory, the others read in ascending row
-    order from the file by ``reader`` (:class:`FileRows`), or else from the memory-mapped ``x``,
+    order from the file by ``reader`` (:class:`~gnnpar.data.prepared.FileRows`), or else from the memory-mapped ``x``,
     all put back in ``n_id``'s order: the same values as ``index_select(x, 0, n_id)``, bit for
     bit."""
     return gather_rows_counted(x, n_id, slot, cached, reader)[0]
