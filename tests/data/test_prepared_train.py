@@ -327,3 +327,63 @@ def test_a_row_past_the_files_end_is_an_error_naming_the_file(tmp_path):
     with pytest.raises(OSError, match="x.npy"):
         reader.read(torch.tensor([3, 10]), out)
     reader.close()
+
+
+def test_batches_made_ahead_on_a_thread_are_the_loaders_in_order():
+    """Ahead yields the wrapped iterator's items in order, ends where it ends, raises an
+    item's error where that item would have come, and stops its thread on close."""
+    from gnnpar.data.sampling.loader import Ahead
+
+    assert list(Ahead(iter(range(5)))) == [0, 1, 2, 3, 4]
+    assert list(Ahead(iter([]))) == []
+
+    def failing():
+        yield 1
+        raise OSError("disk gone")
+
+    it = Ahead(failing())
+    assert next(it) == 1
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    it = Ahead(iter(range(10)))
+    assert next(it) == 0
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_loader_workers_that_do_not_fit_a_memory_limit_are_dropped(monkeypatch):
+    """Inside a memory limit, a loader worker that needs more than half of what is free is not
+    started (one line says why); without a limit the workers are as asked."""
+    from gnnpar.runtime import resources
+    from gnnpar.training.sources import WORKER_BYTES, loader_workers_that_fit
+
+    monkeypatch.setattr(resources, "memory_limit", lambda root="/": None)
+    monkeypatch.setenv(resources.FORCED_LIMIT_ENV, "1G")  # read as a limit with nothing used
+    got, why = loader_workers_that_fit(1, 160 << 20)  # papers100m 0.02's batch bound
+    assert got == 0
+    assert "--loader-workers 1 does not fit in the memory cgroup's limit of 1.0 GiB" in why
+    assert "the training process makes the batches" in why
+    got, why = loader_workers_that_fit(2, 10 << 20)
+    assert got == 1 and "1 worker(s) make the batches" in why
+    assert loader_workers_that_fit(1, 1 << 20) == (1, None)
+    monkeypatch.setenv(resources.FORCED_LIMIT_ENV, str(8 * WORKER_BYTES))
+    assert loader_workers_that_fit(3, 0) == (3, None)
+    monkeypatch.delenv(resources.FORCED_LIMIT_ENV)
+    assert loader_workers_that_fit(2, 1 << 40) == (2, None)  # no cgroup: as asked
+
+
+def test_a_loader_timeout_from_disk_names_the_rank_the_batch_and_the_folder():
+    from gnnpar.training.sources import SampledSource
+
+    def stuck():
+        raise RuntimeError("DataLoader timed out after 120 seconds")
+        yield
+
+    src = SampledSource.__new__(SampledSource)
+    src._it, src.on_disk, src.rank, src.position, src.workers = stuck(), True, 1, 7, 1
+    src.timeout_s, src.folder = 120.0, "/data/papers"
+    with pytest.raises(RuntimeError) as e:
+        src._next_batch()
+    assert str(e.value).startswith("rank 1 waited --timeout 120 s for batch 7 from its 1 loader")
+    assert "/data/papers" in str(e.value) and "raise --timeout" in str(e.value)

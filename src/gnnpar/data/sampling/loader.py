@@ -14,6 +14,7 @@ import multiprocessing.forkserver
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -302,6 +303,43 @@ def _exit_with_owner(pid: int, every_s: float = 1.0) -> None:
                 alive = False
         if not alive:
             os._exit(0)
+
+
+class Ahead:
+    """``it``'s items, each made by one background thread while the caller works on the one
+    before: I/O (a prepared folder's feature reads) and sampling overlap the model's step without
+    a loader worker process (no second interpreter, sampler and batch queue inside a memory
+    limit). The items are ``it``'s, in its order (batch i is made from (seed, epoch, rank, step)
+    alone, whichever thread makes it); at most one is made ahead. An error is raised where its
+    item would have been."""
+
+    def __init__(self, it: Iterator) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._it = it
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gnnpar-ahead")
+        self._next = self._pool.submit(next, it)
+
+    def __iter__(self) -> Ahead:
+        return self
+
+    def __next__(self):  # noqa: ANN204 (the wrapped iterator's item)
+        if self._next is None:
+            raise StopIteration
+        try:
+            item = self._next.result()
+        except StopIteration:
+            self._next = None
+            raise
+        self._next = self._pool.submit(next, self._it)
+        return item
+
+    def close(self) -> None:
+        """Wait for the item in the making (its reads finish) and stop the thread."""
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+        self._pool.shutdown(wait=True)
 
 
 def build_loader(
