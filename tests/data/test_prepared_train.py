@@ -273,11 +273,14 @@ def test_hot_rows_of_an_undirected_graph_need_only_indptr(tmp_path):
     assert deg[by_rows].min() >= np.delete(deg, by_rows).max()
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype):
+@pytest.mark.parametrize(
+    ("dtype", "direct"), [("fp32", False), ("fp16", False), ("bf16", False), ("fp32", True)]
+)
+def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype, direct):
     """FileRows (the compiled kernel's threaded reads, no read-ahead) gathers the rows a map
     would, bit for bit: single rows, runs of neighbours, rows a gap apart, a row twice, the
-    first and the last, with and without the feature cache, for any threads and gap."""
+    first and the last, with and without the feature cache, for any threads and gap, through
+    the page cache or around it (O_DIRECT, where the file system has it)."""
     import torch
 
     from gnnpar.data import prepared
@@ -290,7 +293,8 @@ def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype):
     out = tmp_path / dtype
     run_prepare("cora", str(out), None, None, dtype, str(tmp_path / "root"), None, True)
     g = open_graph_folder(str(out))
-    reader = FileRows.open(g)
+    reader = FileRows.open(g, direct)
+    assert reader.align == (FileRows.DIRECT_ALIGN if direct and _has_direct(out) else 1)
     x = g["x"]
     some = torch.randperm(2708, generator=torch.Generator().manual_seed(2))[:600]
     n_id = torch.cat([some, torch.tensor([2707, 0, 1, 2, 3, 5, 9, 40, 41, 1000, 3])])
@@ -300,12 +304,22 @@ def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype):
         reader.THREADS, reader.GAP = threads, gap
         assert torch.equal(gather_rows(x, n_id, reader=reader), want), (threads, gap)
     cache = tmp_path / "cache"
-    prepared.write_feature_cache(prepared.open_prepared(out), 300, str(cache))
+    prepared.write_feature_cache(prepared.open_prepared(out), 300, str(cache), direct)
     c = prepared.open_feature_cache(str(cache), x)
     assert torch.equal(gather_rows(x, n_id, c["slot"], c["rows"], reader), want)
     empty = torch.empty(0, dtype=torch.int64)
     assert gather_rows(x, empty, reader=reader).shape == (0, x.size(1))
     reader.close()
+
+
+def _has_direct(folder) -> bool:
+    import os
+
+    try:
+        os.close(os.open(folder / "features.npy", os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
 
 
 def test_a_row_past_the_files_end_is_an_error_naming_the_file(tmp_path):

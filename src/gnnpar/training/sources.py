@@ -247,7 +247,9 @@ class SampledSource(BaseSource):
         self.device = ctx.device
         t0 = time.perf_counter()
         path, self.fd = share_graph(ds, ctx)
-        cache, self.cache_fd, self.cache_bytes = share_feature_cache(ds, ctx, s.feature_cache)
+        cache, self.cache_fd, self.cache_bytes, self.direct = share_feature_cache(
+            ds, ctx, s.feature_cache
+        )
         self.on_disk = bool(ds.info.get("prepared"))
         self.feature_io: dict[int, list[int]] = {}  # epoch: [rows gathered, cache hits, bytes read]
         self.graph_path, self.cache_path = path, cache
@@ -258,7 +260,7 @@ class SampledSource(BaseSource):
         self.steps = min(steps, r.max_steps or steps)
         batches = SampledBatches(
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps,
-            cache_path=cache,
+            cache_path=cache, direct=self.direct,
         )  # fmt: skip
         workers = s.loader_workers
         if self.on_disk and workers:
@@ -369,7 +371,9 @@ class SampledSource(BaseSource):
         sampled from (:class:`~gnnpar.data.sampling.loader.EvalBatches`)."""
         from gnnpar.data.sampling.loader import EvalBatches
 
-        return EvalBatches(self.graph_path, ids, fanouts, batch_size, seed, self.cache_path)
+        return EvalBatches(
+            self.graph_path, ids, fanouts, batch_size, seed, self.cache_path, self.direct
+        )
 
     def release(self) -> None:
         """Close this process's hold on the shared graph and feature cache."""
@@ -542,31 +546,38 @@ def feature_cache_info(cache_bytes: int, io: dict[int, list[int]]) -> dict:
 
 def share_feature_cache(
     ds, ctx: DistContext, setting: str | None
-) -> tuple[str | None, int | None, int]:
+) -> tuple[str | None, int | None, int, bool]:
     """A prepared graph's hottest feature rows, written once per machine by local rank 0 to
     shared memory (unlinked at once, reached through ``/proc/<pid>/fd``, as :func:`share_graph`
     does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
-    share of the memory the run may use (gnnpar.data.prepared.cache_rows). (path or None,
-    the fd to close on local rank 0 or None, the cache's bytes of features)."""
+    share of the memory the run may use (gnnpar.data.prepared.cache_rows). Whether the rows
+    outside it are read around the page cache (``direct``): when the feature file is larger
+    than what the memory the run may use leaves beside the cache (it could not stay in the page
+    cache anyway, and inside a memory cgroup every page read through it must first be reclaimed).
+    (path or None, the fd to close on local rank 0 or None, the cache's bytes of features,
+    direct)."""
     if not ds.info.get("prepared"):
-        return None, None, 0
-    path, fd, size = None, None, 0
+        return None, None, 0, False
+    path, fd, size, direct = None, None, 0, False
     if ctx.local_rank == 0:
         from gnnpar.data.prepared import cache_rows, open_prepared, write_feature_cache
         from gnnpar.runtime.footprint import available_bytes
 
         p = open_prepared(ds.info["prepared"])
-        k = cache_rows(p, setting, available_bytes(torch.device("cpu")))
-        size = k * int(p.manifest["num_features"]) * p.array("features").dtype.itemsize
+        free = available_bytes(torch.device("cpu"))
+        k = cache_rows(p, setting, free)
+        x = p.array("features")
+        size = k * int(p.manifest["num_features"]) * x.dtype.itemsize
+        direct = free is not None and x.nbytes > free - size
         if k > 0:
             name = _shm_file("features")
-            write_feature_cache(p, k, name)
+            write_feature_cache(p, k, name, direct)
             fd = os.open(name, os.O_RDONLY)
             os.unlink(name)
             path = f"/proc/{os.getpid()}/fd/{fd}"
-    shared = collectives.gather_to_all((path, size))
-    path, size = shared[ctx.rank - ctx.local_rank]
-    return path, fd, size
+    shared = collectives.gather_to_all((path, size, direct))
+    path, size, direct = shared[ctx.rank - ctx.local_rank]
+    return path, fd, size, direct
 
 
 def share_graph(ds, ctx: DistContext) -> tuple[str, int | None]:

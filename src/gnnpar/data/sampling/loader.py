@@ -99,6 +99,7 @@ class SampledBatches(torch.utils.data.Dataset):
         steps: int,
         replace: bool = False,
         cache_path: str | None = None,
+        direct: bool = False,
     ) -> None:
         self.graph_path = graph_path
         self.train_idx = train_idx
@@ -110,6 +111,7 @@ class SampledBatches(torch.utils.data.Dataset):
         self.steps = steps
         self.replace = replace
         self.cache_path = cache_path  # a prepared graph's hot feature rows (shared memory)
+        self.direct = direct  # its other rows read around the page cache (FileRows)
         self.owner_pid = os.getpid()  # the training process; workers end when it is gone
         self._state: dict | None = None  # mapped graph + sampler, per process
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
@@ -133,7 +135,7 @@ class SampledBatches(torch.utils.data.Dataset):
             if g.get("on_disk"):
                 from gnnpar.data.prepared import FileRows
 
-                g["reader"] = FileRows.open(g)  # None without the compiled kernel
+                g["reader"] = FileRows.open(g, self.direct)  # None without the kernel
             csr = CSRGraph(g["rowptr"], g["col"])
             g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
             self._state = g
@@ -179,11 +181,13 @@ class EvalBatches(SampledBatches):
         batch_size: int,
         seed: int,
         cache_path: str | None = None,
+        direct: bool = False,
     ) -> None:
         steps = -(-ids.numel() // batch_size)
         super().__init__(
-            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path
-        )
+            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path,
+            direct=direct,
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return self.steps

@@ -243,8 +243,9 @@ int64_t gnnpar_relabel(const int64_t *nbr, int64_t e, int64_t *local, int64_t to
  * 5.7 GB file). Here many threads each wait for their own small reads, so the disk sees a deep
  * queue of exactly the blocks the batch needs. Rows whose bytes lie within `gap` of the previous
  * row's are read with it in one call (at most SPAN_MAX bytes). With `align` > 1 (a descriptor
- * opened with O_DIRECT: the page cache is bypassed, nothing is charged to a memory cgroup) every
- * read is widened to `align`-aligned offsets and lengths into an aligned buffer. Returns 0, or
+ * opened with O_DIRECT: the page cache is bypassed, nothing is charged to a memory cgroup, no
+ * page needs reclaiming first) every read is widened to `align`-aligned offsets and lengths,
+ * into a buffer aligned to `align`. Returns 0, or
  * the errno of the first read that failed (EIO for a file shorter than a row's end). */
 #define SPAN_MAX (256 * 1024)
 #define ROWS_PER_TAKE 64
