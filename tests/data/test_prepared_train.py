@@ -387,6 +387,18 @@ def test_loader_workers_that_do_not_fit_a_memory_limit_are_dropped(monkeypatch):
     assert loader_workers_that_fit(2, 1 << 40) == (2, None)  # no cgroup: as asked
 
 
+def test_a_batch_bound_counts_every_hop_and_every_neighbour():
+    from types import SimpleNamespace
+
+    from gnnpar.training.sources import batch_bytes
+
+    ds = SimpleNamespace(num_nodes=10**6, num_features=128)
+    one = SimpleNamespace(batch_size=512, fanouts=[10, 5, 5])
+    assert batch_bytes(ds, one) == 512 * 11 * 6 * 6 * 128 * 4
+    assert batch_bytes(ds, SimpleNamespace(batch_size=512, fanouts=[-1, 2])) == 10**6 * 512
+    assert batch_bytes(ds, SimpleNamespace(batch_size=10**6, fanouts=[3])) == 10**6 * 512
+
+
 def test_a_loader_timeout_from_disk_names_the_rank_the_batch_and_the_folder():
     from gnnpar.training.sources import SampledSource
 

@@ -487,10 +487,11 @@ PREFETCH = 2  # batches each worker holds made ahead (build_loader's prefetch_fa
 
 def batch_bytes(ds, s) -> int:
     """The most bytes of float32 feature rows one batch of ``s`` (a strategy's settings: batch
-    size, fan-outs) gathers: ``batch * prod(1 + fanout)`` rows, at most every node."""
+    size, fan-outs) gathers: ``batch * prod(1 + fanout)`` rows, at most every node (a fan-out
+    of -1, every neighbour, may reach them all)."""
     rows = s.batch_size
     for f in s.fanouts:
-        rows *= 1 + f
+        rows = rows * (1 + f) if f >= 0 else ds.num_nodes
     return min(rows, ds.num_nodes) * ds.num_features * 4
 
 
