@@ -1,5 +1,6 @@
 """Feature rows of a prepared folder read from a cold page cache: through the memory map against
-the threaded reads of ``FileRows`` (the sampler kernel's ``gnnpar_pread_rows``).
+the threaded reads of ``FileRows`` (the sampler kernel's ``gnnpar_pread_rows``), through the
+page cache and around it (O_DIRECT).
 
 What one sampled step does with the rows its feature cache misses: ``--rows`` distinct rows,
 drawn at random (seeded) and sorted, gathered from ``features.npy``. Before every call the
@@ -82,6 +83,15 @@ def main(argv: list[str] | None = None) -> int:
                 assert torch.equal(out, want)
 
             sides[f"FileRows {t} threads"] = threaded
+
+        def direct() -> None:  # around the page cache (O_DIRECT), as inside a tight limit
+            reader = FileRows.open(g, direct=True)
+            out = torch.empty_like(want)
+            reader.read(rows, out)
+            reader.close()
+            assert torch.equal(out, want)
+
+        sides["FileRows 64 threads, O_DIRECT"] = direct
         drop(path)
         times = harness.alternate(sides, a.reps, warmup=0, after=lambda: drop(path))
         file_bytes = os.path.getsize(path)
