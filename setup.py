@@ -69,7 +69,9 @@ setup(
         Extension(
             "gnnpar.data.sampling._sampler_kernel",
             ["src/gnnpar/data/sampling/sampler_kernel.c"],
-            extra_compile_args=["-O3"] if sys.platform != "win32" else ["/O2"],
+            # -pthread: gnnpar_pread_rows reads a batch's feature rows with several threads
+            extra_compile_args=["-O3", "-pthread"] if sys.platform != "win32" else ["/O2"],
+            extra_link_args=["-pthread"] if sys.platform != "win32" else [],
             optional=True,  # a missing library is tolerated where setuptools copies outputs
         ),
         # GAT's fused edge softmax: OpenMP, and no FMA contraction (its results must equal

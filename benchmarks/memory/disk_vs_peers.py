@@ -366,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"--sides: {s} is not one of {', '.join(SIDES)}")
             else:
                 sides.append(s)
-        dgl = harness.PEERS["dgl"] if "graphbolt" in sides else None
-        if "pyg" in sides or dgl:
+        dgl = harness.PEERS["dgl"] if {"graphbolt", "graphbolt-w0"} & set(sides) else None
+        if {"pyg", "pyg-w0"} & set(sides) or dgl:  # what the peers read, -w0 sides included
             make_peer_dir(a.folder, a.peer_dir, dgl)
         a.arrays = [a.folder / f for f in ("features.npy", "indices.npy", "indptr.npy")]
         a.arrays += [a.peer_dir / "edges.npy", a.peer_dir / "gb/preprocessed/train.npy"]

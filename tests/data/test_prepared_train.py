@@ -271,3 +271,145 @@ def test_hot_rows_of_an_undirected_graph_need_only_indptr(tmp_path):
     p.manifest["directed"] = True  # the same graph counted source by source
     assert np.array_equal(prepared.hot_rows(p, 300), by_rows)
     assert deg[by_rows].min() >= np.delete(deg, by_rows).max()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "direct"), [("fp32", False), ("fp16", False), ("bf16", False), ("fp32", True)]
+)
+def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype, direct):
+    """FileRows (the compiled kernel's threaded reads, no read-ahead) gathers the rows a map
+    would, bit for bit: single rows, runs of neighbours, rows a gap apart, a row twice, the
+    first and the last, with and without the feature cache, for any threads and gap, through
+    the page cache or around it (O_DIRECT, where the file system has it)."""
+    import torch
+
+    from gnnpar.data import prepared
+    from gnnpar.data.prepared import FileRows
+    from gnnpar.data.sampling import kernel
+    from gnnpar.data.sampling.loader import gather_rows, open_graph_folder
+
+    if not kernel.kernel_available():
+        pytest.skip(f"the compiled kernel is not built ({kernel.HINT})")
+    out = tmp_path / dtype
+    run_prepare("cora", str(out), None, None, dtype, str(tmp_path / "root"), None, True)
+    g = open_graph_folder(str(out))
+    reader = FileRows.open(g, direct)
+    assert reader.align == (FileRows.DIRECT_ALIGN if direct and _has_direct(out) else 1)
+    x = g["x"]
+    some = torch.randperm(2708, generator=torch.Generator().manual_seed(2))[:600]
+    n_id = torch.cat([some, torch.tensor([2707, 0, 1, 2, 3, 5, 9, 40, 41, 1000, 3])])
+    want = torch.index_select(x, 0, n_id).float()
+    assert torch.equal(gather_rows(x, n_id, reader=reader), want)
+    for threads, gap in ((1, 0), (3, 0), (64, 4096), (7, 1 << 20)):
+        reader.THREADS, reader.GAP = threads, gap
+        assert torch.equal(gather_rows(x, n_id, reader=reader), want), (threads, gap)
+    cache = tmp_path / "cache"
+    prepared.write_feature_cache(prepared.open_prepared(out), 300, str(cache), direct)
+    c = prepared.open_feature_cache(str(cache), x)
+    assert torch.equal(gather_rows(x, n_id, c["slot"], c["rows"], reader), want)
+    empty = torch.empty(0, dtype=torch.int64)
+    assert gather_rows(x, empty, reader=reader).shape == (0, x.size(1))
+    reader.close()
+
+
+def _has_direct(folder) -> bool:
+    import os
+
+    try:
+        os.close(os.open(folder / "features.npy", os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
+def test_a_row_past_the_files_end_is_an_error_naming_the_file(tmp_path):
+    import numpy as np
+    import torch
+
+    from gnnpar.data.prepared import FileRows
+    from gnnpar.data.sampling import kernel
+
+    if not kernel.kernel_available():
+        pytest.skip(f"the compiled kernel is not built ({kernel.HINT})")
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(40, dtype=np.float32).reshape(10, 4))
+    x = np.load(path, mmap_mode="r")
+    reader = FileRows(str(path), int(x.offset), 16)
+    out = torch.empty((2, 4))
+    reader.read(torch.tensor([0, 9]), out)
+    assert out.tolist() == [[0, 1, 2, 3], [36, 37, 38, 39]]
+    with pytest.raises(OSError, match="x.npy"):
+        reader.read(torch.tensor([3, 10]), out)
+    reader.close()
+
+
+def test_batches_made_ahead_on_a_thread_are_the_loaders_in_order():
+    """Ahead yields the wrapped iterator's items in order, ends where it ends, raises an
+    item's error where that item would have come, and stops its thread on close."""
+    from gnnpar.data.sampling.loader import Ahead
+
+    assert list(Ahead(iter(range(5)))) == [0, 1, 2, 3, 4]
+    assert list(Ahead(iter([]))) == []
+
+    def failing():
+        yield 1
+        raise OSError("disk gone")
+
+    it = Ahead(failing())
+    assert next(it) == 1
+    with pytest.raises(OSError, match="disk gone"):
+        next(it)
+    it = Ahead(iter(range(10)))
+    assert next(it) == 0
+    it.close()
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_loader_workers_that_do_not_fit_a_memory_limit_are_dropped(monkeypatch):
+    """Inside a memory limit, a loader worker that needs more than half of what is free is not
+    started (one line says why); without a limit the workers are as asked."""
+    from gnnpar.runtime import resources
+    from gnnpar.training.sources import WORKER_BYTES, loader_workers_that_fit
+
+    monkeypatch.setattr(resources, "memory_limit", lambda root="/": None)
+    monkeypatch.setenv(resources.FORCED_LIMIT_ENV, "1G")  # read as a limit with nothing used
+    got, why = loader_workers_that_fit(1, 160 << 20)  # papers100m 0.02's batch bound
+    assert got == 0
+    assert "--loader-workers 1 does not fit in the memory cgroup's limit of 1.0 GiB" in why
+    assert "the training process makes the batches" in why
+    got, why = loader_workers_that_fit(2, 10 << 20)
+    assert got == 1 and "1 worker(s) make the batches" in why
+    assert loader_workers_that_fit(1, 1 << 20) == (1, None)
+    monkeypatch.setenv(resources.FORCED_LIMIT_ENV, str(8 * WORKER_BYTES))
+    assert loader_workers_that_fit(3, 0) == (3, None)
+    monkeypatch.delenv(resources.FORCED_LIMIT_ENV)
+    assert loader_workers_that_fit(2, 1 << 40) == (2, None)  # no cgroup: as asked
+
+
+def test_a_batch_bound_counts_every_hop_and_every_neighbour():
+    from types import SimpleNamespace
+
+    from gnnpar.training.sources import batch_bytes
+
+    ds = SimpleNamespace(num_nodes=10**6, num_features=128)
+    one = SimpleNamespace(batch_size=512, fanouts=[10, 5, 5])
+    assert batch_bytes(ds, one) == 512 * 11 * 6 * 6 * 128 * 4
+    assert batch_bytes(ds, SimpleNamespace(batch_size=512, fanouts=[-1, 2])) == 10**6 * 512
+    assert batch_bytes(ds, SimpleNamespace(batch_size=10**6, fanouts=[3])) == 10**6 * 512
+
+
+def test_a_loader_timeout_from_disk_names_the_rank_the_batch_and_the_folder():
+    from gnnpar.training.sources import SampledSource
+
+    def stuck():
+        raise RuntimeError("DataLoader timed out after 120 seconds")
+        yield
+
+    src = SampledSource.__new__(SampledSource)
+    src._it, src.on_disk, src.rank, src.position, src.workers = stuck(), True, 1, 7, 1
+    src.timeout_s, src.folder = 120.0, "/data/papers"
+    with pytest.raises(RuntimeError) as e:
+        src._next_batch()
+    assert str(e.value).startswith("rank 1 waited --timeout 120 s for batch 7 from its 1 loader")
+    assert "/data/papers" in str(e.value) and "raise --timeout" in str(e.value)

@@ -771,13 +771,85 @@ def hot_rows(p: Prepared, k: int) -> np.ndarray:
     return np.sort(top)
 
 
-def write_feature_cache(p: Prepared, k: int, path: str) -> None:
+class FileRows:
+    """Rows of a prepared folder's memory-mapped feature array read from its file by the compiled
+    kernel's ``gnnpar_pread_rows``: many threads, each waiting on its own small reads, so the
+    disk gets a deep queue of just the pages a batch needs. A gather through the map instead
+    faults one page at a time, and each fault reads the device's read-ahead window around it
+    (8 MiB on a virtio disk, where papers100m 0.1's 5.7 GB of features were read nearly whole
+    every step inside 3 GiB); the descriptor is opened ``POSIX_FADV_RANDOM`` (no read-ahead) for
+    that reason. The bytes are the file's, so the rows are bit for bit the map's."""
+
+    THREADS = 64  # reads in flight (they wait on the disk, not on a core)
+    GAP = 4096  # rows at most this many bytes apart are read in one call
+    DIRECT_ALIGN = 4096  # O_DIRECT reads: offsets, lengths and buffer aligned to this
+
+    def __init__(self, path: str, offset: int, row_bytes: int, direct: bool = False) -> None:
+        self.path, self.offset, self.row_bytes = path, offset, row_bytes
+        self.fd: int | None = None
+        self.align = 1
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self.fd = os.open(path, flags | os.O_DIRECT)
+                self.align = self.DIRECT_ALIGN
+            except OSError:  # a file system without direct I/O (tmpfs): through the page cache
+                self.fd = None
+        if self.fd is None:
+            self.fd = os.open(path, flags)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    @classmethod
+    def open(cls, g: dict, direct: bool = False) -> FileRows | None:
+        """A reader of the features of ``g`` (gnnpar.data.sampling.loader.open_graph_folder's:
+        ``x`` and its file, ``x_file``), or None when the compiled kernel is not built (the
+        gather then reads through the map: the same rows). ``direct``: read around the page
+        cache (O_DIRECT), for a file larger than the memory the run may give the page cache:
+        inside a memory cgroup every page read through the cache is charged to it and must be
+        reclaimed first (papers100m 0.1 inside 3 GiB: 4-5 s a step to read the rows against 10 s
+        through the cache, BENCHMARKS.md)."""
+        from gnnpar.data.sampling import kernel
+
+        if kernel.load() is None or "x_file" not in g:
+            return None
+        x = g["x"]
+        return cls(*g["x_file"], x.size(1) * x.element_size(), direct)
+
+    def read(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i] = row rows[i]`` for ascending int64 ``rows``, ``out`` contiguous in the
+        file's dtype; OSError naming the file when a read fails."""
+        from gnnpar.data.sampling import kernel
+
+        rows = rows.contiguous()
+        err = kernel.load().gnnpar_pread_rows(
+            self.fd, self.offset, self.row_bytes, rows.data_ptr(), rows.numel(),
+            out.data_ptr(), self.THREADS, self.align, self.GAP,
+        )  # fmt: skip
+        if err == errno.EINVAL and self.align > 1:  # direct I/O refused after all: buffered
+            self.close()
+            self.__init__(self.path, self.offset, self.row_bytes)
+            return self.read(rows, out)
+        if err:
+            raise OSError(err, f"reading feature rows: {os.strerror(err)}", self.path)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def write_feature_cache(p: Prepared, k: int, path: str, direct: bool = False) -> None:
     """The cache file every local process maps, written in bounded memory (a chunk of rows at a
     time, straight into the file: the cache is never built in the process's own memory, which
     inside a memory cgroup would count twice): ``slot``, int32 [N] (the row's place in the cache,
     -1 when not cached), then ``rows``, [k, F] in the stored dtype (bf16 as its bits), no header
     (N, F and the dtype are the graph's; k follows from the size). Written to ``path + ".tmp"``
-    and renamed; read by :func:`open_feature_cache`."""
+    and renamed; read by :func:`open_feature_cache`. The rows are read by :class:`FileRows`
+    (``direct``: around the page cache) where the compiled kernel is built."""
     x = p.array("features")
     n, f = p.num_nodes, int(x.shape[1])
     nodes = hot_rows(p, k)
@@ -791,10 +863,21 @@ def write_feature_cache(p: Prepared, k: int, path: str) -> None:
     slot.flush()
     del slot
     if k:
+        import torch
+
         rows = np.memmap(f"{path}.tmp", dtype=x.dtype, mode="r+", offset=head, shape=(k, f))
         step = max(1, CHUNK_BYTES // max(1, f * x.dtype.itemsize))
+        g = {"x": p.tensor("features"), "x_file": (x.filename, x.offset)}
+        reader = FileRows.open(g, direct)
         for i in range(0, k, step):  # ascending ids: the folder's file is read front to back
-            rows[i : i + step] = x[nodes[i : i + step]]
+            if reader is not None:  # many reads at once, straight into the cache file
+                reader.read(
+                    torch.from_numpy(nodes[i : i + step]), torch.from_numpy(rows[i : i + step])
+                )
+            else:
+                rows[i : i + step] = x[nodes[i : i + step]]
+        if reader is not None:
+            reader.close()
         rows.flush()
         del rows
     os.replace(f"{path}.tmp", path)

@@ -232,7 +232,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
         extra={
             "steps_per_epoch": source.steps,
             "seeds_per_rank": source.per_rank,
-            "loader_workers": s.loader_workers,
+            "loader_workers": source.workers,  # fewer than asked where they did not fit
             "graph_setup_time_s": source.setup_s,
         },
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -35,6 +36,7 @@ from torch_geometric.data import Data
 from gnnpar.config.schema import Config
 from gnnpar.csr import mark_rows
 from gnnpar.data.sampling.loader import (
+    Ahead,
     SampledBatches,
     build_loader,
     save_shared_graph,
@@ -262,7 +264,9 @@ class SampledSource(BaseSource):
         self.device = ctx.device
         t0 = time.perf_counter()
         path, self.fd = share_graph(ds, ctx)
-        cache, self.cache_fd, self.cache_bytes = share_feature_cache(ds, ctx, s.feature_cache)
+        cache, self.cache_fd, self.cache_bytes, self.direct = share_feature_cache(
+            ds, ctx, s.feature_cache
+        )
         self.on_disk = bool(ds.info.get("prepared"))
         self.feature_io: dict[int, list[int]] = {}  # epoch: [rows gathered, cache hits, bytes read]
         self.graph_path, self.cache_path = path, cache
@@ -273,29 +277,57 @@ class SampledSource(BaseSource):
         self.steps = min(steps, r.max_steps or steps)
         batches = SampledBatches(
             path, train_idx, s.fanouts, s.batch_size, ctx.rank, ctx.world_size, r.seed, self.steps,
-            cache_path=cache,
+            cache_path=cache, direct=self.direct,
         )  # fmt: skip
-        self.batches, self.epochs, self.workers = batches, r.epochs, s.loader_workers
+        workers = s.loader_workers
+        if self.on_disk and workers:
+            workers, why = loader_workers_that_fit(workers, batch_bytes(ds, s))
+            if why and ctx.is_main:
+                print(f"gnnpar: {why}", file=sys.stderr, flush=True)
+        self.batches, self.epochs, self.workers = batches, r.epochs, workers
         # what share_graph wrote, so what every batch is rows of (a prepared graph's rows are
         # read from its folder: not marked, so its features are never widened in memory)
         self.features = None if ds.info.get("prepared") else ds.data.x
         self.timeout_s = s.timeout_s
-        self.loader = build_loader(batches, r.epochs, s.loader_workers, s.timeout_s)
+        self.rank, self.folder = ctx.rank, ds.info.get("prepared")
+        self.loader = build_loader(batches, r.epochs, workers, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
         self._it: Iterator | None = None
         self.start_s = 0.0
 
     def start(self) -> None:
         """Start the workers (set-up, not training). Creating the iterator draws a seed from
-        torch's global generator, so it comes after the model's initialisation."""
+        torch's global generator, so it comes after the model's initialisation. From a prepared
+        folder without workers, a thread makes the next batch while the model trains on this
+        one (its reads overlap the step: :class:`~gnnpar.data.sampling.loader.Ahead`)."""
         t0 = time.perf_counter()
+        self._stop_ahead()
         self._it = iter(self.loader)
+        if self.on_disk and self.workers == 0:
+            self._it = Ahead(self._it)
         self.start_s = time.perf_counter() - t0
+
+    def _stop_ahead(self) -> None:
+        if isinstance(self._it, Ahead):
+            self._it.close()
+
+    def _next_batch(self):  # noqa: ANN202 (a SampledBatch)
+        try:
+            return next(self._it)
+        except RuntimeError as e:
+            if "timed out" not in str(e) or not self.on_disk:
+                raise
+            raise RuntimeError(
+                f"rank {self.rank} waited --timeout {self.timeout_s:g} s for batch "
+                f"{self.position} from its {self.workers} loader worker(s), which sample it and "
+                f"read its feature rows from {self.folder}: the disk is slower than that allows "
+                "(raise --timeout, or train with --loader-workers 0)"
+            ) from None
 
     def epoch(self, epoch: int) -> Iterator:
         done = self.position - epoch * self.steps  # > 0 when resumed midway
         for _ in range(done, self.steps):
-            batch = next(self._it)
+            batch = self._next_batch()
             self.position += 1
             if self.on_disk:
                 io = self.feature_io.setdefault(epoch, [0, 0, 0, 0])
@@ -320,6 +352,7 @@ class SampledSource(BaseSource):
         """Start the loader at the checkpoint's batch: batch i of the run is made from
         (seed, epoch, rank, step) alone, so it is the batch the uninterrupted run trains."""
         self.position = state["pos"]
+        self._stop_ahead()
         self._it = None
         self.loader = build_loader(
             self.batches, self.epochs, self.workers, self.timeout_s, start=self.position
@@ -345,6 +378,7 @@ class SampledSource(BaseSource):
         """Stop the workers; drop the shared graph (already unlinked: freed with the last map),
         unless it is kept for a sampled final evaluation (:meth:`eval_batches`, then
         :meth:`release`)."""
+        self._stop_ahead()
         self._it = self.loader = None
         if not self.keep_graph:
             self.release()
@@ -354,7 +388,9 @@ class SampledSource(BaseSource):
         sampled from (:class:`~gnnpar.data.sampling.loader.EvalBatches`)."""
         from gnnpar.data.sampling.loader import EvalBatches
 
-        return EvalBatches(self.graph_path, ids, fanouts, batch_size, seed, self.cache_path)
+        return EvalBatches(
+            self.graph_path, ids, fanouts, batch_size, seed, self.cache_path, self.direct
+        )
 
     def release(self) -> None:
         """Close this process's hold on the shared graph and feature cache."""
@@ -460,6 +496,46 @@ class ShardSampledSource(SampledSource):
         super().close()
 
 
+# a loader worker's interpreter and its fork server's: 148 MB of private memory each once torch
+# is imported (measured, torch 2.13 CPU)
+WORKER_BYTES = 300 << 20
+PREFETCH = 2  # batches each worker holds made ahead (build_loader's prefetch_factor)
+
+
+def batch_bytes(ds, s) -> int:
+    """The most bytes of float32 feature rows one batch of ``s`` (a strategy's settings: batch
+    size, fan-outs) gathers: ``batch * prod(1 + fanout)`` rows, at most every node (a fan-out
+    of -1, every neighbour, may reach them all)."""
+    rows = s.batch_size
+    for f in s.fanouts:
+        rows = rows * (1 + f) if f >= 0 else ds.num_nodes
+    return min(rows, ds.num_nodes) * ds.num_features * 4
+
+
+def loader_workers_that_fit(workers: int, batch: int) -> tuple[int, str | None]:
+    """How many of ``workers`` loader workers fit inside a memory cgroup's limit, and a line
+    that says why when fewer: each needs :data:`WORKER_BYTES` and :data:`PREFETCH` batches of
+    ``batch`` bytes, and together they may take half of what the cgroup leaves free (the feature
+    cache already written); the other half is the training process's and the page cache's (the
+    graph's CSR, read at every hop). Without a cgroup, ``workers`` as asked."""
+    from gnnpar.runtime.footprint import memory_budget
+    from gnnpar.runtime.resources import size_words
+
+    budget = memory_budget(torch.device("cpu"))
+    if budget is None or budget.limit is None:
+        return workers, None
+    each = WORKER_BYTES + PREFETCH * batch
+    fit = min(workers, budget.free // 2 // each)
+    if fit == workers:
+        return workers, None
+    return fit, (
+        f"--loader-workers {workers} does not fit in {budget.words()}: a worker needs about "
+        f"{size_words(each)} (an interpreter, {PREFETCH} batches made ahead), so "
+        + (f"{fit} worker(s) make the batches" if fit else "the training process makes the "
+           "batches, the next one on a thread while the model trains")
+    )  # fmt: skip
+
+
 def _shm_file(tag: str) -> str:
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     return os.path.join(folder, f"gnnpar-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
@@ -488,31 +564,38 @@ def feature_cache_info(cache_bytes: int, io: dict[int, list[int]]) -> dict:
 
 def share_feature_cache(
     ds, ctx: DistContext, setting: str | None
-) -> tuple[str | None, int | None, int]:
+) -> tuple[str | None, int | None, int, bool]:
     """A prepared graph's hottest feature rows, written once per machine by local rank 0 to
     shared memory (unlinked at once, reached through ``/proc/<pid>/fd``, as :func:`share_graph`
     does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
-    share of the memory the run may use (gnnpar.data.prepared.cache_rows). (path or None,
-    the fd to close on local rank 0 or None, the cache's bytes of features)."""
+    share of the memory the run may use (gnnpar.data.prepared.cache_rows). Whether the rows
+    outside it are read around the page cache (``direct``): when the feature file is larger
+    than what the memory the run may use leaves beside the cache (it could not stay in the page
+    cache anyway, and inside a memory cgroup every page read through it must first be reclaimed).
+    (path or None, the fd to close on local rank 0 or None, the cache's bytes of features,
+    direct)."""
     if not ds.info.get("prepared"):
-        return None, None, 0
-    path, fd, size = None, None, 0
+        return None, None, 0, False
+    path, fd, size, direct = None, None, 0, False
     if ctx.local_rank == 0:
         from gnnpar.data.prepared import cache_rows, open_prepared, write_feature_cache
         from gnnpar.runtime.footprint import available_bytes
 
         p = open_prepared(ds.info["prepared"])
-        k = cache_rows(p, setting, available_bytes(torch.device("cpu")))
-        size = k * int(p.manifest["num_features"]) * p.array("features").dtype.itemsize
+        free = available_bytes(torch.device("cpu"))
+        k = cache_rows(p, setting, free)
+        x = p.array("features")
+        size = k * int(p.manifest["num_features"]) * x.dtype.itemsize
+        direct = free is not None and x.nbytes > free - size
         if k > 0:
             name = _shm_file("features")
-            write_feature_cache(p, k, name)
+            write_feature_cache(p, k, name, direct)
             fd = os.open(name, os.O_RDONLY)
             os.unlink(name)
             path = f"/proc/{os.getpid()}/fd/{fd}"
-    shared = collectives.gather_to_all((path, size))
-    path, size = shared[ctx.rank - ctx.local_rank]
-    return path, fd, size
+    shared = collectives.gather_to_all((path, size, direct))
+    path, size, direct = shared[ctx.rank - ctx.local_rank]
+    return path, fd, size, direct
 
 
 def share_graph(ds, ctx: DistContext) -> tuple[str, int | None]:

@@ -15,7 +15,7 @@ import ctypes
 import importlib.machinery
 from pathlib import Path
 
-_KERNEL_VERSION = 2  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
+_KERNEL_VERSION = 3  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
 _KERNEL_DIR = Path(__file__).parent
 _KERNEL_STEM = "_sampler_kernel"
 HINT = (
@@ -87,6 +87,10 @@ def load() -> ctypes.CDLL | None:
                 lib.gnnpar_relabel.argtypes = [ptr, i64, ptr, i64, ptr, ptr]
                 lib.gnnpar_table_size.restype = i64
                 lib.gnnpar_table_size.argtypes = [i64]
+                # fd, base, row_bytes, rows, n, out, threads, align, gap (feature rows from a
+                # prepared folder's file: gnnpar.data.prepared.FileRows)
+                lib.gnnpar_pread_rows.restype = i64
+                lib.gnnpar_pread_rows.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
             except (OSError, AttributeError):  # not loadable here, or not the kernel
                 continue
             _kernel_lib, _kernel_file = lib, path

@@ -14,11 +14,16 @@ import multiprocessing.forkserver
 import os
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from gnnpar import omp
 from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler, SampledBatch
+
+if TYPE_CHECKING:
+    from gnnpar.data.prepared import FileRows
 
 
 def shard_plan(num_train: int, world_size: int, batch_size: int) -> tuple[int, int]:
@@ -94,6 +99,7 @@ class SampledBatches(torch.utils.data.Dataset):
         steps: int,
         replace: bool = False,
         cache_path: str | None = None,
+        direct: bool = False,
     ) -> None:
         self.graph_path = graph_path
         self.train_idx = train_idx
@@ -105,6 +111,7 @@ class SampledBatches(torch.utils.data.Dataset):
         self.steps = steps
         self.replace = replace
         self.cache_path = cache_path  # a prepared graph's hot feature rows (shared memory)
+        self.direct = direct  # its other rows read around the page cache (FileRows)
         self.owner_pid = os.getpid()  # the training process; workers end when it is gone
         self._state: dict | None = None  # mapped graph + sampler, per process
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
@@ -125,6 +132,10 @@ class SampledBatches(torch.utils.data.Dataset):
                 from gnnpar.data.prepared import open_feature_cache
 
                 g.update(open_feature_cache(self.cache_path, g["x"]))
+            if g.get("on_disk"):
+                from gnnpar.data.prepared import FileRows
+
+                g["reader"] = FileRows.open(g, self.direct)  # None without the kernel
             csr = CSRGraph(g["rowptr"], g["col"])
             g["sampler"] = NeighborSampler(csr, self.fanouts, self.replace)
             self._state = g
@@ -139,7 +150,9 @@ class SampledBatches(torch.utils.data.Dataset):
         b: SampledBatch = g["sampler"].sample(seeds, gen)
         if g.get("on_disk"):
             x = g["x"]
-            b.x, b.cache_hits = gather_rows_counted(x, b.n_id, g.get("slot"), g.get("rows"))
+            b.x, b.cache_hits = gather_rows_counted(
+                x, b.n_id, g.get("slot"), g.get("rows"), g.get("reader")
+            )
             b.rows_read = b.n_id.numel() - b.cache_hits
             b.bytes_read = b.rows_read * x.size(1) * x.element_size()
             b.y = g["y"][seeds].long()
@@ -168,11 +181,13 @@ class EvalBatches(SampledBatches):
         batch_size: int,
         seed: int,
         cache_path: str | None = None,
+        direct: bool = False,
     ) -> None:
         steps = -(-ids.numel() // batch_size)
         super().__init__(
-            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path
-        )
+            graph_path, ids, fanouts, batch_size, 0, 1, seed, steps, cache_path=cache_path,
+            direct=direct,
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return self.steps
@@ -197,16 +212,20 @@ def step_seeds(b, i: int) -> tuple[torch.Tensor, torch.Generator]:
 
 def open_graph_folder(folder: str) -> dict:
     """A prepared folder's CSR, features and labels, memory-mapped (checked on open: sizes and
-    ends checksums, gnnpar.data.prepared). The kernel's read-ahead stays on: a batch's rows,
-    gathered in ascending order, lie close enough for it to pay (turning it off,
-    ``MADV_RANDOM``, made 10 steps at papers100m 0.1 inside 3 GiB 7.7x slower, BENCHMARKS.md)."""
+    ends checksums, gnnpar.data.prepared), and where the features lie in their file
+    (``x_file``: path, byte offset) for :class:`~gnnpar.data.prepared.FileRows`. The maps keep the kernel's read-ahead
+    (``MADV_RANDOM`` on them made 10 steps at papers100m 0.1 inside 3 GiB 7.7x slower: one
+    page fault at a time, BENCHMARKS.md); the feature rows a batch misses in the cache are read
+    by :class:`~gnnpar.data.prepared.FileRows`, many at once, without read-ahead."""
     from gnnpar.data.prepared import open_prepared
 
     p = open_prepared(folder)
+    x = p.array("features")
     return {
         "rowptr": p.tensor("indptr"),
         "col": p.tensor("indices"),
         "x": p.tensor("features"),
+        "x_file": (str(x.filename), int(x.offset)),  # where its rows lie (FileRows)
         "y": p.tensor("labels"),
         "on_disk": True,
     }
@@ -217,13 +236,14 @@ def gather_rows(
     n_id: torch.Tensor,
     slot: torch.Tensor | None = None,
     cached: torch.Tensor | None = None,
+    reader: FileRows | None = None,
 ) -> torch.Tensor:
     """``x[n_id]`` as float32: the rows held by the feature cache (``slot[v]``: the place of
-    row v in ``cached``, -1 when not held) from shared memory, the others read from the
-    memory-mapped ``x`` in ascending row order (the file is read front to back, so neighbouring
-    rows share pages and the kernel reads ahead), all put back in ``n_id``'s order: the same
-    values as ``index_select(x, 0, n_id)``, bit for bit."""
-    return gather_rows_counted(x, n_id, slot, cached)[0]
+    row v in ``cached``, -1 when not held) from shared memory, the others read in ascending row
+    order from the file by ``reader`` (:class:`~gnnpar.data.prepared.FileRows`), or else from the memory-mapped ``x``,
+    all put back in ``n_id``'s order: the same values as ``index_select(x, 0, n_id)``, bit for
+    bit."""
+    return gather_rows_counted(x, n_id, slot, cached, reader)[0]
 
 
 def gather_rows_counted(
@@ -231,6 +251,7 @@ def gather_rows_counted(
     n_id: torch.Tensor,
     slot: torch.Tensor | None = None,
     cached: torch.Tensor | None = None,
+    reader: FileRows | None = None,
 ) -> tuple[torch.Tensor, int]:
     """:func:`gather_rows` and how many of ``n_id``'s rows the cache served (the others,
     ``n_id.numel()`` minus that, were read from ``x``)."""
@@ -245,7 +266,12 @@ def gather_rows_counted(
         miss = ~hit
         n_id, where = n_id[miss], where[miss]
     order = torch.argsort(n_id)
-    out[where[order]] = torch.index_select(x, 0, n_id[order]).float()
+    if reader is not None:
+        rows = torch.empty((n_id.numel(), x.size(1)), dtype=x.dtype)
+        reader.read(n_id[order], rows)
+    else:
+        rows = torch.index_select(x, 0, n_id[order])
+    out[where[order]] = rows.float()
     return out, hits
 
 
@@ -281,6 +307,43 @@ def _exit_with_owner(pid: int, every_s: float = 1.0) -> None:
                 alive = False
         if not alive:
             os._exit(0)
+
+
+class Ahead:
+    """``it``'s items, each made by one background thread while the caller works on the one
+    before: I/O (a prepared folder's feature reads) and sampling overlap the model's step without
+    a loader worker process (no second interpreter, sampler and batch queue inside a memory
+    limit). The items are ``it``'s, in its order (batch i is made from (seed, epoch, rank, step)
+    alone, whichever thread makes it); at most one is made ahead. An error is raised where its
+    item would have been."""
+
+    def __init__(self, it: Iterator) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._it = it
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="gnnpar-ahead")
+        self._next = self._pool.submit(next, it)
+
+    def __iter__(self) -> Ahead:
+        return self
+
+    def __next__(self):  # noqa: ANN204 (the wrapped iterator's item)
+        if self._next is None:
+            raise StopIteration
+        try:
+            item = self._next.result()
+        except StopIteration:
+            self._next = None
+            raise
+        self._next = self._pool.submit(next, self._it)
+        return item
+
+    def close(self) -> None:
+        """Wait for the item in the making (its reads finish) and stop the thread."""
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+        self._pool.shutdown(wait=True)
 
 
 def build_loader(
