@@ -365,11 +365,12 @@ def test_gossip_bipartite_only_active_ranks_pick(bipartite):
 
 def test_gossip_pays_a_store_round_trip_per_call_at_each_boundary():
     """K = 100 (no exchange wanted), 2 equal ranks of 1 s steps, store round trips of 0.125 s:
-    each boundary looks at the rank's own key once (1 round trip), and retiring is one
-    compare-and-set: 2 x (1 + 0.125) + 0.125 = 2.375 s."""
+    each boundary looks at the rank's own key once (a get: 2 round trips, torch's TCPStore.get
+    waits for the key, then gets it), and retiring is one compare-and-set:
+    2 x (1 + 2 x 0.125) + 0.125 = 2.625 s."""
     c = one_host(2, p2p=sim.Link(0.25, INF))
     r = sim.gossip(c, [1.0] * 4, 1, 100, 16, 0, store_rtt_s=[0.125, 0.125])
-    assert r.train_time_s == 2.375 and r.busy_s == [2.375, 2.375] and r.exchanges == 0
+    assert r.train_time_s == 2.625 and r.busy_s == [2.625, 2.625] and r.exchanges == 0
 
 
 def test_gossip_at_k1_pays_the_pairing_protocols_store_calls():
@@ -386,20 +387,21 @@ def test_gossip_at_k1_pays_the_pairing_protocols_store_calls():
 
 
 def test_gossip_store_sets_cost_nothing_and_land_half_a_round_trip_later():
-    """torch's TCPStore.set sends and returns without an answer; get and compare_set wait for
-    theirs. Rank 0 beside the store (no round trip) claims rank 1, whose round trip is 0.5 s;
-    1 s steps, 4 subgraphs, exchanges of 0.25 s, K = 1, only rank 0 picks (bipartite). At 1
-    rank 0 claims rank 1; rank 1 looks at its key (at the store at 1.25, answer at 1.5), sets
-    it ready (lands at 1.75: it waits for nothing) and waits in the exchange. Rank 0 finds
-    it ready at 2: exchange 2-2.25. Its pick again at 2.25 finds rank 1 still ready (the
-    release lands at 2.5): no claim. Rank 1 takes the last subgraph at 2.25, looks at its key
-    at 3.25 (answer 3.75), retires with a compare-and-set at 4.25. Charging each set a round
-    trip, as before, made rank 1 reach the exchange at 2 and take no subgraph after it."""
+    """torch's TCPStore.set sends and returns without an answer; compare_set waits for its
+    answer, get for two (it waits for the key first). Rank 0 beside the store (no round trip)
+    claims rank 1, whose round trip is 0.5 s; 1 s steps, 4 subgraphs, exchanges of 0.25 s,
+    K = 1, only rank 0 picks (bipartite). At 1 rank 0 claims rank 1; rank 1 looks at its key
+    (the get reaches the store at 1.75, answer at 2), sets it ready (lands at 2.25: it waits
+    for nothing) and waits in the exchange. Rank 0 looks at 2 (not ready yet), takes the last
+    subgraph, finds it ready at 3: exchange 3-3.25. Its pick again at 3.25 finds rank 1 still
+    ready (the release lands at 3.5): no claim, and rank 0 retires. Rank 1, out of work,
+    retires with a compare-and-set that reaches the store at 3.5, after its release: answer
+    at 3.75. Charging each set a round trip made rank 1 reach the exchange late."""
     c = one_host(2, p2p=sim.Link(0.25, INF))
     r = sim.gossip(c, [1.0] * 4, 1, 1, 16, 0, bipartite=True, poll_s=0.25,
                    store_rtt_s=[0.0, 0.5])  # fmt: skip
-    assert r.train_time_s == 4.25 and r.log == [(2.25, 0, 1)] and r.batches == [2, 2]
-    assert r.busy_s == [2.0, 2.0 + 3 * 0.5]  # rank 1: its 2 steps, a look twice, retiring
+    assert r.train_time_s == 3.75 and r.log == [(3.25, 0, 1)] and r.batches == [3, 1]
+    assert r.busy_s == [3.0, 1.0 + 2 * 0.5 + 0.5]  # rank 1: its step, a get, retiring
 
 
 def test_gossip_first_step_on_a_subgraph_costs_extra_once_per_rank():
@@ -411,3 +413,22 @@ def test_gossip_first_step_on_a_subgraph_costs_extra_once_per_rank():
     r = sim.gossip(c, [1.0] * 12, 3, 100, 16, 0, position_part=parts, first_extra_s=[0.5] * 4)
     extra = sum(r.busy_s) - sum(base.busy_s)
     assert 4 * 0.5 <= extra <= 2 * 4 * 0.5 and (extra / 0.5).is_integer()
+
+
+def test_gossip_a_pick_that_claims_nobody_holds_its_key_busy_until_the_release_lands():
+    """Rank 1 (store round trip 0.5 s) picks while rank 0 is busy: its compare-and-set of its
+    own key (avail -> busy) reaches the store at 0.25, answered at 0.5; the get of rank 0's
+    speed (two round trips) and the failed compare-and-set of rank 0's key end at 2.0; the
+    set that releases its key is sent then and lands at 2.25. Until then nobody can claim
+    rank 1 (a pick resolved in one instant left it available at once)."""
+    c = one_host(2)
+    run = sim._GossipRun(c, [1.0] * 4, 1, 16, 0, sim.NONE, False, 0.001, 0.8,
+                         [0.0, 0.0], [0.0, 0.5], None, None, [1.0, 1.0])  # fmt: skip
+    run.state[0] = "busy"
+    seen = {}
+    for t in (0.2, 0.3, 2.2, 2.3):
+        run.sim.at(t, lambda t=t: seen.__setitem__(t, run.state[1]))
+    run.sim.start(run.pick(1))
+    run.sim.run()
+    assert seen == {0.2: "avail", 0.3: "busy", 2.2: "busy", 2.3: "avail"}
+    assert run.pending[1] is None and run.busy[1] == 4 * 0.5

@@ -18,7 +18,8 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
   same ``random.Random(seed * 7919 + rank)`` the code shuffles with; the published step time is
   the code's moving average, written every 4th step; each store call acts on the store half
   a round trip after it was made, and only the calls that wait for an answer cost the rank
-  time (a ``set`` does not: :meth:`_GossipRun.put`); with ``K = 1`` the claimer picks again at
+  time (a ``set`` does not: :meth:`_GossipRun.put`; a ``get`` is two round trips, ``add`` and
+  ``compare_set`` one: :meth:`_GossipRun.call`); with ``K = 1`` the claimer picks again at
   once after its exchange. Out of work, a rank finishes its pick (polling every 1 ms, as
   ``Pairing.retire``), serves claims made on it, retires, and waits at the final barrier.
 * :func:`pipeline` (pipeline, hybrid): each stage runs torch's op order (ScheduleGPipe: every
@@ -92,6 +93,10 @@ GLOO_LATENCIES_PER_MESSAGE = 3.0
 # pipeline, whose receives are posted when the schedule reaches them, gets the protocol itself
 # (Cluster.p2p_delivery).
 GLOO_P2P_LATENCIES = 2.0
+# torch's TCPStore.get is two round trips to the store: it waits for the key to exist (a WAIT
+# request, answered at once when it does), then sends the GET (timed across the emulated
+# 100 Mbit/s, 5 ms link: get 25.0 ms, add 11.9 ms, compare_set 10.6 ms, set 0.06 ms)
+GET_TRIPS = 2
 
 
 @dataclass(frozen=True)
@@ -366,9 +371,9 @@ def gossip(
     ``step_overhead_s[rank]``: the store round trips of every step (taking from the pool),
     not slowed by the straggler (they come before its timed step). ``store_rtt_s[rank]``: one
     round trip to the store; the pairing protocol (parallel/gossip/protocol.py) pays it per
-    store call that waits for an answer, at a step boundary, as the real one does: a look at
-    its own key (or at its pick's partner's), a pick's compare-and-sets and its look at each
-    candidate's speed. Its sets (the answer to a claim, the release after an exchange, the
+    store call that waits for an answer (twice for a ``get``), at a step boundary, as the real
+    one does: a look at its own key (or at its pick's partner's), a pick's compare-and-sets
+    and its look at each candidate's speed. Its sets (the answer to a claim, the release after an exchange, the
     published speed) cost it nothing: torch's ``TCPStore.set`` does not wait for the store.
     Every call acts on the store half a round trip after the rank made it: a rank far from
     the store is seen ready, released or claimed that much later.
@@ -470,20 +475,23 @@ class _GossipRun:
         """Whether a candidate whose published step time is ``theirs`` is not much faster."""
         return theirs == 0.0 or self.step_avg[r] == 0.0 or theirs >= self.slack * self.step_avg[r]
 
-    def call(self, r: int, op, busy: bool = True):
-        """One store call of rank ``r`` that waits for its answer (``get``, ``compare_set``,
-        ``add``): the request reaches the store half a round trip after it is sent, ``op`` runs
-        there (on the store's state at that instant), and the answer is back half a round trip
-        later. Returns ``op``'s result. ``busy``: the round trip counts as the rank's work (a
-        rank polling for its partner in its clean-up waits instead)."""
-        half = self.rtt[r] / 2
+    def call(self, r: int, op, busy: bool = True, trips: int = 1):
+        """One store call of rank ``r`` that waits for its answer: ``compare_set`` and ``add``
+        are one request and its answer (``trips=1``); a ``get`` is two (``trips=2``): torch's
+        ``TCPStore.get`` first waits for the key to exist (a WAIT request and its answer), then
+        sends the GET (timed across the emulated 5 ms link: add 11.9 ms, compare_set 10.6 ms,
+        get 25.0 ms). The last request reaches the store half a round trip after it is sent,
+        ``op`` runs there (on the store's state at that instant), and the answer is back half a
+        round trip later. Returns ``op``'s result. ``busy``: the round trips count as the rank's
+        work (a rank polling for its partner in its clean-up waits instead)."""
+        rtt = self.rtt[r]
         if busy:
-            self.busy[r] += self.rtt[r]
-        if half > 0:
-            yield self.sim.delay(half)
+            self.busy[r] += trips * rtt
+        if rtt > 0:
+            yield self.sim.delay((trips - 0.5) * rtt)
         out = op()
-        if half > 0:
-            yield self.sim.delay(half)
+        if rtt > 0:
+            yield self.sim.delay(rtt / 2)
         return out
 
     def put(self, r: int, op) -> None:
@@ -520,14 +528,18 @@ class _GossipRun:
         (the model checker's steps are atomic too): two picks that overlap resolve to one
         claim, as they do in a real run, whose timings never repeat exactly, where two exactly
         equal simulated ranks would fail each other's claims at every boundary. The rank waits
-        a round trip per call, and takes the exchange as its own once the last answer is back."""
-        calls, claimed = [1], []
+        a round trip per call (two per get), and takes the exchange as its own once the last
+        answer is back. Where it claimed nobody, its key stays ``busy`` (nobody can claim it)
+        until the set that makes it available again, sent after the last answer, reaches the
+        store: across a 5 ms link a pick that finds nobody (a get of its own key's claim, a
+        compare-and-set, a get of the candidate's speed) holds it busy for three round trips."""
+        calls, claimed, released = [1], [], []
 
         def at_store() -> None:
             if not self._cas(r, "avail", "busy"):
                 return  # claimed meanwhile: served at its next boundary
             cands = self.candidates(r)
-            calls[0] += len(cands)  # each candidate's published speed
+            calls[0] += GET_TRIPS * len(cands)  # each candidate's published speed: a get
             order = [c for c in cands if self.not_faster(r, self.published[c])]
             self.rngs[r].shuffle(order)
             xid = f"{r}.{self.claims[r]}"
@@ -538,7 +550,7 @@ class _GossipRun:
                     self.cost[xid] = self.cluster.p2p_s(r, c, self.sync_bytes)
                     claimed.append(_Exchange(c, xid, True))
                     return
-            self.state[r] = "avail"  # nobody available (a set: no answer awaited)
+            released.append(True)  # nobody available: its key back to available (a set)
 
         yield from self.call(r, at_store)
         more = (calls[0] - 1) * self.rtt[r]
@@ -547,6 +559,8 @@ class _GossipRun:
             yield self.sim.delay(more)
         if claimed:
             self.pending[r] = claimed[0]
+        elif released:  # sent once the last answer is back: the key was busy until it lands
+            self.put(r, lambda: self._set_state(r, "avail"))
 
     def serve_claim(self, r: int, value) -> _Exchange | None:
         """``value``, what rank ``r`` read of its own key: a claim is answered by setting the
@@ -562,10 +576,10 @@ class _GossipRun:
         x = self.pending[r]
         if x is not None:  # a look at the partner's key
             ready = ("ready", r, x.xid)
-            seen = yield from self.call(r, lambda: self.state[x.partner] == ready, busy)
+            seen = yield from self.call(r, lambda: self.state[x.partner] == ready, busy, GET_TRIPS)
             return x if seen else None
         if self.pickable(r):  # a look at its own key
-            value = yield from self.call(r, lambda: self.state[r], busy)
+            value = yield from self.call(r, lambda: self.state[r], busy, GET_TRIPS)
             served = self.serve_claim(r, value)
             if served is not None:
                 return served
