@@ -85,7 +85,8 @@ def test_emulated_links_carry_ethernet_frames_where_the_link_process_keeps_up():
 def test_two_namespaces_over_the_emulated_link_see_its_delay_and_rate():
     """make_hosts(link="emulated") shaped to 100 Mbit/s and 5 ms: a round trip of one byte takes
     >= 10 ms, 1 MB one way and one byte back >= 80 ms + 10 ms and not much more; the link
-    taken down carries nothing; the namespaces and the link's process are gone afterwards."""
+    taken down carries nothing; the namespaces and the link's process are gone afterwards; the
+    link's process runs under the real-time FIFO policy."""
     import subprocess
     import sys
 
@@ -118,6 +119,10 @@ while True:
             assert h.kind == "emulated"
             h.shape(100e6, 0.005)
             wire = h.wire
+            # as root every thread of the link's process is real-time (FIFO): its packets never
+            # wait for a core behind the machine's other work, as a cable's never do
+            for tid in os.listdir(f"/proc/{wire.pid}/task"):
+                assert os.sched_getscheduler(int(tid)) == os.SCHED_FIFO, tid
             for ns, dev in ((h.a, h.if_a), (h.b, h.if_b)):  # Ethernet's frames at 100 Mbit/s
                 shown = netns.ip("-n", ns, "link", "show", dev).stdout
                 assert " mtu 1500 " in shown, shown
