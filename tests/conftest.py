@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import multiprocessing.process
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pytest
 from torch_geometric.data import Data
@@ -34,6 +36,26 @@ def private_data_root(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GNNPAR_DATA", str(tmp_path_factory.mktemp("gnnpar-data")))
         yield
+
+
+@pytest.fixture(scope="session")
+def wide_prepared(tmp_path_factory) -> tuple[Path, Path]:
+    """(prepared folder, data root) of tests.runtime.wide_graph (1.53 GiB prepared), made once
+    for the whole session and shared by every pytest-xdist worker (under a lock in the folder
+    the workers' temporary folders share): tests/runtime/test_resources_real.py and
+    tests/e2e/test_shard_sampled_cgroup.py train from it and must not write into it. The data
+    root holds the graph's in-memory cache, which the prepare made on its way."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, data = root / "wide-prepared", root / "wide-data"
+    with open(root / "wide-prepared.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the worker dies)
+        if not (folder / "manifest.json").exists():
+            source = "tests.runtime.wide_graph:wide"
+            p = run_cli("prepare", "--dataset", source, "--out", str(folder),
+                        "--data-root", str(data), "--quiet", timeout=600)  # fmt: skip
+            assert p.returncode == 0, p.stderr
+    return folder, data
 
 
 @pytest.fixture

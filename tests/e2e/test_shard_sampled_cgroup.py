@@ -7,8 +7,9 @@ the hosts are two processes on this machine joined over loopback, as torchrun's 
 (GROUP_RANK picks the shard), each with a folder of its own holding the manifest and its shard.
 
 Needs root (cgroups); skipped with the reason otherwise, a failure instead when
-``GNNPAR_REQUIRE_CGROUP=1``. About 2-3 minutes on 2 cores (two prepares of 1.5 GiB and three
-runs): the size is what makes 0.6 x the graph more than torch itself."""
+``GNNPAR_REQUIRE_CGROUP=1``. About 2-3 minutes on 2 cores (the sharding of the 1.5 GiB folder,
+prepared once for the session with tests/runtime/test_resources_real.py, and three runs): the
+size is what makes 0.6 x the graph more than torch itself."""
 
 from __future__ import annotations
 
@@ -43,12 +44,10 @@ def _host_env(h: int, port: int) -> dict[str, str]:
 
 
 @pytest.mark.timeout(900)
-def test_two_hosts_each_in_a_cgroup_of_0_6_of_the_graph_train_its_loss_curve(tmp_path):
-    data = str(tmp_path / "data")
-    whole, sharded = tmp_path / "wide", tmp_path / "wide-2"
-    p = run_cli("prepare", "--dataset", "tests.runtime.wide_graph:wide", "--out", str(whole),
-                "--data-root", data, "--quiet", timeout=600)  # fmt: skip
-    assert p.returncode == 0, p.stderr
+def test_two_hosts_each_in_a_cgroup_of_0_6_of_the_graph_train_its_loss_curve(
+    tmp_path, wide_prepared
+):
+    whole, sharded = wide_prepared[0], tmp_path / "wide-2"
     p = run_cli("prepare", "--dataset", str(whole), "--shards", "2", "--partitioner", "random",
                 "--out", str(sharded), "--quiet", timeout=600)  # fmt: skip
     assert p.returncode == 0, p.stderr

@@ -154,19 +154,17 @@ def test_a_single_rank_killed_by_the_cgroups_limit_is_named(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_a_graph_half_again_larger_than_its_cgroup_trains_and_evaluates_from_disk(tmp_path):
+def test_a_graph_half_again_larger_than_its_cgroup_trains_and_evaluates_from_disk(
+    tmp_path, wide_prepared
+):
     """A prepared folder of 1.53 GiB (tests.runtime.wide_graph: 200,000 nodes x 2,048 fp32
     features) trained with sampled GraphSAGE and evaluated inside a cgroup of 1/1.5 of the
     folder's bytes (torch alone takes ~0.3 GiB of it): it finishes, scores val and test, and its
     loss curve is the in-memory run's, bit for bit (the same graph from memory, no limit)."""
     from tests.helpers import run_cli
 
-    data = str(tmp_path / "data")
-    folder = tmp_path / "wide"
+    folder, data = wide_prepared[0], str(wide_prepared[1])
     source = "tests.runtime.wide_graph:wide"
-    p = run_cli("prepare", "--dataset", source, "--out", str(folder), "--data-root", data,
-                "--quiet", timeout=600)  # fmt: skip
-    assert p.returncode == 0, p.stderr
     size = sum(f.stat().st_size for f in folder.iterdir())
     flags = [
         "--strategy", "sampled", "--model", "sage", "--hidden", "32", "--fanouts", "4,4,4",
