@@ -102,13 +102,15 @@ def two_hosts(
     args: list[str],
     local_addr: bool = True,
     plain: bool = False,
+    args_b: tuple[str, ...] = (),
 ) -> Run:
     """The README's two commands (``gnnpar torchrun``; ``plain``: torchrun itself, ``-m gnnpar
-    train``), host A (rendezvous host) and host B, started together."""
+    train``), host A (rendezvous host) and host B, started together; ``args_b``: more flags
+    for host B's ranks only."""
     procs, outs, logs = [], [], []
-    for ns, ifname, addr, conf in (
-        (h.a, h.if_a, ADDR_A, "is_host=true,join_timeout=120"),
-        (h.b, h.if_b, ADDR_B, "join_timeout=120"),
+    for ns, ifname, addr, conf, more in (
+        (h.a, h.if_a, ADDR_A, "is_host=true,join_timeout=120", ()),
+        (h.b, h.if_b, ADDR_B, "join_timeout=120", args_b),
     ):
         out, log = tmp / f"{name}-{ns[-1]}", tmp / f"{name}-{ns[-1]}.log"
         launcher = ["torch.distributed.run"] if plain else ["gnnpar", "torchrun"]
@@ -117,7 +119,7 @@ def two_hosts(
         cmd += ["--rdzv-endpoint", f"{ADDR_A}:{port}", "--rdzv-id", name, "--rdzv-conf", conf]
         cmd += ["--local-addr", addr] if local_addr else []
         cmd += ["-m", "gnnpar"] if plain else []
-        cmd += ["train", *COMMON, *args, "--out", str(out)]
+        cmd += ["train", *COMMON, *args, *more, "--out", str(out)]
         procs.append(_start(cmd, log, _env(GLOO_SOCKET_IFNAME=ifname)))
         outs.append(out)
         logs.append(log)
@@ -248,9 +250,12 @@ def runs(hosts, tmp_path_factory):
         for name in SINGLE
     }
     # the mistake the README warns of: no --local-addr on hosts that share a hostname
-    args = [*PAIRS["allreduce-2x1"][1], "--timeout", "15"]  # the last --timeout wins
+    # (the last --timeout wins). Host B's ranks give up sooner than host A's store: once A's
+    # ranks end, A's torchrun ends and takes the rendezvous with it, and B's agent then ends its
+    # ranks (torch's own traceback) before they could say why, if they started later than A's
+    args = [*PAIRS["allreduce-2x1"][1], "--timeout", "15"]
     pairs["no-local-addr"] = two_hosts(
-        hosts, tmp, "no-local-addr", 1, 29399, args, False, plain=True
+        hosts, tmp, "no-local-addr", 1, 29399, args, False, plain=True, args_b=("--timeout", "9")
     )
     pairs["no-local-addr"].must_fail = True
     watch = run_all(hosts, [*pairs.values(), *refs.values()])

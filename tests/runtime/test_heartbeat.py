@@ -172,6 +172,22 @@ def test_a_store_that_stops_answering_is_reported_after_the_silence():
     assert "(--timeout 0.5; connection reset): that host is down, or the network" in message
 
 
+def test_a_silent_store_named_by_host_names_the_rank_whose_address_it_resolves_to(monkeypatch):
+    """MASTER_ADDR is a name ("localhost") and the beats carry addresses ("127.0.0.1"): the
+    message for a silent store still names the rank on the store's host (resolved when the
+    watcher starts, not when the network may be down)."""
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29512")
+    watcher = _Recorded(tdist.HashStore(), 1, 3, 10.0)
+    assert watcher.store_addr == "127.0.0.1"
+    seen = {2: (b"4 hostB 77 10.0.0.9 m/1", 0.0), 0: (b"5 vm 4288 127.0.0.1 m/2", 0.0)}
+    message = watcher._store_silent(9.5, None, seen)
+    assert message.startswith(
+        "the run's key-value store at localhost:29512 (on the host of rank 0 (host vm at "
+        "127.0.0.1, pid 4288)) stopped answering for 9.5 s (--timeout 10; a call to it has not"
+    ), message
+
+
 def test_the_beat_interval_follows_the_timeout():
     store = tdist.HashStore()
     assert Heartbeat(store, 0, 2, 0.5).interval == 0.05  # at least 50 ms

@@ -68,16 +68,23 @@ def local_address() -> str:
     """The address this host reaches the run's store from (MASTER_ADDR): what the other hosts
     know it by. No packet is sent (a UDP socket's connect only picks the route); "" if unknown.
     """
+    return _route()[0]
+
+
+def _route() -> tuple[str, str]:
+    """(this host's address towards the run's store, the store's address as resolved), by a
+    UDP socket's connect (no packet sent); ("", "") if unknown. MASTER_ADDR may be a name
+    ("localhost") where the beats carry addresses ("127.0.0.1"): the resolved one matches."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
     if not addr or not port.isdigit():
-        return ""
+        return "", ""
     try:
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect((addr, int(port)))
-            return str(s.getsockname()[0])
+            return str(s.getsockname()[0]), str(s.getpeername()[0])
     except OSError:
-        return ""
+        return "", ""
 
 
 class Heartbeat:
@@ -91,7 +98,8 @@ class Heartbeat:
         self.thread = threading.Thread(target=self._run, name="gnnpar-heartbeat", daemon=True)
         self.io = threading.Thread(target=self._exchange, name="gnnpar-heartbeat-io", daemon=True)
         self.machine = machine_id()
-        me = [socket.gethostname(), str(os.getpid()), local_address() or "-", self.machine or "-"]
+        mine, self.store_addr = _route()
+        me = [socket.gethostname(), str(os.getpid()), mine or "-", self.machine or "-"]
         self.me = " ".join(me)
 
     def start(self) -> Heartbeat:
@@ -184,8 +192,10 @@ class Heartbeat:
         holds it (a rank there beats with the store's address as its own)."""
         addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
         where = f" at {addr}:{port}" if addr and port else ""
-        # the store lives on the host whose ranks reach it at its own address
-        near = [r for r, (value, _) in seen.items() if addr and _field(value, 3) == addr]
+        # the store lives on the host whose ranks reach it at its own address (by name or as
+        # resolved when this rank started: no name lookup now, the network may be down)
+        at = {a for a in (addr, self.store_addr) if a}
+        near = sorted(r for r, (value, _) in seen.items() if _field(value, 3) in at)
         holder = f" (on the host of {describe(near[0], seen[near[0]][0])[0]})" if near else ""
         if e is None:
             cause = "a call to it has not returned"
