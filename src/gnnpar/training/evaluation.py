@@ -56,7 +56,7 @@ def graph_logits(
     model: nn.Module,
     x: torch.Tensor,
     edge_index: torch.Tensor,
-    limit: int = MESSAGE_BYTES_LIMIT,
+    limit: int | None = None,
     cache: EvalGraphCache | None = None,
     targets: torch.Tensor | None = None,
     budget: int | None = None,
@@ -95,6 +95,7 @@ def graph_logits(
     Why one function: the choice among the exact ways above and each way's short body; apart,
     each would take the same model, graph, targets and memory budget.
     """
+    limit = MESSAGE_BYTES_LIMIT if limit is None else limit
     edges = edge_index if isinstance(edge_index, InEdges) else None
     if x.dtype in (torch.float16, torch.bfloat16) and not (edges and _rowwise(model)):
         x = x.float()  # half-precision features: only the row path widens them row by row
