@@ -41,6 +41,9 @@ def test_the_disk_serves_what_the_page_cache_the_limit_leaves_cannot_hold():
     # 1.5 GiB left for 3 GiB of uncached features: half of the reads
     assert adv_disk.disk_share(_profile((1 << 30) + rank + (3 << 29)).disk, rank) == 0.5
     assert adv_disk.disk_share(_profile(None).disk, rank) == 0.0  # unknown: no limit seen
+    # the CSR competes for the page cache: 1.5 GiB for 3 GiB of features and 3 GiB of CSR
+    csr = _profile((1 << 30) + rank + (3 << 29)).disk | {"graph_bytes": 3 << 30}
+    assert adv_disk.disk_share(csr, rank) == 0.75
     io = adv_disk.io_per_step(_profile((1 << 30) + rank), "1024", rank)
     assert io == {"io_s": 1e6 / 100e6, "bytes_read_per_step": 1e6, "disk_share": 1.0,
                   "hit_rate": 0.25}  # fmt: skip
@@ -104,4 +107,5 @@ def test_the_profile_records_the_runs_cache_hits_and_bytes_read(tmp_path):
     assert io == want and 0.0 < io["hit_rate"] < 1.0 and io["bytes_read_per_step"] > 0
     assert prof.disk["cache_bytes"] == cache == int(0.25 * n) * f * 4
     assert prof.disk["feature_bytes"] == n * f * 4 and prof.disk["folder"] == str(folder)
+    assert prof.disk["graph_bytes"] == (n + 1) * 8 + 30000 * 4  # indptr, int32 indices
     assert prof.disk["read_bytes_s"] is None or prof.disk["read_bytes_s"] > 0

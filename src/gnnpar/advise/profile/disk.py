@@ -84,33 +84,39 @@ def read_rate(batches, folder: str, first: int) -> float | None:
 def disk_record(ds, source, batches, first: int) -> dict[str, Any]:
     """The profile's record of the prepared folder ``ds`` trains from (``source``: the run's
     sampled source, whose feature cache the run would get): its features' bytes, the cache's,
-    the memory the run may use, and the folder's read rate (:func:`read_rate`)."""
+    the memory the run may use (a cgroup's whole limit; else the machine's available memory),
+    and the folder's read rate (:func:`read_rate`)."""
     from gnnpar.data.prepared import open_prepared
     from gnnpar.runtime import resources
 
     p = open_prepared(ds.info["prepared"])
     budget = resources.available_memory()
+    limited = budget is not None and budget.limit is not None
+    # under a limit, the whole of it: the rank, its cache and the folder's page cache share it
+    memory = None if budget is None else budget.limit.limit if limited else budget.free
     return {
         "folder": str(p.folder),
         "feature_bytes": int(p.array("features").nbytes),
+        "graph_bytes": int(p.array("indptr").nbytes + p.array("indices").nbytes),
         "cache_bytes": int(source.cache_bytes),
-        "memory_bytes": None if budget is None else int(budget.free),
-        "limited": budget is not None and budget.limit is not None,
+        "memory_bytes": None if memory is None else int(memory),
+        "limited": limited,
         "read_bytes_s": read_rate(batches, str(p.folder), first),
     }
 
 
 def disk_share(disk: dict[str, Any], rank_bytes: int) -> float:
-    """The share of a batch's reads that the disk serves (the rest: the page cache): 0 where
-    the folder's features beyond the cache fit in the memory the run may use beside the rank
-    and its cache (or that memory is unknown), else the part of them that does not fit (reads
-    spread over the uncached rows)."""
+    """The share of a batch's feature reads that the disk serves (the rest: the page cache):
+    0 where the folder's features beyond the cache fit in the memory the run may use beside
+    the rank and its cache (or that memory is unknown), else the part of them that does not
+    fit (reads spread over the uncached rows). The CSR the sampler reads competes for the same
+    page cache, so it counts with them."""
     memory = disk.get("memory_bytes")
     uncached = disk["feature_bytes"] - disk["cache_bytes"]
     if memory is None or uncached <= 0:
         return 0.0
     room = max(0, memory - rank_bytes - disk["cache_bytes"])
-    return max(0.0, min(1.0, 1.0 - room / uncached))
+    return max(0.0, min(1.0, 1.0 - room / (uncached + disk.get("graph_bytes", 0))))
 
 
 def io_per_step(prof, key: str, rank_bytes: int) -> dict[str, float] | None:
