@@ -373,7 +373,7 @@ def _disk_of(c: Candidate, prof: Profile) -> dict[str, float] | None:
     if simulation_of(c.strategy) != SIM_SAMPLED or not prof.disk:
         return None
     key = sampled_key(prof, c.settings["batch_size"], c.world)
-    return io_per_step(prof, key, memory_per_rank(c, prof))
+    return io_per_step(prof, key)
 
 
 def _one_rank(c: Candidate) -> Candidate:
@@ -705,7 +705,7 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
     # from disk: the batch's maker (a worker, overlapped with the rank's compute; else the
     # rank) also waits for the reads the cache and the page cache miss (no core: not in busy)
-    disk = io_per_step(prof, sampled_key(prof, s["batch_size"], world), memory_per_rank(c, prof))
+    disk = io_per_step(prof, sampled_key(prof, s["batch_size"], world))
     io = disk["io_s"] * seeds if disk else 0.0
 
     def run_sampled(speed: list[float]) -> sim.SimResult:

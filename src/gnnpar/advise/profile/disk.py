@@ -12,8 +12,8 @@ again warm; the difference over its bytes read).
 
 The prediction (:func:`io_per_step`) adds to each batch's making the time its reads take from
 the disk: its bytes read x the share of them the page cache cannot hold (the folder's
-features beyond the cache, against the memory the limit leaves beside the rank and its cache)
-/ the read rate. A loader worker makes the batch, so the simulation overlaps that time with
+features beyond the cache and its CSR, against the memory the limit leaves to the page cache
+beside a process holding what a rank holds) / the read rate. A loader worker makes the batch, so the simulation overlaps that time with
 the rank's compute as it does the making; without workers the rank waits for it.
 """
 
@@ -84,16 +84,17 @@ def read_rate(batches, folder: str, first: int) -> float | None:
 def disk_record(ds, source, batches, first: int) -> dict[str, Any]:
     """The profile's record of the prepared folder ``ds`` trains from (``source``: the run's
     sampled source, whose feature cache the run would get): its features' bytes, the cache's,
-    the memory the run may use (a cgroup's whole limit; else the machine's available memory),
-    and the folder's read rate (:func:`read_rate`)."""
+    the memory left to the page cache (the cgroup's headroom, else the machine's available
+    memory, after the profile's batches), and the folder's read rate (:func:`read_rate`)."""
     from gnnpar.data.prepared import open_prepared
     from gnnpar.runtime import resources
 
     p = open_prepared(ds.info["prepared"])
     budget = resources.available_memory()
     limited = budget is not None and budget.limit is not None
-    # under a limit, the whole of it: the rank, its cache and the folder's page cache share it
-    memory = None if budget is None else budget.limit.limit if limited else budget.free
+    # what is left to the page cache now, in a process that holds what a rank holds (the
+    # graph mapped, its feature cache, batches made and trained: charged to the same limit)
+    memory = None if budget is None else budget.free
     return {
         "folder": str(p.folder),
         "feature_bytes": int(p.array("features").nbytes),
@@ -105,21 +106,21 @@ def disk_record(ds, source, batches, first: int) -> dict[str, Any]:
     }
 
 
-def disk_share(disk: dict[str, Any], rank_bytes: int) -> float:
+def disk_share(disk: dict[str, Any]) -> float:
     """The share of a batch's feature reads that the disk serves (the rest: the page cache):
-    0 where the folder's features beyond the cache fit in the memory the run may use beside
-    the rank and its cache (or that memory is unknown), else the part of them that does not
-    fit (reads spread over the uncached rows). The CSR the sampler reads competes for the same
-    page cache, so it counts with them."""
-    memory = disk.get("memory_bytes")
+    0 where the folder's features beyond the feature cache fit in the memory left to the page
+    cache (``memory_bytes``: measured in the profile's process, which holds the graph mapped,
+    the cache and its batches as a rank does), or where that is unknown; else the part of them
+    that does not fit (reads spread over the uncached rows). The CSR the sampler reads
+    competes for the same page cache, so it counts with them."""
+    room = disk.get("memory_bytes")
     uncached = disk["feature_bytes"] - disk["cache_bytes"]
-    if memory is None or uncached <= 0:
+    if room is None or uncached <= 0:
         return 0.0
-    room = max(0, memory - rank_bytes - disk["cache_bytes"])
     return max(0.0, min(1.0, 1.0 - room / (uncached + disk.get("graph_bytes", 0))))
 
 
-def io_per_step(prof, key: str, rank_bytes: int) -> dict[str, float] | None:
+def io_per_step(prof, key: str) -> dict[str, float] | None:
     """The disk's part of a step of profiled batch size ``key`` from a prepared folder:
     ``io_s`` (seconds the reads take from the disk), ``bytes_read_per_step`` (what the cache
     missed: page cache or disk), ``disk_share`` and ``hit_rate``; None where the profile's run
@@ -128,7 +129,7 @@ def io_per_step(prof, key: str, rank_bytes: int) -> dict[str, float] | None:
     io = prof.sampled.get(key, {}).get("io")
     if not disk or io is None:
         return None
-    share = disk_share(disk, rank_bytes)
+    share = disk_share(disk)
     rate = disk.get("read_bytes_s")
     read = io["bytes_read_per_step"]
     return {
