@@ -64,6 +64,9 @@ def graph_logits(
 ) -> torch.Tensor:
     """The model's output for every node of a whole graph (or, where ``targets`` is given, for
     those nodes, in their order: the rows of the result), exact, in bounded memory.
+    ``edge_index``: the graph's [2, E] tensor, or its in-edge CSR as an :class:`InEdges` (a
+    prepared folder's, mapped: read a block of rows at a time, never rebuilt whole; its
+    half-precision features ``x`` are widened where read), with the same results.
 
     Small graphs: one plain forward pass. Large graphs, chosen because every node must be
     scored exactly as full-graph inference would (scoring on the Cluster-GCN subgraphs would drop
