@@ -73,6 +73,11 @@ HEAVY = (
     # paths run by tests/lightning and tests/data/test_prepared*.py
     "benchmarks.frameworks.lightning_loaders",
     "benchmarks.memory.prepared_format",
+    # an advise profile and an epoch, each in a memory cgroup; their paths run by
+    # tests/advise/test_disk.py and tests/runtime/test_resources_real.py
+    "benchmarks.memory.advise_from_disk",
+    # a prepare and a training run stopped after 3 steps (DGL's side too where it is installed)
+    "benchmarks.memory.bytes_per_node_edge",
 )
 
 

@@ -35,7 +35,11 @@ def _curve(tmp_path, dataset, name, **flags):
             "out": str(out),
         },  # fmt: skip
     )
-    return run_rank(cfg, prepare(cfg))["loss_curve"]
+    return _result(cfg)["loss_curve"]
+
+
+def _result(cfg) -> dict:
+    return run_rank(cfg, prepare(cfg))
 
 
 def test_sequential_full_batch_same_curve_from_disk(tmp_path):
@@ -46,12 +50,27 @@ def test_sequential_full_batch_same_curve_from_disk(tmp_path):
     assert len(mem) == 4 and mem == disk
 
 
-def test_sampled_one_rank_same_curve_from_disk(tmp_path):
+def test_sampled_one_rank_same_curve_and_scores_from_disk(tmp_path, monkeypatch):
+    """The same loss curve, and the same final layer-wise scores: evaluation reads the
+    folder's CSR in row blocks (a message limit that takes the large-graph path on Cora)."""
+    from gnnpar.training import evaluation as ev
+
+    monkeypatch.setattr(ev, "MESSAGE_BYTES_LIMIT", 4096)
+    blocks = []
+    real = ev.CSRRows.rows
+    monkeypatch.setattr(ev.CSRRows, "rows", lambda self, ids: blocks.append(1) or real(self, ids))
     folder = _folder(tmp_path, "cora")
     flags = {"strategy": "sampled", "epochs": "2", "batch-size": "32", "fanouts": "5,5"}
-    mem = _curve(tmp_path, "cora", "mem", **flags)
-    disk = _curve(tmp_path, str(folder), "disk", **flags)
-    assert len(mem) == 2 and mem == disk
+    flags |= {"eval-mode": "layerwise"}
+    results = []
+    for name, dataset in (("mem", "cora"), ("disk", str(folder))):
+        cfg = build_config(None, {**MODEL, "dataset": dataset, **flags, "out": str(tmp_path / name),
+                                  "data-root": str(tmp_path / "root")})  # fmt: skip
+        results.append(_result(cfg))
+    mem, disk = results
+    assert len(mem["loss_curve"]) == 2 and mem["loss_curve"] == disk["loss_curve"]
+    assert (mem["val_score"], mem["test_score"]) == (disk["val_score"], disk["test_score"])
+    assert blocks  # the folder's run read its CSR in row blocks
 
 
 def _cli_curve(tmp_path, dataset, name, *args):

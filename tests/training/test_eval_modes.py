@@ -93,8 +93,9 @@ def test_sampled_evaluation_with_every_neighbour_is_full_graph_inference(tmp_pat
 
 def test_auto_chooses_from_the_memory_the_run_may_use_and_says_why(monkeypatch):
     ds, model = _dataset(), _model()
-    hidden, graph = ev.layerwise_bytes(model, ds)
-    assert (hidden, graph) == (2 * N * 32 * 4, 0)  # widest layer 32; nothing built in memory
+    hidden, largest, graph = ev.layerwise_bytes(model, ds)
+    # layers of 32, 32 and 5 (the classes) wide: two of 32 at once; nothing built in memory
+    assert (hidden, largest, graph) == (2 * N * 32 * 4, N * 32 * 4, 0)
 
     def choose(limit: str, setting: str = "auto", fanouts=(15, 10, 5)):
         monkeypatch.setenv("GNNPAR_MEMORY_LIMIT", limit)
@@ -102,8 +103,9 @@ def test_auto_chooses_from_the_memory_the_run_may_use_and_says_why(monkeypatch):
 
     fits = choose("1G")
     assert fits.mode == "layerwise" and fits.record() == {"eval_mode": "layerwise"}
-    assert "hidden states (2 x 100.0 KiB) fit in half of the memory cgroup's limit of 1.0 GiB" in (
-        fits.line()
+    assert (
+        "hidden states (200.0 KiB at once) fit in half of the memory cgroup's limit of 1.0 GiB"
+        in (fits.line())
     )
     monkeypatch.setattr(ev, "SMALL_SPILL", 1)  # a spill of 100 KiB counts as large
     tight = choose("300K")
@@ -119,9 +121,14 @@ def test_auto_chooses_from_the_memory_the_run_may_use_and_says_why(monkeypatch):
     assert choose("1K", fanouts=None).mode == "layerwise"
     assert choose("1K", "layerwise").mode == "layerwise"
     assert choose("1T", "sampled").mode == "sampled"
-    # a prepared folder's edges become an int64 edge_index in memory: counted
-    ds.info = {"prepared": "/nowhere", "num_edges": 10**8, "feature_dtype": "fp32"}
-    assert ev.layerwise_bytes(model, ds)[1] == 16 * 10**8
+    # a prepared folder's CSR is read in place by SAGE's row blocks: nothing built, even from
+    # half-precision features; GCN's sparse product builds the whole adjacency: counted
+    ds.info = {"prepared": "/x", "num_edges": 10**8, "num_features": F, "feature_dtype": "fp16"}
+    assert ev.layerwise_bytes(model, ds)[2] == 0 and choose("1G").mode == "layerwise"
+    mc = ModelConfig()
+    mc.name, mc.hidden, mc.layers = "gcn", 32, 3
+    model = build_model(mc, F, C, False).eval()
+    assert ev.layerwise_bytes(model, ds)[2] == 16 * 10**8 + 4 * N * F
     assert choose("1G").mode == "sampled" and "the graph it builds (1.5 GiB)" in choose("1G").why
 
 

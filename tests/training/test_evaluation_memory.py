@@ -123,8 +123,8 @@ def test_evaluate_graph_scores_only_the_split_nodes_with_the_same_scores(tmp_pat
 
 
 def _force(init, in_memory: bool):
-    def wrapped(self, n, width, budget, spill_dir, in_memory_=None):
-        init(self, n, width, budget, spill_dir, in_memory)
+    def wrapped(self, budget, spill_dir, in_memory_=None):
+        init(self, budget, spill_dir, in_memory)
 
     wrapped.__wrapped__ = init
     return wrapped

@@ -32,6 +32,12 @@ whose :class:`~gnnpar.strategies.spec.StrategySpec` declares ``advice``
 (:data:`SIMULATE`), over the settings grid its ``reads`` call for (:data:`GRIDS`); it takes the
 grid's stragglers where it reads ``--slowdown``/``--jitter``. No strategy name is written here.
 
+From disk (a prepared folder): a sampled batch's maker also waits for the feature reads that
+the run's feature cache and the page cache miss (:func:`gnnpar.advise.profile.disk.io_per_step`:
+the bytes a profiled batch read from the folder, the share of them the memory the run may use
+leaves to the disk, the folder's measured read rate); with loader workers that wait overlaps the
+rank's compute as the making does. advice.json's sampled predictions then carry ``disk``.
+
 Memory per rank: the bare rank measured here plus :func:`gnnpar.models.memory.estimate_bytes`
 for the run (a lower bound: see there), a pipeline stage holding its share of the model.
 """
@@ -53,6 +59,7 @@ from gnnpar.advise.profile import (
     sampled_batch_costs,
     sampled_key,
 )
+from gnnpar.advise.profile.disk import io_per_step
 from gnnpar.data.sampling.loader import shard_plan
 from gnnpar.parallel.gossip.pool import WorkPool
 from gnnpar.strategies import registry
@@ -182,6 +189,8 @@ class Prediction:
     bytes_on_network: float  # between hosts (one host: between ranks), whole run
     wait_share: float  # of the ranks' time, blocked on others or on data
     result: sim.SimResult = field(repr=False)
+    # training from a prepared folder: a step's reads (advise/profile/disk.io_per_step)
+    disk: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
@@ -195,7 +204,7 @@ class Prediction:
             "workers": c.world,
             "bytes_on_network": self.bytes_on_network,
             "wait_share": self.wait_share,
-        }
+        } | ({"disk": dict(self.disk)} if self.disk else {})
 
 
 def build_grid(
@@ -355,7 +364,16 @@ def predict(
         moved,
         wait / (busy + wait) if busy + wait > 0 else 0.0,
         res,
+        _disk_of(c, prof),
     )
+
+
+def _disk_of(c: Candidate, prof: Profile) -> dict[str, float] | None:
+    """A sampled candidate's reads from a prepared folder per step (None: from memory)."""
+    if simulation_of(c.strategy) != SIM_SAMPLED or not prof.disk:
+        return None
+    key = sampled_key(prof, c.settings["batch_size"], c.world)
+    return io_per_step(prof, key)
 
 
 def _one_rank(c: Candidate) -> Candidate:
@@ -685,6 +703,10 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     f = corun * seeds
     key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
     strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
+    # from disk: the batch's maker (a worker, overlapped with the rank's compute; else the
+    # rank) also waits for the reads the cache and the page cache miss (no core: not in busy)
+    disk = io_per_step(prof, sampled_key(prof, s["batch_size"], world))
+    io = disk["io_s"] * seeds if disk else 0.0
 
     def run_sampled(speed: list[float]) -> sim.SimResult:
         return sim.sampled(
@@ -692,7 +714,7 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
             steps,
             epochs,
             compute * f + loop + exchange,
-            sample * f,
+            sample * f + io,
             w,
             prof.param_bytes,
             strag,

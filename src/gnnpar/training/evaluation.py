@@ -56,7 +56,7 @@ def graph_logits(
     model: nn.Module,
     x: torch.Tensor,
     edge_index: torch.Tensor,
-    limit: int = MESSAGE_BYTES_LIMIT,
+    limit: int | None = None,
     cache: EvalGraphCache | None = None,
     targets: torch.Tensor | None = None,
     budget: int | None = None,
@@ -64,6 +64,9 @@ def graph_logits(
 ) -> torch.Tensor:
     """The model's output for every node of a whole graph (or, where ``targets`` is given, for
     those nodes, in their order: the rows of the result), exact, in bounded memory.
+    ``edge_index``: the graph's [2, E] tensor, or its in-edge CSR as an :class:`InEdges` (a
+    prepared folder's, mapped: read a block of rows at a time, never rebuilt whole; its
+    half-precision features ``x`` are widened where read), with the same results.
 
     Small graphs: one plain forward pass. Large graphs, chosen because every node must be
     scored exactly as full-graph inference would (scoring on the Cluster-GCN subgraphs would drop
@@ -95,6 +98,10 @@ def graph_logits(
     Why one function: the choice among the exact ways above and each way's short body; apart,
     each would take the same model, graph, targets and memory budget.
     """
+    limit = MESSAGE_BYTES_LIMIT if limit is None else limit
+    edges = edge_index if isinstance(edge_index, InEdges) else None
+    if x.dtype in (torch.float16, torch.bfloat16) and not (edges and _rowwise(model)):
+        x = x.float()  # half-precision features: only the row path widens them row by row
     convs = [m for m in model.modules() if isinstance(m, MessagePassing)]
     # Widest feature a message can carry (SAGEConv aggregates its input before projecting).
     width = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
@@ -107,48 +114,71 @@ def graph_logits(
         # at their peak (measured: 3.2 GB for 1 GiB): a tenth of the budget leaves the rest to
         # the hidden states (half of it) and to the process itself
         limit = min(limit, max(1 << 20, budget // 10))
-    if edge_index.size(1) * width * 4 <= limit or not convs:
+    num_edges = edges.num_edges if edges is not None else edge_index.size(1)
+    if num_edges * width * 4 <= limit or not convs:
+        if edges is not None:
+            x, edge_index = x.float(), edges.edge_index()
         out = model(x, edge_index).float()
         return out if targets is None else out[targets]
     n = x.size(0)
     rows = _rowwise(model)
-    store = HiddenStore(n, width, budget, spill_dir)
+    store = HiddenStore(budget, spill_dir)
     fused = all(
         type(c).message_and_aggregate is not MessagePassing.message_and_aggregate for c in convs
     )
     if fused:
         gcn = all(isinstance(c, GCNConv) for c in convs)
         # the caller's graph (before any edit below) identifies the adjacency for the cache
-        cache_key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version, n, gcn)
+        if edges is not None:
+            cache_key = (edges.key, n, gcn)
+        else:
+            cache_key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version, n, gcn)
         if cache is not None and cache.key == cache_key:
             return _fused(model, x, cache.adj_t, targets, rows, store)
-        if rows and not gcn and not store.adjacency_fits(edge_index.size(1)):
-            # the whole adjacency does not fit beside the hidden states: each block of rows
-            # builds its own from a pass over the edges (the same rows, so the same sums)
-            blocks = StreamedRows(edge_index, n, x.dtype)
-            if blocks.unique_edges() == edge_index.size(1):
+        if rows and not gcn and (edges is not None or not store.adjacency_fits(num_edges)):
+            # the whole adjacency is not built where it need not be (an in-edge CSR: each
+            # block of rows is read from it) or does not fit beside the hidden states (each
+            # block of rows builds its own from a pass over the edges): the same rows, so
+            # the same sums
+            blocks = (
+                CSRRows(edges, x.dtype if x.dtype == torch.float32 else torch.float32)
+                if edges is not None
+                else StreamedRows(edge_index, n, x.dtype)
+            )
+            if blocks.unique_edges() == num_edges:
                 with store, torch.autocast(x.device.type, enabled=False):
                     return _layerwise_rows(model, x, blocks, targets, store).float()
-        if gcn:
-            # GCNConv adds self-loops to a sparse adjacency unconditionally but only the missing
-            # ones to an edge_index; dropping existing ones first makes the two agree.
-            edge_index, _ = remove_self_loops(edge_index)
+            x = x.float()
+        if edges is not None:
+            crow, col, counts = edges.adjacency(drop_self_loops=gcn)
+        else:
+            if gcn:
+                # GCNConv adds self-loops to a sparse adjacency unconditionally but only the
+                # missing ones to an edge_index; dropping existing ones first makes the two agree.
+                edge_index, _ = remove_self_loops(edge_index)
+            key, counts = torch.unique(edge_index[1] * n + edge_index[0], return_counts=True)
+            crow, col = indptr(key // n, n), key % n
+            del key
         # Duplicate edges become one entry holding their multiplicity: exact for GCN's weighted
         # sums, but a mean (SAGEConv) would count them once, so it takes the chunked path.
-        key, counts = torch.unique(edge_index[1] * n + edge_index[0], return_counts=True)
-        if gcn or key.numel() == edge_index.size(1):
-            crow = indptr(key // n, n)
+        if gcn or col.numel() == num_edges:
             with warnings.catch_warnings():  # "sparse CSR support is in beta": nothing to act on
                 warnings.simplefilter("ignore", UserWarning)
-                adj_t = torch.sparse_csr_tensor(crow, key % n, counts.to(x.dtype), (n, n))
-            del key, counts
+                adj_t = torch.sparse_csr_tensor(crow, col, counts.to(x.dtype), (n, n))
+            del crow, col, counts
             if cache is not None:
                 cache.key, cache.adj_t = cache_key, adj_t
             return _fused(model, x, adj_t, targets, rows, store)  # row = destination (PyG's)
-        del key, counts
+        del crow, col, counts
+    x = x.float()
     with store:
         return _layerwise_chunked(
-            model, x, edge_index, max(1, limit // (width * 4)), targets, store
+            model,
+            x,
+            edges if edges is not None else InEdges.from_edge_index(edge_index, n),
+            max(1, limit // (width * 4)),
+            targets,
+            store,
         ).float()
 
 
@@ -178,7 +208,7 @@ def _fp32(model: nn.Module, x: torch.Tensor, adj_t: torch.Tensor) -> torch.Tenso
 def _layerwise_chunked(
     model: nn.Module,
     x: torch.Tensor,
-    edge_index: torch.Tensor,
+    edges: InEdges,
     edges_per_chunk: int,
     targets: torch.Tensor | None = None,
     store: HiddenStore | None = None,
@@ -186,27 +216,21 @@ def _layerwise_chunked(
     """Each block on chunks of destination nodes with their in-neighbours (a local graph), the
     chunks' outputs written into the layer's hidden states (``store``: in memory or on disk);
     the last block for ``targets`` only (every node where None), in their order, and each block
-    before it only for the nodes the next one reads (:func:`_closures`)."""
+    before it only for the nodes the next one reads (:func:`_closures`). A chunk's edges are
+    read from ``edges`` (an in-memory sort of the graph's edge_index, or a prepared folder's
+    mapped CSR: the same rows in the same order)."""
     n = x.size(0)
-    store = store if store is not None else HiddenStore(n, 1, None, None, in_memory=True)
-    dst_sorted, order = torch.sort(edge_index[1], stable=True)
-    src_sorted = edge_index[0][order]
-    del order
-    ptr = indptr(dst_sorted, n)
-
-    def neighbours(ids: torch.Tensor, into: torch.Tensor) -> None:
-        into[src_sorted[_ranges(ptr[ids], ptr[ids + 1])]] = True
-
+    store = store if store is not None else HiddenStore(None, None, in_memory=True)
+    ptr = edges.ptr
     h, pos = model.stem(x), None
     last = len(model.blocks) - 1
-    outs = _closures(neighbours, targets, n, last + 1)
+    outs = _closures(edges.neighbours, targets, n, last + 1)
     for i, block in enumerate(model.blocks):
         dests = outs[i]
         out = None
         for at, dst_ids in _chunks(ptr, dests, n, edges_per_chunk):
-            starts, ends = ptr[dst_ids], ptr[dst_ids + 1]
-            sel = _ranges(starts, ends)
-            src, dst = src_sorted[sel], dst_sorted[sel]
+            src, deg = edges.sources(dst_ids)
+            dst = torch.repeat_interleave(dst_ids, deg, output_size=src.numel())
             nodes = torch.unique(torch.cat([dst_ids, src]))  # sorted
             local = torch.stack([torch.searchsorted(nodes, src), torch.searchsorted(nodes, dst)])
             o = block(_read(h, pos, nodes), local)[torch.searchsorted(nodes, dst_ids)]
@@ -234,7 +258,8 @@ def _layerwise_rows(
     whole model would. Otherwise (a spilled layer, or one holding only a closure's rows) a
     block reads the rows its adjacency names once each, in ascending order, in one batch, and
     its columns are renumbered to them: the same values in the same order in every row's sum,
-    so the same outputs, bit for bit."""
+    so the same outputs, bit for bit. So are half-precision features (a prepared folder's,
+    mapped): read so, a block's rows at a time, and widened to float32 (exact), never whole."""
     n = x.size(0)
     h, pos = model.stem(x), None
     last = len(model.blocks) - 1
@@ -242,7 +267,7 @@ def _layerwise_rows(
     for i, block in enumerate(model.blocks):
         dests = outs[i]
         out = None
-        in_place = pos is None and store.in_memory
+        in_place = pos is None and not store.on_disk and h.dtype == torch.float32
         for at, dst_ids in _chunks(adjacency.ptr, dests, n, ROW_CHUNK_EDGES):
             adj = adjacency.rows(dst_ids)
             if in_place:
@@ -251,7 +276,8 @@ def _layerwise_rows(
                 cols, inv = torch.unique(adj.col_indices(), return_inverse=True)
                 shape = (dst_ids.numel(), cols.numel())
                 local = _csr(adj.crow_indices(), inv, adj.values(), shape)
-                o = block((_read(h, pos, cols), _read(h, pos, dst_ids)), local)
+                # (.float(): this path runs in fp32; it widens half-precision features)
+                o = block((_read(h, pos, cols).float(), _read(h, pos, dst_ids).float()), local)
             if out is None:
                 rows = n if dests is None else dests.numel()
                 out = store.layer(rows, o.size(1), o.dtype, in_memory=i == last)
@@ -382,6 +408,110 @@ class StreamedRows:
         return _csr(crow, key % self.n, counts.to(self.dtype), (m, self.n))
 
 
+class InEdges:
+    """A graph's in-edge CSR: the sources of node v's incoming edges are
+    ``indices[ptr[v]:ptr[v + 1]]``, in the order a stable sort of its edge_index by target
+    gives. A prepared folder's ``indptr`` and ``indices`` are exactly that
+    (:mod:`gnnpar.data.prepared`): evaluation reads them where they are mapped, a block of rows
+    at a time, instead of rebuilding the [2, E] int64 edge_index (16 bytes an edge: 2.6 GB for
+    synthetic-papers100m at scale 0.1) and sorting it. ``whole`` rebuilds that edge_index, in
+    its column order, for the one path that runs the model on the whole graph (a small one);
+    ``key`` names the graph for :class:`EvalGraphCache`."""
+
+    def __init__(self, ptr: torch.Tensor, indices: torch.Tensor, whole, key: Any) -> None:
+        self.ptr, self.indices, self.whole, self.key = ptr, indices, whole, key
+        self.n = ptr.numel() - 1
+        self.num_edges = int(ptr[-1])
+
+    @classmethod
+    def from_edge_index(cls, edge_index: torch.Tensor, n: int) -> InEdges:
+        dst_sorted, order = torch.sort(edge_index[1], stable=True)
+        ptr = indptr(dst_sorted, n)
+        del dst_sorted
+        key = (edge_index.data_ptr(), edge_index.size(1), edge_index._version)
+        return cls(ptr, edge_index[0][order], lambda: edge_index, key)
+
+    @classmethod
+    def from_prepared(cls, prepared) -> InEdges:  # noqa: ANN001 (gnnpar.data.prepared.Prepared)
+        """A prepared folder's CSR, mapped (nothing read until a block asks)."""
+        key = ("prepared", str(prepared.folder), prepared.manifest["arrays"]["indices"]["sha256"])
+        return cls(prepared.tensor("indptr"), prepared.tensor("indices"), prepared.edge_index, key)
+
+    def edge_index(self) -> torch.Tensor:
+        return self.whole()
+
+    def sources(self, dst_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sources of the edges into ``dst_ids`` (row by row, int64) and each row's count;
+        one slice of the file where the rows are consecutive."""
+        starts, ends = self.ptr[dst_ids], self.ptr[dst_ids + 1]
+        m = dst_ids.numel()
+        if m and int(dst_ids[-1]) - int(dst_ids[0]) + 1 == m:
+            src = self.indices[int(starts[0]) : int(ends[-1])]
+        else:
+            src = self.indices[_ranges(starts, ends)]
+        return src.long(), ends - starts
+
+    def neighbours(self, ids: torch.Tensor, into: torch.Tensor) -> None:
+        """Set ``into[v]`` for every in-neighbour v of the nodes ``ids``, about EDGE_SCAN
+        edges at a time."""
+        for _, part in _chunks(self.ptr, ids, self.n, EDGE_SCAN):
+            into[self.sources(part)[0]] = True
+
+    def adjacency(self, drop_self_loops: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The whole sparse adjacency (CSR rows, columns, counts) as graph_logits builds it from
+        an edge_index: columns ascending, a repeated edge one entry holding its count; built a
+        block of rows at a time, never sorting the whole edge list (12 bytes an edge kept)."""
+        col = torch.empty(self.num_edges, dtype=torch.long)
+        counts = torch.empty(self.num_edges, dtype=torch.long)
+        crow = torch.zeros(self.n + 1, dtype=torch.long)
+        at = 0
+        for _, ids in _chunks(self.ptr, None, self.n, 8 * ROW_CHUNK_EDGES):
+            key, c = _row_keys(self, ids)
+            row = key // self.n
+            if drop_self_loops:
+                keep = (key % self.n) != ids[row]
+                key, c, row = key[keep], c[keep], row[keep]
+            k = key.numel()
+            col[at : at + k], counts[at : at + k] = key % self.n, c
+            crow[int(ids[0]) + 1 : int(ids[-1]) + 2] = torch.bincount(row, minlength=ids.numel())
+            at += k
+        torch.cumsum(crow, 0, out=crow)
+        return crow, col[:at], counts[:at]
+
+
+def _row_keys(edges: InEdges, dst_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sorted unique keys ``row * n + source`` of the edges into ``dst_ids`` (row: the
+    position in ``dst_ids``), and their counts."""
+    src, deg = edges.sources(dst_ids)
+    row = torch.repeat_interleave(torch.arange(dst_ids.numel()), deg, output_size=src.numel())
+    return torch.unique(row * edges.n + src, return_counts=True)
+
+
+class CSRRows:
+    """Blocks of rows of the adjacency of an :class:`InEdges` (a prepared folder's mapped CSR),
+    each read from it when asked for: a block's rows are those the whole adjacency would have
+    (columns ascending, a repeated edge one entry holding its count), so the products are the
+    same as on the whole adjacency, bit for bit; memory: one block."""
+
+    def __init__(self, edges: InEdges, dtype: torch.dtype) -> None:
+        self.edges, self.n, self.dtype, self.ptr = edges, edges.n, dtype, edges.ptr
+
+    def neighbours(self, ids: torch.Tensor, into: torch.Tensor) -> None:
+        self.edges.neighbours(ids, into)
+
+    def unique_edges(self) -> int:
+        """The number of distinct edges (one pass, block by block)."""
+        return sum(
+            int(_row_keys(self.edges, ids)[0].numel())
+            for _, ids in _chunks(self.ptr, None, self.n, 8 * ROW_CHUNK_EDGES)
+        )
+
+    def rows(self, dst_ids: torch.Tensor) -> torch.Tensor:
+        key, counts = _row_keys(self.edges, dst_ids)
+        m = dst_ids.numel()
+        return _csr(indptr(key // self.n, m), key % self.n, counts.to(self.dtype), (m, self.n))
+
+
 # Destination rows per block of the row-wise path: about this many edges (and at most
 # ROW_CHUNK_ROWS rows), so that a block's transients stay ~100 MB at width 256.
 ROW_CHUNK_EDGES = 2_000_000
@@ -435,28 +565,28 @@ def _rowwise(model: nn.Module) -> bool:
 
 
 class HiddenStore:
-    """The hidden states of the layer being computed and of the one before: torch tensors in
-    memory while two layers of ``n`` x ``width`` floats fit in half of ``budget`` (bytes;
-    default :func:`gnnpar.runtime.footprint.available_bytes`), else numpy memmaps in a
-    temporary folder inside ``spill_dir`` (``$GNNPAR_SPILL_DIR``, else the system's
-    temporary folder), removed as each layer is done and with the store."""
+    """The hidden states of the layer being computed and of the one before, each sized as it
+    is (its rows: every node, or a closure's; its width: the block's output): a new layer is a
+    torch tensor in memory where it fits in half of ``budget`` (bytes; default
+    :func:`gnnpar.runtime.footprint.available_bytes`) beside the layer it reads (where that is
+    in memory), else a numpy memmap in a temporary folder inside ``spill_dir``
+    (``$GNNPAR_SPILL_DIR``, else the system's temporary folder), removed as each layer is done
+    and with the store. ``in_memory`` True or False decides for every layer instead."""
 
     def __init__(
         self,
-        n: int,
-        width: int,
         budget: int | None,
         spill_dir: str | os.PathLike | None,
         in_memory: bool | None = None,
     ) -> None:
-        if in_memory is None:
-            if budget is None:
-                from gnnpar.runtime.footprint import available_bytes
+        if in_memory is None and budget is None:
+            from gnnpar.runtime.footprint import available_bytes
 
-                budget = available_bytes(torch.device("cpu"))
-            in_memory = budget is None or 2 * n * width * 4 <= budget // 2
+            budget = available_bytes(torch.device("cpu"))
         self.budget = budget
-        self.in_memory = in_memory
+        self.always = in_memory  # None: layer by layer
+        self.held = 0  # bytes of the layer being read, where it is in memory
+        self.pending_bytes = 0
         self.spill_dir = spill_dir or os.environ.get(SPILL_DIR_ENV) or tempfile.gettempdir()
         self.folder: Path | None = None
         self.current: Path | None = None  # the file of the layer being read
@@ -482,8 +612,12 @@ class HiddenStore:
         """A new layer's ``rows`` x ``width`` hidden states, to be filled (in memory where
         ``in_memory``: the last layer's, the model's output)."""
         self.pending = None
-        if self.in_memory or in_memory:
+        need = rows * width * torch.empty(0, dtype=dtype).element_size()
+        fits = self.budget is None or self.held + need <= self.budget // 2
+        if in_memory or (self.always if self.always is not None else fits):
+            self.pending_bytes = need
             return torch.empty(rows, width, dtype=dtype)
+        self.pending_bytes = 0
         if self.folder is None:
             Path(self.spill_dir).mkdir(parents=True, exist_ok=True)
             _remove_stale_spills(Path(self.spill_dir))
@@ -500,7 +634,6 @@ class HiddenStore:
                 )
         self.layers += 1
         path = self.folder / f"layer{self.layers}.npy"
-        need = rows * width * torch.empty(0, dtype=dtype).element_size()
         resources.check_space(path, need)
         with resources.writing(path, need):
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
@@ -523,7 +656,13 @@ class HiddenStore:
         if self.current is not None:
             self.current.unlink(missing_ok=True)
         self.current, self.pending = self.pending, None
+        self.held = self.pending_bytes
         return out
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the layer being read is a spilled one (a memmap)."""
+        return self.current is not None
 
 
 SPILL_DIR_ENV = "GNNPAR_SPILL_DIR"
@@ -583,13 +722,28 @@ def evaluate_graph(
     t0 = time.perf_counter()
     data = ds.data
     device = next(model.parameters()).device  # no copy when the data is already there
-    x, edge_index = data.x.to(device), data.edge_index.to(device)
+    x, graph = _eval_graph(data, device)
     # only the nodes a split needs are scored at the last layer (papers100M labels 1.4%)
     targets = scored_nodes(data)
-    out = graph_logits(model, x, edge_index, cache=cache, targets=targets.to(device))
+    out = graph_logits(model, x, graph, cache=cache, targets=targets.to(device))
     scores = split_scores(out.to(data.y.device), targets, ds)
     model.train()
     return scores, time.perf_counter() - t0
+
+
+def _eval_graph(data, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | InEdges]:
+    """The features and the graph evaluation reads: for a prepared folder's graph on the CPU
+    whose edge_index and widened features nobody has built, its mapped CSR
+    (:class:`InEdges`) and its features as stored (half precision is widened where read),
+    never an in-memory copy of either; else ``data.x`` and ``data.edge_index``."""
+    prepared = data.__dict__.get("_prepared")
+    store = getattr(data, "_store", {})
+    if prepared is not None and device.type == "cpu":
+        x = store["x"] if "x" in store else prepared.tensor("features")
+        if "edge_index" in store:
+            return x, data.edge_index
+        return x, InEdges.from_prepared(prepared)
+    return data.x.to(device), data.edge_index.to(device)
 
 
 @torch.no_grad()
@@ -683,18 +837,36 @@ def _limited() -> bool:
     return budget is not None and budget.limit is not None
 
 
-def layerwise_bytes(model: nn.Module, ds: GraphDataset) -> tuple[int, int]:
-    """(the hidden states layer-wise inference holds: two layers of N x width fp32, the graph
-    it builds beside what is loaded already: a prepared folder's [2, E] int64 edge_index and
-    its half-precision features widened to fp32)."""
-    width = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
+def block_widths(model: nn.Module) -> list[int]:
+    """Each block's output width (its 2-D weights' widest output dimension: GAT's heads
+    concatenated); the widest weight, once, for a model without blocks."""
+    blocks = getattr(model, "blocks", None) or [model]
+    widest = max((max(p.shape) for p in model.parameters() if p.dim() == 2), default=1)
+    return [
+        max((p.shape[0] for p in b.parameters() if p.dim() == 2), default=widest) for b in blocks
+    ]
+
+
+def layerwise_bytes(model: nn.Module, ds: GraphDataset) -> tuple[int, int, int]:
+    """(the hidden states layer-wise inference holds at once: the largest layer of N x width
+    fp32 beside the one it reads; the largest layer alone; the graph it builds beside what is
+    loaded already). A prepared folder's CSR is read where it is mapped (:class:`InEdges`):
+    only the sparse product of a model whose blocks do not take rows (GCN) builds its whole
+    adjacency (16 bytes an edge at its peak), and only such a model widens half-precision
+    features whole."""
     n = int(ds.num_nodes)
+    layers = [n * w * 4 for w in block_widths(model)]
+    peak = max([layers[0]] + [a + b for a, b in zip(layers, layers[1:])])
     graph = 0
-    if ds.info.get("prepared"):
-        graph = 16 * int(ds.info.get("num_edges", 0))
+    if ds.info.get("prepared") and not _rowwise(model):
+        convs = [m for m in model.modules() if isinstance(m, MessagePassing)]
+        if convs and all(
+            type(c).message_and_aggregate is not MessagePassing.message_and_aggregate for c in convs
+        ):
+            graph = 16 * int(ds.info.get("num_edges", 0))
         if ds.info.get("feature_dtype", "fp32") != "fp32":
             graph += 4 * n * int(ds.info.get("num_features", 0))
-    return 2 * n * width * 4, graph
+    return peak, max(layers), graph
 
 
 def choose_eval_mode(
@@ -721,15 +893,15 @@ def choose_eval_mode(
         from gnnpar.runtime.footprint import memory_budget
 
         budget = memory_budget(torch.device("cpu"))
-    hidden, graph = layerwise_bytes(model, ds)
+    hidden, largest, graph = layerwise_bytes(model, ds)
     gb = resources.size_words
-    need = f"layer-wise inference's hidden states (2 x {gb(hidden // 2)})" + (
+    need = f"layer-wise inference's hidden states ({gb(hidden)} at once)" + (
         f" and the graph it builds ({gb(graph)})" if graph else ""
     )
     if budget is None:
         return EvalChoice("layerwise", "the memory the run may use is unknown")
     half = budget.free // 2
-    if graph <= half and (hidden <= half or hidden // 2 <= SMALL_SPILL):
+    if graph <= half and (hidden <= half or largest <= SMALL_SPILL):
         how = "fit in" if hidden <= half else "spill little beyond"
         return EvalChoice("layerwise", f"{need} {how} half of {budget.words()}")
     return EvalChoice(

@@ -242,6 +242,9 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
             step = first_step if epoch == first_epoch else 0
             while True:
                 t0 = time.perf_counter()
+                # the last step's batch is let go before the next one is made: held, a sampled
+                # batch's features were in memory twice while its successor was gathered
+                batch = None
                 batch = next(batches, StopIteration)
                 if batch is StopIteration:
                     break

@@ -327,15 +327,20 @@ class SampledSource(BaseSource):
     def epoch(self, epoch: int) -> Iterator:
         done = self.position - epoch * self.steps  # > 0 when resumed midway
         for _ in range(done, self.steps):
-            batch = self._next_batch()
-            self.position += 1
-            if self.on_disk:
-                io = self.feature_io.setdefault(epoch, [0, 0, 0, 0])
-                io[0] += batch.n_id.numel()
-                io[1] += batch.cache_hits
-                io[2] += batch.bytes_read
-                io[3] += 1
-            yield self.mark(batch.to_data()).to(self.device)
+            # made in a call of its own: this generator's frame keeps no reference to a batch
+            # while the next one is made (a batch's features: ~480 MB on synthetic-reddit)
+            yield self._take(epoch)
+
+    def _take(self, epoch: int):  # noqa: ANN202 (a Data)
+        batch = self._next_batch()
+        self.position += 1
+        if self.on_disk:
+            io = self.feature_io.setdefault(epoch, [0, 0, 0, 0])
+            io[0] += batch.n_id.numel()
+            io[1] += batch.cache_hits
+            io[2] += batch.bytes_read
+            io[3] += 1
+        return self.mark(batch.to_data()).to(self.device)
 
     def mark(self, data):
         """``data`` with its features marked as the rows ``n_id`` of the graph's (what the

@@ -141,6 +141,9 @@ class Profile:
     # with ("hosts"), its edge cut's share ("edge_cut_share") and a feature row as exchanged
     # ("row_bytes", float32); empty for an unsharded graph (gnnpar.advise.shard_exchange)
     shards: dict[str, Any] = field(default_factory=dict)
+    # training from a prepared folder (advise/profile/disk.py): its features' and the feature
+    # cache's bytes, the memory the run may use, the folder's read rate; empty: from memory
+    disk: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -283,7 +286,7 @@ MEASURED = (
     "sampled",
     "pipeline",
 )
-MEASURED += ("loader_start_s",)
+MEASURED += ("loader_start_s", "disk")
 MEASURE_ROUND_BUDGET_S = 10.0  # more rounds only where one takes at most this long
 
 

@@ -7,6 +7,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ from gnnpar.advise.profile.core import (
     flags_for,
     reference,
 )
+from gnnpar.advise.profile.disk import batch_io, disk_record
 from gnnpar.advise.profile.memory import rank_estimate
 from gnnpar.advise.profile.steps import _fresh_batch_time
 from gnnpar.data.sampling.loader import SampledBatches, build_loader, shard_plan
@@ -176,10 +178,14 @@ def profile_sampled(
                 made.append(time.perf_counter() - t0)
             main = statistics.fmean(made)
             sample_s = statistics.fmean(sample)
-            loader: dict[str, float] = {}
+            loader: dict[str, Any] = {}
+            if ds.info.get("prepared"):  # from disk: what the cache served, what was read
+                loader["io"] = batch_io(batches, n)
+                if not prof.disk:  # the folder's read rate, on batches not made yet
+                    prof.disk = disk_record(ds, plan.source, batches, n)
             if workers:  # loader workers are processes, so only where processes may start
                 prof.loader_start_s = _worker_start_s(batches, sample_s)
-                loader = _loader_costs(plan, batches, SAMPLED_BATCHES + 1, sample_s)
+                loader |= _loader_costs(plan, batches, SAMPLED_BATCHES + 1, sample_s)
         finally:
             plan.source.close()
         prof.sampled[str(bs)] = {
