@@ -22,7 +22,7 @@ lint: setup
 # workers on two cores keep both busy. GNNPAR_TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS := $(or $(GNNPAR_TEST_WORKERS),2)
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
 
 test-cpu-levels: setup
 	$(AVX2_CPU) $(PY) -m pytest -q -m "not multirank" -k "not small_change" tests/e2e/test_same_seed_same_loss.py
