@@ -19,10 +19,12 @@ lint: setup
 
 # The suite in two worker processes (pytest-xdist), each test file whole on one of them (its
 # module fixtures made once): most slow tests wait on processes, links and timeouts, so two
-# workers on two cores keep both busy. GNNPAR_TEST_WORKERS=0 runs it in one process.
+# workers on two cores keep both busy. Then, alone, the tests marked `serial` (deadlines on
+# real processes, process-wide state). GNNPAR_TEST_WORKERS=0 runs the first part in one process.
 TEST_WORKERS := $(or $(GNNPAR_TEST_WORKERS),2)
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 -m "not serial" tests
+	$(PY) -m pytest -q --durations=5 -m serial tests
 
 test-cpu-levels: setup
 	$(AVX2_CPU) $(PY) -m pytest -q -m "not multirank" -k "not small_change" tests/e2e/test_same_seed_same_loss.py

@@ -1139,6 +1139,7 @@ def test_the_profiles_straggler_probe_puts_the_slowest_on_rank_1():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # co-run ratios measured against a bound
 def test_a_profile_for_a_straggler_times_its_steps_in_a_real_straggled_run():
     """take_profile with the stragglers' flags, sampled on 2 ranks and Cora's 4 subgraphs: each
     two-rank probe also trains with rank 1 3x slow, and keeps rank 1's steps over alone

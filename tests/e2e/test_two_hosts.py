@@ -253,9 +253,10 @@ def runs(hosts, tmp_path_factory):
     # (the last --timeout wins). Host B's ranks give up sooner than host A's store: once A's
     # ranks end, A's torchrun ends and takes the rendezvous with it, and B's agent then ends its
     # ranks (torch's own traceback) before they could say why, if they started later than A's
-    args = [*PAIRS["allreduce-2x1"][1], "--timeout", "15"]
+    # (a client's TCPStore retries for up to about twice its timeout: B's 2 x 6 s < A's 30 s)
+    args = [*PAIRS["allreduce-2x1"][1], "--timeout", "30"]
     pairs["no-local-addr"] = two_hosts(
-        hosts, tmp, "no-local-addr", 1, 29399, args, False, plain=True, args_b=("--timeout", "9")
+        hosts, tmp, "no-local-addr", 1, 29399, args, False, plain=True, args_b=("--timeout", "6")
     )
     pairs["no-local-addr"].must_fail = True
     watch = run_all(hosts, [*pairs.values(), *refs.values()])

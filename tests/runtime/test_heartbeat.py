@@ -83,6 +83,7 @@ def stopped_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy, stopped", CASES)
 def test_a_stopped_rank_is_named_within_the_timeout(stopped_runs, strategy, stopped):

@@ -97,6 +97,7 @@ def _rank_policy(log_dir: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.multirank
+@pytest.mark.serial  # the fork server is this process's: one an earlier test started is reused
 def test_launched_ranks_sleep_at_once(monkeypatch):
     from gnnpar.runtime.launch import launch
 
