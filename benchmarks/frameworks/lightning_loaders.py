@@ -24,8 +24,11 @@ loader_workers=W)``; PyG, ``NeighborLoader(data, input_nodes=train_idx, num_neig
 pyg-lib (the anchors' wheels, /work/shared/anchors; never a dependency of gnnpar: ``--peer-path``
 is a folder they are installed in, e.g. ``pip install --no-deps --target DIR wheels/*.whl``, put
 on that side's ``PYTHONPATH`` only; the side is skipped with a message where pyg-lib is missing).
-DGL is not measured here: its environment has torch 2.2.1, for which neither Lightning's nor
-gnnpar's current releases are built.
+DGL: ``dgl.dataloading.DataLoader`` with ``NeighborSampler`` and a ``dglnn.SAGEConv`` per block,
+as DGL's Lightning example writes it (``dgl_side``), from its own interpreter (``--dgl-python``:
+the anchors' ``setup.sh dgl DIR``, DGL 2.1.0 on torch 2.2.1, then ``DIR/bin/pip install
+"lightning>=2.2,<2.5" torch==2.2.1``; skipped with a message without it). Its model computes each
+layer on its block only, so only its data wait compares with the other two sides.
 
 Straggler: ``Trainer(strategy="ddp")`` and ``GossipStrategy(sync_every=1)`` on gnnpar's data
 module (batches of ``--straggler-batch`` seeds: an epoch of many batches, which gossip's work
