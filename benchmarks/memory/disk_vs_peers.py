@@ -157,13 +157,10 @@ def make_peer_dir(folder: Path, peer: Path, dgl_python: str | None) -> None:
 
 def drop_pages(paths: list[Path]) -> None:
     """Drop these files' pages from the page cache (clean pages only; others' files untouched)."""
+    from gnnpar.advise.profile.disk import drop_pages as drop
+
     for path in paths:
-        with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+        drop(path)
 
 
 # ---------------------------------------------------------------------------- one run

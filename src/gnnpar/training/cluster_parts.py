@@ -134,7 +134,7 @@ def final_across(model: torch.nn.Module, params: list, parts: ClusterParts, cfg:
     it. Collective."""
     from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-    from gnnpar.training.final_model import FinalChoice, relative_distance
+    from gnnpar.training.final_model import pick_final
 
     flats = collectives.all_gather_flat(parameters_to_vector(params).detach())
     average = torch.stack(flats).mean(0)
@@ -145,20 +145,8 @@ def final_across(model: torch.nn.Module, params: list, parts: ClusterParts, cfg:
         t0 = time.perf_counter()
         scores.append(parts.evaluate(model, cfg, ds.multilabel))
         times.append(time.perf_counter() - t0)
-    avg = scores.pop()
-    best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
-    candidates = {
-        "best_local": {
-            "rank": best,
-            "val_score": scores[best]["val"],
-            "test_score": scores[best]["test"],
-        },
-        "average": {"val_score": avg["val"], "test_score": avg["test"]},
-    }
-    divergence = [relative_distance([f], [average]) for f in flats]
-    choice = FinalChoice("average", avg, candidates, scores, divergence, times)
-    if avg["val"] < scores[best]["val"]:
-        choice.name, choice.scores = f"best-local:rank{best}", scores[best]
+    choice = pick_final(scores, flats, average, times)
+    best = choice.candidates["best_local"]["rank"]
     with torch.no_grad():
         vector_to_parameters(average if choice.name == "average" else flats[best], params)
     return choice

@@ -40,6 +40,27 @@ def relative_distance(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> f
     return (diff / norm) ** 0.5 if norm > 0 else 0.0
 
 
+def pick_final(scores: list[dict], flats: list, average: torch.Tensor, times: list) -> FinalChoice:
+    """The choice from every rank's model's scores and, last in ``scores``, the average's: the
+    average unless one rank's model scores higher on validation (the lowest such rank on ties).
+    Used by :func:`choose_final_model` and across shards (``training.cluster_parts``)."""
+    avg = scores.pop()
+    divergence = [relative_distance([f], [average]) for f in flats]
+    best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
+    candidates = {
+        "best_local": {
+            "rank": best,
+            "val_score": scores[best]["val"],
+            "test_score": scores[best]["test"],
+        },
+        "average": {"val_score": avg["val"], "test_score": avg["test"]},
+    }
+    choice = FinalChoice("average", avg, candidates, scores, divergence, times)
+    if avg["val"] < scores[best]["val"]:
+        choice.name, choice.scores = f"best-local:rank{best}", scores[best]
+    return choice
+
+
 def choose_final_model(
     model: torch.nn.Module,
     params: list[torch.nn.Parameter],
@@ -82,20 +103,7 @@ def choose_final_model(
             del cache
         finally:
             torch.set_num_threads(threads)
-        avg = scores.pop()
-        divergence = [relative_distance([f], [average]) for f in flats]
-        best = max(range(len(scores)), key=lambda i: (scores[i]["val"], -i))
-        candidates = {
-            "best_local": {
-                "rank": best,
-                "val_score": scores[best]["val"],
-                "test_score": scores[best]["test"],
-            },
-            "average": {"val_score": avg["val"], "test_score": avg["test"]},
-        }
-        choice = FinalChoice("average", avg, candidates, scores, divergence, times)
-        if avg["val"] < scores[best]["val"]:
-            choice.name, choice.scores = f"best-local:rank{best}", scores[best]
+        choice = pick_final(scores, flats, average, times)
     else:
         for i in range(len(models)):  # one --timeout per model scored, not one for all
             what = "average of all models" if i == len(flats) else f"rank {i}'s model"
