@@ -368,3 +368,14 @@ def test_module_function_and_ogb_folder_prepare_to_the_in_memory_graph(tmp_path,
         out = _prepare(tmp_path, source, f"p{i}", seed="2")
         mem = load_dataset(source, tmp_path / "root", seed=2)
         _same_graph(mem.data, load_dataset(str(out), tmp_path / "root").data)
+
+
+def test_the_streams_sorted_lookup_is_searchsorted():
+    import numpy as np
+
+    from gnnpar.data.synthetic import _search
+
+    g = np.random.default_rng(3)
+    cdf = np.repeat(np.cumsum(g.random(500)), 3)  # ties: every value three times
+    q = np.concatenate([g.random(2000) * cdf[-1], cdf[::7], [0.0, cdf[-1], cdf[-1] + 1]])
+    assert np.array_equal(_search(cdf, q), np.searchsorted(cdf, q))

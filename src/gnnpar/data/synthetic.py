@@ -621,17 +621,30 @@ class _Nodes:
         import numpy as np
 
         g, n = _rng(seed, 1, batch), self.n
-        src = np.minimum(np.searchsorted(self.cdf, g.random(k) * self.total), n - 1)
+        src = np.minimum(_search(self.cdf, g.random(k) * self.total), n - 1)
         u = g.random(k)
         inside = g.random(k) < r.homophily
         b = np.searchsorted(self.ends, src, side="right")  # the block of position src
         v = np.where(inside, self.lo_w[b] + u * (self.hi_w[b] - self.lo_w[b]), u * self.total)
         del u, inside, b
-        dst = np.minimum(np.searchsorted(self.cdf, v), n - 1)
+        dst = np.minimum(_search(self.cdf, v), n - 1)
         keep = src != dst
         a = self.perm[src[keep]].astype(np.int64)
         z = self.perm[dst[keep]].astype(np.int64)
         return np.minimum(a, z) * n + np.maximum(a, z)
+
+
+def _search(cdf, q):
+    """``np.searchsorted(cdf, q)``, the queries looked up in ascending order: the same indices,
+    ~5x faster when ``cdf`` is far larger than the caches (at papers100m's full scale, 111M
+    float64: 0.43 s against 2.46 s of CPU for 2**20 queries, AMD EPYC Zen 4), because nearby
+    queries reuse the cache lines of the search's last steps."""
+    import numpy as np
+
+    order = np.argsort(q)
+    out = np.empty(q.size, dtype=np.intp)
+    out[order] = np.searchsorted(cdf, q[order])
+    return out
 
 
 def _distinct(keys):
