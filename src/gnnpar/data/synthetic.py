@@ -700,11 +700,15 @@ def stream_graph(
     n_train, n_val = round(r.split[0] * n), round(r.split[1] * n)
     end = n if sum(r.split) > 1 - 1e-9 else min(n, n_train + n_val + round(r.split[2] * n))
     split_bytes = 8 * end
-    scratch = 8 * int(m * 1.2 + 64) + 16 * m  # bucket files, removed before the end
-    need = prepared.array_bytes(np.int64, (n + 1,)) + prepared.array_bytes(
-        prepared.index_dtype(n), (e,)
-    )
-    need += prepared.array_bytes(fdt, (n, f)) + label_bytes + split_bytes + scratch
+    # the disk's peak: the bucket files (candidate pairs, 8 B each with ~10% surplus, turning
+    # into both directions of every edge, 16 B a pair) live beside indptr only, and are gone
+    # (each as its indices are written) before labels and features are; so the need is the
+    # larger of the two phases, not their sum
+    scratch = 8 * int(m * 1.2 + 64) + 16 * m
+    ptr_bytes = prepared.array_bytes(np.int64, (n + 1,))
+    final = ptr_bytes + prepared.array_bytes(prepared.index_dtype(n), (e,))
+    final += prepared.array_bytes(fdt, (n, f)) + label_bytes + split_bytes
+    need = max(final, ptr_bytes + scratch)
     buckets = int(min(MAX_BUCKETS, max(1, -(-16 * m // BUCKET_BYTES))))
     per = -(-n // buckets)  # node ids per bucket
     say = progress or (lambda what, done, total: None)
