@@ -244,3 +244,68 @@ def test_a_fetch_and_a_gossip_exchange_between_the_same_two_ranks_both_complete(
     )
     want = min(r1["own"])
     assert torch.equal(r0["x"], r1["own"][want].x)
+
+
+# ------------------------------------------------- gossip across shards: checkpoints and resume
+def _pool_taken(result: dict) -> list[tuple[int, int]]:
+    return sorted(tuple(t) for log in result["pool_log"] for t in log)
+
+
+@pytest.mark.timeout(180)
+def test_gossip_across_shards_resumed_from_a_checkpoint_equals_the_uninterrupted_run(
+    tmp_path, cora2
+):
+    """Gossip made deterministic: one part per host, so between two epochs' checkpoints each
+    rank takes its own host's part (own pool first; each rank takes its next epoch's part
+    before the checkpoint's barrier, so neither can steal it), and no exchange (--sync-every
+    beyond the run's steps). Rank 0 sleeps between steps (--slowdown: no arithmetic changes),
+    so that it cannot finish its first step before rank 1 has taken its own part. Run "b"
+    stops after 2 of 4 epochs (its checkpoint of epoch 1 kept) and resumes: the same loss
+    curve and final model, bit for bit, as run "a", which ran the 4 epochs at once."""
+    _, hosts = cora2
+    flags = {"strategy": "gossip", "partitions": "2", "sync-every": "1000", "epochs": "4"}
+    flags |= {"checkpoint-every": "1", "slowdown": "0=3"}
+    a = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "a"), flags)[0]
+    _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "b"), flags | {"epochs": "2"})
+    for h in range(2):  # each host holds its own rank's parts only
+        names = [p.name for p in (tmp_path / f"b-{h}" / "checkpoints").iterdir()]
+        assert names == ["epoch-000001-step-00000000"], names
+        assert [p.name for p in (tmp_path / f"b-{h}/checkpoints" / names[0]).glob("*.pt")] == [
+            f"rank{h}.pt"
+        ]
+    b = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "b"), flags | {"resume": True})[0]
+    ra, rb = a["result"], b["result"]
+    assert rb["resumed_from"].endswith("epoch-000001-step-00000000")
+    # the premise: each rank trained its own host's part (0 on host 0, 1 on host 1) each epoch
+    for r in (ra, rb):
+        assert r["pool_log"] == [[[e, h] for e in range(4)] for h in range(2)], r["pool_log"]
+        assert r["fetched_subgraphs"] == [0, 0]
+    assert len(rb["loss_curve"]) == 4 and rb["loss_curve"] == ra["loss_curve"]
+    wa, wb = a["model"]["state_dict"], b["model"]["state_dict"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert rb["val_score"] == ra["val_score"] and rb["final_model"] == ra["final_model"]
+
+
+@pytest.mark.timeout(180)
+def test_gossip_across_shards_with_fetches_and_exchanges_resumes_training_each_subgraph_once(
+    tmp_path, cora2
+):
+    """Not deterministic (which rank takes what, and who pairs when, depend on timing): rank
+    1 slowed 3x, so rank 0 fetches host 1's parts every epoch, checkpoints every epoch, the
+    run stopped after 2 of 5 epochs and resumed. Across the two attempts every subgraph of every
+    epoch is trained exactly once, with fetches and exchanges in each."""
+    _, hosts = cora2
+    flags = {"strategy": "gossip", "partitions": "12", "slowdown": "1=3", "sync-every": "1"}
+    flags |= {"checkpoint-every": "1", "epochs": "2"}
+    first = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "b"), flags)[0]["result"]
+    assert first["fetched_subgraphs"][0] > 0 and sum(first["per_worker_exchanges"]) > 0
+    flags |= {"epochs": "5", "resume": True}
+    got = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "b"), flags)[0]["result"]
+    assert got["resumed_from"].endswith("epoch-000001-step-00000000")
+    assert _pool_taken(got) == [(e, p) for e in range(5) for p in range(12)]
+    # the resumed attempt's own fetches (the counts are this attempt's)
+    fetched, served = got["fetched_subgraphs"], got["served_subgraphs"]
+    assert fetched[0] > 0 and sum(fetched) == sum(served)
+    assert len(got["loss_curve"]) == 5 and all(x == x for x in got["loss_curve"])

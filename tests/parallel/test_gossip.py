@@ -84,6 +84,47 @@ def test_pools_across_shards_hand_every_subgraph_once_per_epoch_own_host_first()
     assert ShardedPool(store, "p", parts, 1, 1, 7).order(0, 2) == pools[3].order(0, 2)
 
 
+def test_pools_across_shards_resumed_from_an_epochs_end_hand_out_the_rest_exactly_once():
+    """A checkpoint between epochs, as the loop takes it: every rank has taken until the pool
+    gave it an item of a later epoch, which it holds; then every rank's state is read from the
+    same store. Ranks restored onto a fresh store (the resumed attempt's) hand out exactly the
+    positions the uninterrupted pool had not, and every subgraph of every epoch is taken once
+    across the two attempts, the held items included."""
+    parts = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+    hosts = [0, 0, 1, 2]
+    store = dist.HashStore()
+    pools = [ShardedPool(store, "pool", parts, h, epochs=4, seed=7) for h in hosts]
+    rng = random.Random(2)
+    taken: list[tuple[int, int]] = []
+    held: dict[int, tuple[int, int, int]] = {}
+    while len(held) < len(pools):  # epochs 0 and 1, then each rank's first item of epoch 2
+        r = rng.choice([r for r in range(4) if r not in held])
+        pos, epoch, idx = pools[r].take()
+        if epoch >= 2:
+            held[r] = (pos, epoch, idx)
+        else:
+            taken.append((epoch, idx))
+    states = [p.state() for p in pools]
+    assert all(s["counters"] and len(s["counters"]) <= 2 for s in states)  # epoch 2 (3 unseen)
+    fresh = dist.HashStore()
+    again = [ShardedPool(fresh, "pool", parts, h, epochs=4, seed=7) for h in hosts]
+    for p, s in zip(again, states, strict=True):
+        p.load_state(s, lead=False)
+    assert again[0].handed_out() == pools[0].handed_out()
+    taken += [(e, i) for _, e, i in held.values()]
+    while True:  # the resumed attempt
+        live = [r for r in range(4) if again[r] is not None]
+        if not live:
+            break
+        r = rng.choice(live)
+        item = again[r].take()
+        if item is None:
+            again[r] = None
+            continue
+        taken.append(item[1:])
+    assert sorted(taken) == [(e, i) for e in range(4) for i in range(9)]
+
+
 # ------------------------------------------------------------------------------------- topology
 def test_any_peer_picks_everyone_but_itself():
     assert AnyPeer(2, 4).candidates() == [0, 1, 3]

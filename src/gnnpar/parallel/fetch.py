@@ -20,8 +20,10 @@ through the run's key-value store and the owner answers at its next *service poi
    drops its buffer at its next service point.
 
 Service points: before a rank takes its own next subgraph, while it waits for a fetch of its
-own, and after its work is done until every rank's is (:meth:`SubgraphFetch.drain`), so no rank
-leaves for a collective (the end's barrier) while another may still need a subgraph it serves.
+own, after its work is done until every rank's is (:meth:`SubgraphFetch.drain`), and before a
+checkpoint until every rank has come to it (:meth:`SubgraphFetch.pause`), so no rank leaves for
+a collective (the end's barrier, a checkpoint's) while another may still need a subgraph it
+serves.
 While waiting, a rank also runs ``idle`` (gossip: serve the exchange a partner may be blocked
 in, with us), so two ranks never wait on each other: a fetch waits only for a server that is
 training (it serves after its step), fetching (it serves while waiting), or draining (it serves
@@ -79,6 +81,7 @@ class SubgraphFetch:
         self.own, self.server_of, self.timeout_s, self.poll_s = own, server_of, timeout_s, poll_s
         self.idle: Callable[[], None] = lambda: None
         self.served = 0  # tickets answered
+        self.pauses = 0  # checkpoints met (pause): each meets on a key of its own
         self._sending: dict[int, tuple] = {}  # ticket: (the isend's work, its buffer)
         self.fetches = self.bytes_fetched = 0
 
@@ -125,13 +128,24 @@ class SubgraphFetch:
 
     def drain(self) -> None:
         """This rank needs no more subgraphs: serve the others until none does."""
-        self.store.add(f"{self.prefix}/done", 1)
-        self._wait(
-            lambda: self.store.add(f"{self.prefix}/done", 0) >= self.world,
-            "every rank to finish its work",
-        )
-        self.serve()  # a request made before its maker's "done"
-        for work, _ in self._sending.values():  # every requester has received (it is done)
+        self._meet(f"{self.prefix}/done", "every rank to finish its work")
+
+    def pause(self) -> None:
+        """Before a checkpoint's barrier (every rank between two epochs, each having taken at
+        most the first subgraph of its next, not fetched yet): serve the others until every
+        rank has come here, so that none sits in the barrier while another still waits for a
+        subgraph it serves. Afterwards no fetch is outstanding: nothing of the protocol is in a
+        checkpoint, and a resumed attempt starts with a fresh store and fresh tickets."""
+        self.pauses += 1
+        self._meet(f"{self.prefix}/pause/{self.pauses}", "every rank to reach the checkpoint")
+
+    def _meet(self, key: str, what: str) -> None:
+        """Arrive at ``key`` and serve until every rank has: a rank arrives only once its own
+        fetches are received, so then every request was answered and every send completes."""
+        self.store.add(key, 1)
+        self._wait(lambda: self.store.add(key, 0) >= self.world, what)
+        self.serve()  # a request made before its maker arrived
+        for work, _ in self._sending.values():  # every requester has received (it arrived)
             work.wait()
         self._sending.clear()
 

@@ -26,7 +26,10 @@ Across shards (each host holding only its shard of a sharded graph, README "Shar
 hosts"): every host's pool holds its own shard's subgraphs (gnnpar.data.shard_parts); a rank
 takes from its own host's pool first and then from the others', fetching such a subgraph from
 a rank of its host (:func:`pool_of`, gnnpar.parallel.fetch); every subgraph is still trained
-once per epoch.
+once per epoch. Checkpoints (``--checkpoint-every``, at epoch ends) as on one host: before the
+barrier every rank serves the others' fetches until all have come to it (SubgraphFetch.pause),
+and each rank's part holds the pools' counters and where it takes next (ShardedPool.state), so
+a resumed or restarted run still trains every subgraph once per epoch.
 
 gossip-bipartite (strategies/gossip_bipartite.py) is this with another pairing topology.
 """
@@ -71,27 +74,22 @@ def defaults(cfg: Config) -> None:
 
 def pool_of(parts, cfg: Config, ctx: DistContext):  # noqa: ANN001, ANN201
     """(the subgraphs by id, the work pool, what the source runs once the pool is empty for
-    it). One graph: every subgraph here, one pool. Across shards: this host's subgraphs, one
-    pool per host (ShardedPool: its own first), another host's subgraph fetched from one of its
-    ranks when taken (SubgraphFetch), and every rank serving the others' fetches until all are
-    done (gnnpar.parallel.fetch)."""
+    it, what it runs before a checkpoint). One graph: every subgraph here, one pool. Across
+    shards: this host's subgraphs, one pool per host (ShardedPool: its own first), another
+    host's subgraph fetched from one of its ranks when taken (SubgraphFetch), and every rank
+    serving the others' fetches until all are done, or all have come to a checkpoint
+    (gnnpar.parallel.fetch)."""
     import bisect
 
     from gnnpar.data.shard_parts import offsets
-    from gnnpar.errors import UsageError
     from gnnpar.parallel.fetch import SubgraphFetch
     from gnnpar.parallel.gossip import ShardedPool, WorkPool
 
     r = cfg.run
     if not parts.across:
         batches = [b.to(ctx.device) for b in parts.graph.batches()]
-        return batches, WorkPool(ctx.store, "gossip/pool", len(batches), r.epochs, r.seed), None
-    if r.checkpoint_every or r.resume:
-        raise UsageError(
-            f"--strategy {cfg.strategy.name} across shards does not checkpoint yet (a rank "
-            "serving another host's subgraphs cannot sit in a checkpoint's barrier): drop "
-            "--checkpoint-every/--resume, or use --strategy allreduce."
-        )
+        pool = WorkPool(ctx.store, "gossip/pool", len(batches), r.epochs, r.seed)
+        return batches, pool, None, None
     at = offsets(parts.sizes)
     own = {parts.first + i: b.to(ctx.device) for i, b in enumerate(parts.graph.batches())}
     pools = [list(range(a, a + n)) for a, n in zip(at, parts.sizes, strict=True)]
@@ -105,7 +103,7 @@ def pool_of(parts, cfg: Config, ctx: DistContext):  # noqa: ANN001, ANN201
     fetch = SubgraphFetch(
         ctx.store, "gossip/fetch", ctx.rank, ctx.world_size, own, server_of, cfg.strategy.timeout_s
     )
-    return fetch, pool, fetch.drain
+    return fetch, pool, fetch.drain, fetch.pause
 
 
 def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool = False) -> Plan:
@@ -134,7 +132,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
     opt = build_optimizer(cfg, model.parameters())
     seed_rank_dropout(r.seed, ctx.rank)
     parts = cluster_parts(cfg, ds, ctx)  # this host's parts, across shards
-    batches, pool, on_empty = pool_of(parts, cfg, ctx)
+    batches, pool, on_empty, on_pause = pool_of(parts, cfg, ctx)
     rng = random.Random(r.seed * 7919 + ctx.rank)
     pairing = Pairing(ctx.store, "gossip", topology(ctx.rank, ctx.world_size), rng, s.timeout_s)
     pairing.open()
@@ -163,7 +161,7 @@ def build(cfg: Config, ds, ctx: DistContext, dims: ParallelDims, bipartite: bool
         f"{cfg.strategy.name} {cfg.model.name} x{ctx.world_size}",
         model,
         opt,
-        PoolSource(pool, batches, on_empty),
+        PoolSource(pool, batches, on_empty, on_pause),
         LocalStep(model, partial(graph_loss, multilabel=ds.multilabel)),
         finish,
         sync=sync,

@@ -227,6 +227,7 @@ def train(cfg: Config, plan: Plan, ckpt: Checkpointer | None = None) -> Outcome:
                 "straggler": plan.straggler.state(),
             }
 
+        source.pause()  # across shards: serve the subgraphs others fetch until all arrive
         sync.pause()  # gossip: finish pending exchanges, accept no more, before the barrier
         ckpt.save(plan.model, opt, epoch, step, state, cfg.to_dict())
         sync.unpause()

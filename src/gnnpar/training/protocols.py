@@ -13,6 +13,8 @@ probes for nothing. The defaults live in two small base classes that every part 
 ``position``       after every step: steps done so far (by every rank, where the source knows)
 ``epoch(e)``       per epoch: this rank's batches; None for a step it sits out (the uneven
                    last step of a static split: it still takes part in the step's collective)
+``pause()``        before a checkpoint's barrier: stop anything another rank may wait on
+                   (a subgraph served across shards), as ``Sync.pause``, which follows it
 ``state()``        at a checkpoint: what resuming needs (plain values and tensors)
 ``load_state(s)``  on resume, with what ``state()`` gave (None where it gave None)
 ``skip(steps)``    on resume, after ``load_state``: ``steps`` of the resumed epoch were done
@@ -58,6 +60,8 @@ class Source(Protocol):
 
     def epoch(self, epoch: int) -> Iterator[Any]: ...
 
+    def pause(self) -> None: ...
+
     def state(self) -> Any: ...
 
     def load_state(self, state: Any) -> None: ...
@@ -80,6 +84,9 @@ class BaseSource:
 
     def epoch(self, epoch: int) -> Iterator[Any]:
         raise NotImplementedError
+
+    def pause(self) -> None:
+        pass
 
     def state(self) -> Any:
         return None

@@ -44,7 +44,7 @@ from gnnpar.data.sampling.loader import (
 )
 from gnnpar.data.sampling.sampler import CSRGraph
 from gnnpar.parallel import collectives
-from gnnpar.parallel.gossip import WorkPool
+from gnnpar.parallel.gossip import ShardedPool, WorkPool
 from gnnpar.runtime.dist import DistContext
 from gnnpar.training.protocols import BaseSource
 
@@ -198,11 +198,19 @@ class PoolSource(BaseSource):
     epoch, epochs back to back; a rank's epoch ``e`` is what it takes while the pool hands out
     epoch ``e`` (possibly nothing, if the others emptied it meanwhile)."""
 
-    def __init__(self, pool: WorkPool, batches, on_empty: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        pool: WorkPool | ShardedPool,
+        batches,  # noqa: ANN001
+        on_empty: Callable[[], None] | None = None,
+        on_pause: Callable[[], None] | None = None,
+    ) -> None:
         """``batches[i]``: subgraph i (a list, or across shards a
         :class:`~gnnpar.parallel.fetch.SubgraphFetch`); ``on_empty``: run once the pool is
-        empty for this rank (across shards: serve the others until every rank is done)."""
-        self.pool, self.batches, self.on_empty = pool, batches, on_empty
+        empty for this rank (across shards: serve the others until every rank is done);
+        ``on_pause``: run before a checkpoint's barrier (across shards: serve the others until
+        every rank has reached it)."""
+        self.pool, self.batches, self.on_empty, self.on_pause = pool, batches, on_empty, on_pause
         self.total_steps = pool.total
         self.position = 0
         self.taken: list[list[int]] = []  # [epoch, subgraph] in the order taken
@@ -233,13 +241,16 @@ class PoolSource(BaseSource):
         more = getattr(self.batches, "rank_info", None)  # across shards: what was fetched
         return {"pool_log": self.taken, **(more() if more else {})}
 
+    def pause(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause()
+
     def state(self) -> dict:
         """At a checkpoint every rank has stopped taking (the loop quiesces gossip first), so
-        the pool's counter is final: positions below it were trained, but for the one each
+        the pool's counters are final: positions below them were trained, but for the one each
         rank took for its next epoch and holds (``next``), which it trains first on resume."""
-        counter = self.pool.handed_out()
         return {
-            "counter": counter,
+            "pool": self.pool.state(),
             "next": self._next,
             "empty": self._empty,
             "taken": self.taken,
@@ -247,12 +258,13 @@ class PoolSource(BaseSource):
         }
 
     def load_state(self, state: dict) -> None:
-        """Every rank restores its own part; rank 0 sets the (fresh) store's counter, and the
-        loop's barrier after loading keeps anybody from taking before that."""
+        """Every rank restores its own part, and the pool the (fresh) store's counters (one
+        pool: rank 0 alone); the loop's barrier after loading keeps anybody from taking before
+        that. A checkpoint written before the pool kept a state of its own holds ``counter``."""
         self._next, self._empty, self.taken = state["next"], state["empty"], state["taken"]
         self.position = state["pos"]
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            self.pool.restore(state["counter"])
+        lead = not dist.is_initialized() or dist.get_rank() == 0
+        self.pool.load_state(state.get("pool") or {"counter": state["counter"]}, lead)
 
 
 class SampledSource(BaseSource):

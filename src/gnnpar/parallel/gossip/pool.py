@@ -50,6 +50,16 @@ class WorkPool:
         """How many positions were taken so far (for the progress display; add 0 reads)."""
         return min(self.store.add(self.key, 0), self.total)
 
+    def state(self) -> dict:
+        """At a checkpoint (no rank takes meanwhile): the one counter."""
+        return {"counter": self.handed_out()}
+
+    def load_state(self, state: dict, lead: bool) -> None:
+        """On resume, before any rank takes: the ``lead`` rank alone raises the counter (a
+        relative add: two ranks doing it would count twice)."""
+        if lead:
+            self.restore(state["counter"])
+
 
 class ShardedPool:
     """The work pool across shards: one pool per host (its shard's parts, each epoch in an
@@ -97,5 +107,30 @@ class ShardedPool:
     def handed_out(self) -> int:
         return min(self.store.add(f"{self.key}/handed", 0), self.total)
 
-    def restore(self, counter: int) -> None:
-        raise RuntimeError("a work pool across shards is not restored from a checkpoint")
+    def state(self) -> dict:
+        """At a checkpoint, taken once every rank has stopped taking (the loop's barrier): where
+        this rank takes next (its epoch, the pools of it it found empty) and the counters of
+        every pool from its epoch on. Earlier epochs' pools are empty (a rank leaves an epoch
+        only once it found every pool of it empty); the first epoch whose counters are all 0
+        ends the list (no rank reached it, so none reached a later one)."""
+        counters: list[list[int]] = []
+        for e in range(self._epoch, self.epochs):
+            row = [self.store.add(f"{self.key}/{e}/{h}", 0) for h in range(len(self.parts))]
+            if not any(row):
+                break
+            counters.append(row)
+        handed = self.store.add(f"{self.key}/handed", 0)
+        return {"epoch": self._epoch, "empty": sorted(self._empty), "counters": counters,
+                "handed": handed}  # fmt: skip
+
+    def load_state(self, state: dict, lead: bool) -> None:
+        """On resume, before any rank takes (the loop's barrier after loading): every rank
+        restores its place and sets the counters it will read, from its epoch on, to what they
+        were. Every rank's state was read from the same final store, so where two ranks set
+        the same counter they set the same value (a ``set``, not an add: nothing counts
+        twice); ``lead`` is not needed."""
+        self._epoch, self._empty = state["epoch"], set(state["empty"])
+        for e, row in enumerate(state["counters"], start=self._epoch):
+            for h, n in enumerate(row):
+                self.store.set(f"{self.key}/{e}/{h}", str(n))
+        self.store.set(f"{self.key}/handed", str(state["handed"]))
