@@ -309,3 +309,62 @@ def test_gossip_across_shards_with_fetches_and_exchanges_resumes_training_each_s
     fetched, served = got["fetched_subgraphs"], got["served_subgraphs"]
     assert fetched[0] > 0 and sum(fetched) == sum(served)
     assert len(got["loss_curve"]) == 5 and all(x == x for x in got["loss_curve"])
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_on_a_sharded_gossip_run_is_restarted_and_every_subgraph_trained_once(
+    tmp_path, cora2
+):
+    """Two hosts under `gnnpar torchrun --max-restarts 2`, each agent with its own folder (the
+    manifest and its shard) and its own --out, numbered by --local-addr (127.0.0.1 is node rank
+    0, so holds shard 0; 127.0.0.2 node rank 1). Rank 1 is killed with SIGKILL mid-run: the
+    agents restart both ranks, which resume from the newest checkpoint both hold and finish;
+    every subgraph of every epoch is trained exactly once across the attempts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT, wait_for_steps
+    from tests.training.test_checkpoint import torchrun_rank_pid
+
+    _, hosts = cora2
+    epochs, parts = 16, 12
+    port, procs, outs = free_port(), [], [tmp_path / "h0", tmp_path / "h1"]
+    for h, out in enumerate(outs):
+        cmd = [sys.executable, "-m", "gnnpar", "torchrun", "--nnodes", "2"]
+        cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--max-restarts", "2"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "shardgossip"]
+        cmd += ["--rdzv-conf", "is_host=true" if h == 0 else "is_host=false"]
+        cmd += ["--local-addr", f"127.0.0.{h + 1}", "train", "--dataset", str(hosts[h])]
+        cmd += ["--strategy", "gossip", "--model", "gcn", "--hidden", "16", "--seed", str(SEED)]
+        cmd += ["--partitions", str(parts), "--epochs", str(epochs), "--threads", "1"]
+        cmd += ["--checkpoint-every", "1", "--timeout", "5", "--eval-every", "0", "--quiet"]
+        cmd += ["--slowdown", "1=2", "--out", str(out)]
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        )  # fmt: skip
+    try:
+        # a few epochs in (checkpoints written), then rank 1 dies without a word
+        wait_for_steps(outs[0] / "metrics.jsonl", 3 * parts // 2, procs[0], deadline_s=120)
+        killed = torchrun_rank_pid(procs[1].pid, 1)
+        os.kill(killed, signal.SIGKILL)
+        t0 = time.monotonic()
+        errs = [p.communicate(timeout=180)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], errs[0][-3000:] + errs[1][-3000:]
+    assert time.monotonic() - t0 < 120
+    assert "Traceback" not in errs[0] + errs[1]
+    r = json.loads((outs[0] / "result.json").read_text())
+    assert r["restarts"] >= 1 and r["resumed_from"], r
+    assert r["epochs"] == epochs
+    assert _pool_taken(r) == [(e, p) for e in range(epochs) for p in range(parts)]
+    assert 0 < r["val_score"] <= 1 and r["eval_mode"] == "sampled"
+    # each host holds its own rank's checkpoint parts only
+    for h, out in enumerate(outs):
+        held = {p.name for p in out.glob("checkpoints/*/rank*.pt")}
+        assert held == {f"rank{h}.pt"}, held
