@@ -266,3 +266,47 @@ def test_shards_train_the_loss_curve_of_the_whole_graph(tmp_path, sharded, hosts
     assert len(sent) == hosts and all(s > 0 for s in sent)
     assert sum(needed) <= sum(sent) <= 1.2 * sum(needed)
     assert "exchange_bytes_per_step" not in whole
+
+
+def _train_model(h: int, world: int, folder: str, out: str, flags: dict) -> dict | None:
+    """:func:`_train` with more flags; rank 0 returns result.json and model.pt's weights."""
+    from gnnpar.configure import build_config
+    from gnnpar.run import prepare, run_rank
+
+    base = {"model": "sage", "hidden": "16", "layers": "2", "seed": str(SEED), "threads": "1"}
+    base |= {"strategy": "sampled", "epochs": str(EPOCHS), "batch-size": str(BATCH)}
+    base |= {"fanouts": ",".join(map(str, FANOUTS)), "quiet": True, "dataset": folder}
+    base |= {"out": f"{out}-{h}", "timeout": "60", "eval-every": "0"}
+    cfg = build_config(None, base | flags)
+    run_rank(cfg, prepare(cfg), direct=True)
+    if h == 0:
+        result = json.loads((open(f"{out}-0/result.json")).read())
+        return {"result": result, "weights": torch.load(f"{out}-0/model.pt")["state_dict"]}
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_shards_resumed_midway_from_a_step_checkpoint_train_the_uninterrupted_run(
+    tmp_path, sharded
+):
+    """Two hosts, each holding only its shard, checkpoint every 3 steps (2 steps an epoch here:
+    the checkpoint of step 3 is in the middle of epoch 1). A run of 2 of 3 epochs, resumed
+    from it, ends with the 3-epoch run's loss curve and weights, bit for bit: a batch is made
+    from (seed, epoch, rank, step) alone, across shards as on one host."""
+    _, folders = sharded[2]
+    a = _ranks(tmp_path, 2, _train_model, folders, str(tmp_path / "a"), {"epochs": "3"})[0]
+    flags = {"epochs": "2", "checkpoint-every-steps": "3"}
+    _ranks(tmp_path, 2, _train_model, folders, str(tmp_path / "b"), flags)
+    for h in range(2):  # each host holds its own rank's part of the mid-epoch checkpoint
+        held = (tmp_path / f"b-{h}/checkpoints/epoch-000001-step-00000001").glob("rank*.pt")
+        assert [p.name for p in held] == [f"rank{h}.pt"]
+    flags |= {"epochs": "3", "resume": True}
+    b = _ranks(tmp_path, 2, _train_model, folders, str(tmp_path / "b"), flags)[0]
+    ra, rb = a["result"], b["result"]
+    assert ra["steps_per_epoch"] == 2 and len(ra["loss_curve"]) == 3
+    assert rb["resumed_from"].endswith("epoch-000001-step-00000001")
+    assert rb["loss_curve"] == ra["loss_curve"]
+    assert a["weights"].keys() == b["weights"].keys()
+    for k in a["weights"]:
+        assert torch.equal(a["weights"][k], b["weights"][k]), k
+    assert rb["val_score"] == ra["val_score"] and rb["test_score"] == ra["test_score"]
