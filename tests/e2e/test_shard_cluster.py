@@ -311,15 +311,11 @@ def test_gossip_across_shards_with_fetches_and_exchanges_resumes_training_each_s
     assert len(got["loss_curve"]) == 5 and all(x == x for x in got["loss_curve"])
 
 
-@pytest.mark.timeout(240)
-def test_a_rank_killed_on_a_sharded_gossip_run_is_restarted_and_every_subgraph_trained_once(
-    tmp_path, cora2
-):
+def _killed_under_torchrun(tmp_path, hosts: list, flags: list, steps: int) -> tuple:  # noqa: ANN001
     """Two hosts under `gnnpar torchrun --max-restarts 2`, each agent with its own folder (the
     manifest and its shard) and its own --out, numbered by --local-addr (127.0.0.1 is node rank
-    0, so holds shard 0; 127.0.0.2 node rank 1). Rank 1 is killed with SIGKILL mid-run: the
-    agents restart both ranks, which resume from the newest checkpoint both hold and finish;
-    every subgraph of every epoch is trained exactly once across the attempts."""
+    0, so holds shard 0; 127.0.0.2 node rank 1); rank 1 killed with SIGKILL once rank 0 has
+    trained ``steps`` steps. Both agents must end well: (rank 0's result.json, the outs)."""
     import os
     import signal
     import subprocess
@@ -329,28 +325,21 @@ def test_a_rank_killed_on_a_sharded_gossip_run_is_restarted_and_every_subgraph_t
     from helpers import ROOT, wait_for_steps
     from tests.training.test_checkpoint import torchrun_rank_pid
 
-    _, hosts = cora2
-    epochs, parts = 16, 12
     port, procs, outs = free_port(), [], [tmp_path / "h0", tmp_path / "h1"]
     for h, out in enumerate(outs):
         cmd = [sys.executable, "-m", "gnnpar", "torchrun", "--nnodes", "2"]
         cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--max-restarts", "2"]
-        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "shardgossip"]
+        cmd += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "shards"]
         cmd += ["--rdzv-conf", "is_host=true" if h == 0 else "is_host=false"]
         cmd += ["--local-addr", f"127.0.0.{h + 1}", "train", "--dataset", str(hosts[h])]
-        cmd += ["--strategy", "gossip", "--model", "gcn", "--hidden", "16", "--seed", str(SEED)]
-        cmd += ["--partitions", str(parts), "--epochs", str(epochs), "--threads", "1"]
-        cmd += ["--checkpoint-every", "1", "--timeout", "5", "--eval-every", "0", "--quiet"]
-        cmd += ["--slowdown", "1=2", "--out", str(out)]
+        cmd += [*flags, "--timeout", "5", "--eval-every", "0", "--quiet", "--out", str(out)]
         procs.append(
             subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
         )  # fmt: skip
     try:
-        # a few epochs in (checkpoints written), then rank 1 dies without a word
-        wait_for_steps(outs[0] / "metrics.jsonl", 3 * parts // 2, procs[0], deadline_s=120)
-        killed = torchrun_rank_pid(procs[1].pid, 1)
-        os.kill(killed, signal.SIGKILL)
+        wait_for_steps(outs[0] / "metrics.jsonl", steps, procs[0], deadline_s=120)
+        os.kill(torchrun_rank_pid(procs[1].pid, 1), signal.SIGKILL)  # dies without a word
         t0 = time.monotonic()
         errs = [p.communicate(timeout=180)[1] for p in procs]
     finally:
@@ -360,11 +349,51 @@ def test_a_rank_killed_on_a_sharded_gossip_run_is_restarted_and_every_subgraph_t
     assert time.monotonic() - t0 < 120
     assert "Traceback" not in errs[0] + errs[1]
     r = json.loads((outs[0] / "result.json").read_text())
-    assert r["restarts"] >= 1 and r["resumed_from"], r
+    assert r["restarts"] >= 1 and r["resumed_from"], r  # restarted, and resumed
+    for h, out in enumerate(outs):  # each host holds its own rank's checkpoint parts only
+        held = {p.name for p in out.glob("checkpoints/*/rank*.pt")}
+        assert held == {f"rank{h}.pt"}, held
+    return r, outs
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_on_a_sharded_gossip_run_is_restarted_and_every_subgraph_trained_once(
+    tmp_path, cora2
+):
+    """Rank 1 (slowed 2x, so that rank 0 fetches host 1's parts) killed mid-run: the agents
+    restart both ranks, which resume from the newest checkpoint both hold and finish; every
+    subgraph of every epoch is trained exactly once across the attempts."""
+    _, hosts = cora2
+    epochs, parts = 16, 12
+    flags = ["--strategy", "gossip", "--model", "gcn", "--hidden", "16", "--seed", str(SEED)]
+    flags += ["--partitions", str(parts), "--epochs", str(epochs), "--threads", "1"]
+    flags += ["--checkpoint-every", "1", "--slowdown", "1=2"]
+    r, _ = _killed_under_torchrun(tmp_path, hosts, flags, 3 * parts // 2)
     assert r["epochs"] == epochs
     assert _pool_taken(r) == [(e, p) for e in range(epochs) for p in range(parts)]
     assert 0 < r["val_score"] <= 1 and r["eval_mode"] == "sampled"
-    # each host holds its own rank's checkpoint parts only
-    for h, out in enumerate(outs):
-        held = {p.name for p in out.glob("checkpoints/*/rank*.pt")}
-        assert held == {f"rank{h}.pt"}, held
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_on_a_sampled_run_across_shards_ends_as_the_uninterrupted_run(
+    tmp_path, cora2
+):
+    """Sampled training across shards, checkpointed every 3 steps (5 steps an epoch), rank 1
+    killed mid-run under --max-restarts: the restarted ranks resume and end with the loss
+    curve and weights of the same run uninterrupted (forked ranks, as in
+    test_shard_sampled.py), bit for bit."""
+    from tests.e2e.test_shard_sampled import _train_model
+
+    _, hosts = cora2
+    same = {"epochs": "8", "batch-size": "16"}
+    ref = _ranks(tmp_path, 2, _train_model, hosts, str(tmp_path / "ref"), same)[0]
+    assert ref["result"]["steps_per_epoch"] == 5
+    flags = ["--strategy", "sampled", "--model", "sage", "--hidden", "16", "--layers", "2"]
+    flags += ["--fanouts", "5,5", "--batch-size", "16", "--seed", "3", "--epochs", "8"]
+    flags += ["--threads", "1", "--checkpoint-every-steps", "3"]
+    r, outs = _killed_under_torchrun(tmp_path, hosts, flags, 12)
+    assert r["loss_curve"] == ref["result"]["loss_curve"]
+    weights = torch.load(outs[0] / "model.pt")["state_dict"]
+    assert weights.keys() == ref["weights"].keys()
+    for k in weights:
+        assert torch.equal(weights[k], ref["weights"][k]), k
