@@ -289,6 +289,24 @@ def test_gossip_across_shards_resumed_from_a_checkpoint_equals_the_uninterrupted
 
 
 @pytest.mark.timeout(180)
+def test_allreduce_across_shards_resumed_from_a_checkpoint_equals_the_uninterrupted_run(
+    tmp_path, cora2
+):
+    _, hosts = cora2
+    flags = {"strategy": "allreduce", "epochs": "4", "checkpoint-every": "1"}
+    a = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "a"), flags)[0]
+    _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "b"), flags | {"epochs": "2"})
+    b = _ranks(tmp_path, 2, _train, hosts, str(tmp_path / "b"), flags | {"resume": True})[0]
+    ra, rb = a["result"], b["result"]
+    assert rb["resumed_from"].endswith("epoch-000001-step-00000000")
+    assert len(rb["loss_curve"]) == 4 and rb["loss_curve"] == ra["loss_curve"]
+    wa, wb = a["model"]["state_dict"], b["model"]["state_dict"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+@pytest.mark.timeout(180)
 def test_gossip_across_shards_with_fetches_and_exchanges_resumes_training_each_subgraph_once(
     tmp_path, cora2
 ):

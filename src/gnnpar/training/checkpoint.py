@@ -6,7 +6,8 @@ agent, ``--max-restarts``) continues from the newest checkpoint whose every part
 a checkpoint holds, per rank: the model, the optimizer state, every random generator (torch,
 CUDA, numpy, python: dropout and anything else drawn), and the loop's own state — where it is,
 the metrics so far, the source's position (a generator's state, the gossip work pool's counter
-and the subgraph a rank had taken but not trained), the sync policy's counters (steps since the
+and the subgraph a rank had taken but not trained; across shards every host's pool's counters
+and the epoch the rank takes from), the sync policy's counters (steps since the
 last averaging, gossip exchange counts and ids), the straggler's generator. With it, a
 deterministic run resumed from a checkpoint ends bit-for-bit where the uninterrupted run ends.
 
