@@ -58,16 +58,21 @@ done
 host="${1#*@}"; shift
 line=$(grep -m1 "^$host " "$(dirname "$0")/hosts") || { echo "ssh: $host: unknown" >&2; exit 255; }
 read -r _ ns dev <<<"$line"
-exec ip netns exec "$ns" env -i HOME=/root PATH=%s LANG=C.UTF-8 GLOO_SOCKET_IFNAME="$dev" \\
-  bash -c "$*"
+# the host's own /dev/shm (a folder of this machine's, bound over /dev/shm in the mount
+# namespace `ip netns exec` makes): DGL's server and trainer of one host share their partition
+# through shared memory by fixed names, which two hosts on one machine must not share
+shm=/dev/shm/%s$ns; mkdir -p "$shm"
+exec ip netns exec "$ns" sh -c 'mount --bind "$0" /dev/shm && exec "$@"' "$shm" \\
+  env -i HOME=/root PATH=%s LANG=C.UTF-8 GLOO_SOCKET_IFNAME="$dev" bash -c "$*"
 """
+SHM_PREFIX = "gnnpar-host-"
 
 
 def write_shim(bindir: Path, hosts: list[tuple[str, str, str]]) -> Path:
     """``bindir/ssh`` and ``bindir/hosts`` (address, namespace, interface per line)."""
     bindir.mkdir(parents=True, exist_ok=True)
     ssh = bindir / "ssh"
-    ssh.write_text(SSH_SHIM % LOGIN_PATH)
+    ssh.write_text(SSH_SHIM % (SHM_PREFIX, LOGIN_PATH))
     ssh.chmod(0o755)
     (bindir / "hosts").write_text("".join(f"{a} {ns} {dev}\n" for a, ns, dev in hosts))
     return ssh
@@ -98,8 +103,12 @@ def run_dgl(args, hosts, work: Path, classes: int) -> tuple[dict, float]:  # noq
     env["OMP_NUM_THREADS"] = "1"
     argv = ["ip", "netns", "exec", hosts.a, *dgl_command(args, ws, part_config, result, classes)]
     t0 = time.perf_counter()
-    with open(work / "dgl.log", "w") as log:
-        proc = subprocess.run(argv, env=env, cwd=ws, stdout=log, stderr=log, timeout=3600)
+    try:
+        with open(work / "dgl.log", "w") as log:
+            proc = subprocess.run(argv, env=env, cwd=ws, stdout=log, stderr=log, timeout=3600)
+    finally:
+        for ns in (hosts.a, hosts.b):
+            shutil.rmtree(f"/dev/shm/{SHM_PREFIX}{ns}", ignore_errors=True)
     took = time.perf_counter() - t0
     if proc.returncode or not result.exists():
         tail = (work / "dgl.log").read_text()[-3000:]
@@ -200,7 +209,7 @@ def smoke() -> int:
     with tempfile.TemporaryDirectory(prefix="gnnpar-distdgl-smoke-") as tmp:
         bindir = Path(tmp) / "bin"
         write_shim(bindir, [("10.0.0.1", "nsA", "devA")])
-        (bindir / "ip").write_text('#!/bin/bash\nshift 3\nexec "$@"\n')
+        (bindir / "ip").write_text('#!/bin/bash\nwhile [ "$1" != env ]; do shift; done\nexec "$@"\n')
         (bindir / "ip").chmod(0o755)
         cmd = "cd /; (export X=1; echo $X $GLOO_SOCKET_IFNAME $(pwd))"
         line = f"ssh -o StrictHostKeyChecking=no -p 22 10.0.0.1 '{cmd}'"
@@ -209,6 +218,7 @@ def smoke() -> int:
         ok = out.stdout.strip() == "1 devA /"
         print(f"smoke: ssh shim ran launch.py's command: {out.stdout.strip()!r} ({ok})")
         shutil.rmtree(bindir)
+        shutil.rmtree(f"/dev/shm/{SHM_PREFIX}nsA", ignore_errors=True)
     return 0 if ok else 1
 
 
