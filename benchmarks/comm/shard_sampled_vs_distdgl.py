@@ -209,7 +209,9 @@ def smoke() -> int:
     with tempfile.TemporaryDirectory(prefix="gnnpar-distdgl-smoke-") as tmp:
         bindir = Path(tmp) / "bin"
         write_shim(bindir, [("10.0.0.1", "nsA", "devA")])
-        (bindir / "ip").write_text('#!/bin/bash\nwhile [ "$1" != env ]; do shift; done\nexec "$@"\n')
+        (bindir / "ip").write_text(
+            '#!/bin/bash\nwhile [ "$1" != env ]; do shift; done\nexec "$@"\n'
+        )
         (bindir / "ip").chmod(0o755)
         cmd = "cd /; (export X=1; echo $X $GLOO_SOCKET_IFNAME $(pwd))"
         line = f"ssh -o StrictHostKeyChecking=no -p 22 10.0.0.1 '{cmd}'"
