@@ -110,10 +110,10 @@ def run_hosts(args, folders: list[Path], work: Path, hosts=None, limit: int | No
         t0 = time.perf_counter()
         for h, g in enumerate(folders):
             argv = train_args(args, g, outs[h])
-            if hosts is not None:
-                ns, dev = ((hosts.a, hosts.if_a), (hosts.b, hosts.if_b))[h]
+            if hosts is not None:  # netns.Hosts or netns.SwitchedHosts
+                ns, dev, _ = hosts.placements()[h]
                 argv = ["ip", "netns", "exec", ns, *argv]
-                env = host_env(h, len(folders), hosts.addr_a, port, dev)
+                env = host_env(h, len(folders), hosts.placements()[0][2], port, dev)
             else:
                 env = host_env(h, len(folders), "127.0.0.1", port, None)
             if groups[h] is not None:  # outside `ip netns exec`, which remounts /sys

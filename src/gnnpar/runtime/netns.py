@@ -72,6 +72,10 @@ class Hosts:
     def kind(self) -> str:
         return "veth" if self.wire is None else "emulated"
 
+    def placements(self) -> list[tuple[str, str, str]]:
+        """(namespace, interface, address) of host A, then host B."""
+        return [(self.a, self.if_a, self.addr_a), (self.b, self.if_b, self.addr_b)]
+
     def link(self, up: bool) -> None:
         """Take the link between the hosts down (as a pulled cable or a failed switch) or up."""
         proc = ip("-n", self.a, "link", "set", self.if_a, "up" if up else "down")
@@ -284,3 +288,89 @@ def shaped_hosts(
         elif why is not None:
             how = "tc tbf on a veth pair (rate only; no delay was asked)"
         yield h, how
+
+
+@dataclass
+class SwitchedHosts:
+    """Hosts on one switch: :func:`switched_hosts`."""
+
+    names: list[str]  # the hosts' namespaces
+    ifs: list[str]  # each host's one interface
+    addrs: list[str]
+    switch: str  # the switch's namespace (a Linux bridge)
+
+    def placements(self) -> list[tuple[str, str, str]]:
+        """(namespace, interface, address) of each host."""
+        return list(zip(self.names, self.ifs, self.addrs, strict=True))
+
+
+HOST_LETTERS = "klmnopqr"  # host namespaces gnnpar-t<pid>-<letter>, their veth ends gt<letter><pid>
+PORT_LETTERS = "abcdefgh"  # the switch's ends of the same veth pairs
+
+
+@contextlib.contextmanager
+def switched_hosts(
+    n: int, subnet: str = "10.214.0", rate_bit_s: float | None = None
+) -> Iterator[SwitchedHosts]:
+    """``n`` hosts (at most 8) at ``subnet``.1 ... ``subnet``.n (one /24), each a network
+    namespace with one veth to a Linux bridge in a namespace of its own (the switch); removed
+    again, with every process inside, when the block ends.
+
+    ``rate_bit_s``: each host's port limited to it in both directions by tc's token bucket
+    (``tbf``; as :meth:`Hosts.shape` does on a kernel without netem), so that every host has a
+    link of its own to the switch, as on a switched network. No delay is added: netem is what
+    adds one, and the emulated link (:mod:`gnnpar.runtime.wire`) joins two hosts, not a switch.
+    """
+    if not 1 <= n <= len(HOST_LETTERS):
+        raise ValueError(f"{n} hosts: 1 to {len(HOST_LETTERS)}")
+    if shutil.which("ip") is None:
+        raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
+    if os.geteuid() != 0:
+        raise NetnsUnavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
+    _clean_stale()
+    pid = os.getpid()
+    h = SwitchedHosts(
+        names=[f"{PREFIX}{pid}-{x}" for x in HOST_LETTERS[:n]],
+        ifs=[f"gt{x}{pid}" for x in HOST_LETTERS[:n]],
+        addrs=[f"{subnet}.{i + 1}" for i in range(n)],
+        switch=f"{PREFIX}{pid}-w",
+    )
+    ports = [f"gt{x}{pid}" for x in PORT_LETTERS[:n]]
+    bridge = f"gtw{pid}"
+    steps: list[tuple[str, ...]] = [
+        ("netns", "add", h.switch),
+        ("-n", h.switch, "link", "add", bridge, "type", "bridge"),
+        ("-n", h.switch, "link", "set", bridge, "up"),
+    ]
+    for ns, dev, addr, port in zip(h.names, h.ifs, h.addrs, ports, strict=True):
+        steps += [
+            ("netns", "add", ns),
+            ("link", "add", dev, "type", "veth", "peer", "name", port),
+            ("link", "set", dev, "netns", ns),
+            ("link", "set", port, "netns", h.switch),
+            ("-n", h.switch, "link", "set", port, "master", bridge),
+            ("-n", h.switch, "link", "set", port, "up"),
+            ("-n", ns, "addr", "add", f"{addr}/24", "dev", dev),
+            ("-n", ns, "link", "set", "lo", "up"),
+            ("-n", ns, "link", "set", dev, "up"),
+            ("netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_retries2={TCP_RETRIES2}"),
+        ]
+    try:
+        for step in steps:
+            proc = ip(*step)
+            if proc.returncode != 0:
+                raise NetnsUnavailable(f"`ip {' '.join(step)}` failed: {proc.stderr.strip()}")
+        if rate_bit_s is not None:
+            rate = f"{max(int(rate_bit_s), 8000)}bit"
+            burst = f"{max(int(rate_bit_s / 8 * 0.001), 15000)}b"  # as Hosts.shape's
+            for ns, dev in [*zip(h.names, h.ifs), *((h.switch, p) for p in ports)]:
+                proc = tc(ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                          "burst", burst, "latency", "50ms")  # fmt: skip
+                if proc.returncode != 0:
+                    raise NetnsUnavailable(f"tc cannot shape {dev}: {proc.stderr.strip()}")
+        yield h
+    finally:
+        for ns in [*h.names, h.switch]:
+            _remove(ns)
+        for dev in h.ifs:  # only there if setup stopped before moving it
+            ip("link", "delete", dev)
