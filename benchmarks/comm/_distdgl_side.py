@@ -3,7 +3,7 @@ run as its own example does (``examples/distributed/graphsage/node_classificatio
 by ``tools/launch.py``). Runs in the peer's interpreter (``/work/peers/dgl/bin/python``) and
 imports nothing of gnnpar.
 
-Two commands:
+Three commands:
 
 * ``partition PREPARED OUT PARTS``: the prepared folder's in-edge CSR (``indptr.npy``,
   ``indices.npy``: node v aggregates ``indices[indptr[v]:indptr[v+1]]``), features, labels and
@@ -77,6 +77,22 @@ def partition(prepared: str, out: str, parts: int) -> None:
             }
         )
     )
+
+
+def edge_cut(out: str) -> None:
+    """The edges whose two ends METIS put in different parts: each part holds its nodes'
+    in-edges (``inner_edge``) with halo copies of the remote sources (not ``inner_node``)."""
+    import dgl
+
+    meta = json.loads(open(os.path.join(out, "papers.json")).read())
+    cut = total = 0
+    for p in range(meta["num_parts"]):
+        g = dgl.load_graphs(os.path.join(out, f"part{p}", "graph.dgl"))[0][0]
+        inner = g.edata["inner_edge"].bool()
+        src, _ = g.edges()
+        cut += int((inner & ~g.ndata["inner_node"].bool()[src]).sum())
+        total += int(inner.sum())
+    print(json.dumps({"edges": total, "edge_cut": cut, "edge_cut_share": cut / total}))
 
 
 def build_model(in_feats: int, hidden: int, classes: int, layers: int, dropout: float):  # noqa: ANN201
@@ -168,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "partition":
         partition(argv[1], argv[2], int(argv[3]))
+        return
+    if argv and argv[0] == "cut":
+        edge_cut(argv[1])
         return
     p = argparse.ArgumentParser(description="DistDGL trainer (node_classification.py's)")
     p.add_argument("--graph_name", default="papers")

@@ -18,7 +18,8 @@ each side's epoch time (its training time over its epochs, evaluation excluded) 
   as a host's profile would set it). The trainer is ``_distdgl_side.py train`` (the example's).
 
     python -m benchmarks.comm.shard_sampled_vs_distdgl \\
-        --sharded /work/data/shard-mem/p0.02-s2 --dgl-parts /work/data/distdgl/p0.02-metis2 \\
+        --sharded metis=/work/data/distdgl/p0.02-s2-metis,stream=/work/data/shard-mem/p0.02-s2 \\
+        --dgl-parts /work/data/distdgl/p0.02-metis2 \\
         --launch /work/data/distdgl/launch.py --work /work/data/distdgl/bench \\
         --rate 1gbit --delay 1ms --fanouts 15,10 --hidden 256 --batch-size 512 --epochs 2
 
@@ -118,7 +119,9 @@ def run_dgl(args, hosts, work: Path, classes: int) -> tuple[dict, float]:  # noq
 
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, reps=2)
-    ap.add_argument("--sharded", type=Path, help="gnnpar's graph in 2 shards")
+    ap.add_argument(
+        "--sharded", help="gnnpar's graph in 2 shards: FOLDER or NAME=FOLDER[,NAME=FOLDER]"
+    )
     ap.add_argument("--dgl-parts", type=Path, help="DistDGL's 2 METIS parts (papers.json)")
     ap.add_argument("--launch", type=Path, help="DGL v2.1.0's tools/launch.py")
     ap.add_argument("--work", type=Path, help="where the hosts' folders and runs go")
@@ -144,20 +147,27 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.comm.gloo_over_shaped_link import parse_delay, parse_rate
     from gnnpar.runtime import netns
 
-    classes = json.loads((args.sharded / "manifest.json").read_text())["num_classes"]
+    sharded = dict((p.split("=", 1) if "=" in p else ("", p)) for p in args.sharded.split(",") if p)
+    first = Path(next(iter(sharded.values())))
+    classes = json.loads((first / "manifest.json").read_text())["num_classes"]
     args.work.mkdir(parents=True, exist_ok=True)
-    folders = two.host_folders(args.sharded, args.work)
+    folders = {
+        name: two.host_folders(Path(f), args.work / f"shards-{name or 'gnnpar'}")
+        for name, f in sharded.items()
+    }
     rate, delay = parse_rate(args.rate), parse_delay(args.delay)
-    rows: dict[str, list[dict]] = {"gnnpar": [], "distdgl": []}
+    names = [f"gnnpar-{n}" if n else "gnnpar" for n in folders] + ["distdgl"]
+    rows: dict[str, list[dict]] = {n: [] for n in names}
     loads = []
     try:
         with netns.shaped_hosts("d", "e", "10.213.0.45", "10.213.0.46", rate, delay) as (h, how):
             print(f"link: {rate / 1e6:g} Mbit/s, {delay * 1e3:g} ms one way ({how})")
             write_shim(args.work / "bin", [(h.addr_a, h.a, h.if_a), (h.addr_b, h.b, h.if_b)])
             sides = {
-                "gnnpar": lambda: gnnpar_side(args, folders, h),
-                "distdgl": lambda: dgl_side(args, h, classes),
+                name: (lambda f=f: gnnpar_side(args, f, h))
+                for name, f in zip(names, folders.values(), strict=False)
             }
+            sides["distdgl"] = lambda: dgl_side(args, h, classes)
             for rep in range(args.reps):
                 for name in list(sides) if rep % 2 == 0 else list(sides)[::-1]:
                     before = harness.load_average()[0]
@@ -170,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     except netns.NetnsUnavailable as e:
         return harness.no_namespaces(str(e), False)
     med = {k: statistics.median(r["epoch_s"] for r in v) for k, v in rows.items()}
-    ratio = harness.median_ratio(
-        [r["epoch_s"] for r in rows["gnnpar"]], [r["epoch_s"] for r in rows["distdgl"]]
-    )
-    print(f"median epoch: gnnpar {med['gnnpar']:.2f} s, DistDGL {med['distdgl']:.2f} s; "
-          f"gnnpar / DistDGL {ratio:.3f} (median of per-repetition ratios)")  # fmt: skip
+    dgl = [r["epoch_s"] for r in rows["distdgl"]]
+    ratio = {n: harness.median_ratio([r["epoch_s"] for r in rows[n]], dgl) for n in names[:-1]}
+    for n in names[:-1]:
+        print(f"median epoch: {n} {med[n]:.2f} s, DistDGL {med['distdgl']:.2f} s; "
+              f"{n} / DistDGL {ratio[n]:.3f} (median of per-repetition ratios)")  # fmt: skip
     if args.out:
         harness.write_json(
             args.out,
@@ -194,12 +204,13 @@ def main(argv: list[str] | None = None) -> int:
 def gnnpar_side(args, folders: list[Path], hosts) -> dict:  # noqa: ANN001
     r, _, took = two.run_hosts(args, folders, args.work, hosts, None)
     s = two.summary(r)
-    return {"epoch_s": s["epoch_time_s"], "wall_s": took, **s}
+    return {**s, "epoch_s": s["epoch_time_s"], "wall_s": took}
 
 
 def dgl_side(args, hosts, classes: int) -> dict:  # noqa: ANN001
     r, took = run_dgl(args, hosts, args.work, classes)
-    return {"epoch_s": statistics.mean(r["epoch_s_slowest"]), "wall_s": took, **r}
+    r["epoch_s_per_rank"] = r.pop("epoch_s")  # rank 0's, per epoch
+    return {**r, "epoch_s": statistics.mean(r["epoch_s_slowest"]), "wall_s": took}
 
 
 def smoke() -> int:
