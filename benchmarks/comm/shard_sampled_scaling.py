@@ -45,9 +45,14 @@ def run_on_hosts(args, folders: list[Path], work: Path):  # noqa: ANN001, ANN201
 def predict(args, hosts: int) -> dict:  # noqa: ANN001
     """advise's predicted epoch and network bytes for ``hosts`` from the profile ``--advise``."""
     out = args.work / f"advise-h{hosts}"
+    dataset = json.loads(args.advise.read_text())["profile"]["dataset"]  # advise checks it
     argv = [sys.executable, "-m", "gnnpar", "advise", "--profile", str(args.advise)]
+    argv += ["--dataset", dataset, "--model", "sage", "--layers", str(len(args.fanouts.split(",")))]
+    argv += ["--hidden", str(args.hidden), "--fanouts", args.fanouts, "--strategies", "sampled"]
+    argv += ["--batch-size", str(args.batch_size), "--loader-workers", "0"]
+    argv += ["--epochs", str(args.epochs), "--threads", "1", "--seed", "3"]
     argv += ["--hosts", str(hosts), "--ranks-per-host", "1", "--network", f"{args.rate},1ms"]
-    argv += ["--out", str(out)] if hosts > 1 else ["--workers", "1", "--out", str(out)]
+    argv += ["--out", str(out)]
     proc = subprocess.run(argv, env=harness.module_env(), capture_output=True, text=True)
     if proc.returncode:
         return {"hosts": hosts, "error": proc.stderr.strip()[-500:]}
