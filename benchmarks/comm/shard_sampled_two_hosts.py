@@ -78,6 +78,8 @@ def train_args(args, dataset: Path, out: Path) -> list[str]:
     a += ["--timeout", "300", "--out", str(out)]
     if args.max_steps:
         a += ["--max-steps", str(args.max_steps)]
+    if getattr(args, "feature_cache", None):
+        a += ["--feature-cache", str(args.feature_cache)]
     return a
 
 

@@ -3,11 +3,14 @@
 Two network namespaces joined by a link of ``--rate`` and one-way ``--delay``
 (:func:`gnnpar.runtime.netns.shaped_hosts`: tc netem on a veth pair, or the link emulated in
 user space where the kernel has no netem), one trainer per host, one thread each; the sides
-alternate (gnnpar, DistDGL; reversed every other repetition), ``--reps`` times; the median of
-each side's epoch time (its training time over its epochs, evaluation excluded) is reported.
+alternate (in the given order, reversed every other repetition), ``--reps`` times; the median
+of each side's epoch time (its training time over its epochs, evaluation excluded) and of each
+gnnpar side's per-repetition ratio to DistDGL are reported.
 
 * gnnpar: ``gnnpar train --strategy sampled`` on each host over a folder holding only the
-  manifest and its ``shard-<h>/`` (:mod:`benchmarks.comm.shard_sampled_two_hosts`, no cgroup).
+  manifest and its ``shard-<h>/`` (:mod:`benchmarks.comm.shard_sampled_two_hosts`, no cgroup);
+  one side per ``--sharded NAME=FOLDER`` (e.g. METIS and stream shards), ``@CACHE`` adding
+  ``--feature-cache CACHE`` to that side.
 * DistDGL (DGL 2.1, ``/work/peers/dgl/bin/python``): the graph partitioned by its
   ``partition_graph`` (METIS, 2 parts; ``_distdgl_side.py partition``), launched as DGL's
   examples do: ``tools/launch.py`` (``--launch``: DGL v2.1.0's own file, unchanged) started on
@@ -15,12 +18,13 @@ each side's epoch time (its training time over its epochs, evaluation excluded) 
   an ``ssh`` first on launch.py's PATH (written to ``WORK/bin/ssh``) runs the remote command
   the way sshd would (``bash -c``, a login's bare environment) inside the namespace that holds
   the address, with that host's ``GLOO_SOCKET_IFNAME`` (the only interface to the other host,
-  as a host's profile would set it). The trainer is ``_distdgl_side.py train`` (the example's).
+  as a host's profile would set it), and with a ``/dev/shm`` of that host's own (DGL's server
+  and trainer share the partition through shared memory by fixed names; namespaces of one
+  machine would share one /dev/shm). The trainer is ``_distdgl_side.py train`` (the example's).
 
     python -m benchmarks.comm.shard_sampled_vs_distdgl \\
-        --sharded metis=/work/data/distdgl/p0.02-s2-metis,stream=/work/data/shard-mem/p0.02-s2 \\
-        --dgl-parts /work/data/distdgl/p0.02-metis2 \\
-        --launch /work/data/distdgl/launch.py --work /work/data/distdgl/bench \\
+        --sharded metis=/work/data/p0.02-s2-metis,stream=/work/data/p0.02-s2 \\
+        --dgl-parts /work/data/p0.02-metis2 --launch /work/data/launch.py --work /work/data/bench \\
         --rate 1gbit --delay 1ms --fanouts 15,10 --hidden 256 --batch-size 512 --epochs 2
 
 (``--dgl-parts`` is made by ``/work/peers/dgl/bin/python benchmarks/comm/_distdgl_side.py
@@ -120,7 +124,9 @@ def run_dgl(args, hosts, work: Path, classes: int) -> tuple[dict, float]:  # noq
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, reps=2)
     ap.add_argument(
-        "--sharded", help="gnnpar's graph in 2 shards: FOLDER or NAME=FOLDER[,NAME=FOLDER]"
+        "--sharded",
+        help="gnnpar's graph in 2 shards: FOLDER or NAME=FOLDER[@CACHE][,...], one side each "
+        "(@CACHE: that side trains with --feature-cache CACHE)",
     )
     ap.add_argument("--dgl-parts", type=Path, help="DistDGL's 2 METIS parts (papers.json)")
     ap.add_argument("--launch", type=Path, help="DGL v2.1.0's tools/launch.py")
@@ -148,13 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     from gnnpar.runtime import netns
 
     sharded = dict((p.split("=", 1) if "=" in p else ("", p)) for p in args.sharded.split(",") if p)
+    caches = {name: f.partition("@")[2] or None for name, f in sharded.items()}
+    sharded = {name: f.partition("@")[0] for name, f in sharded.items()}
     first = Path(next(iter(sharded.values())))
     classes = json.loads((first / "manifest.json").read_text())["num_classes"]
     args.work.mkdir(parents=True, exist_ok=True)
-    folders = {
-        name: two.host_folders(Path(f), args.work / f"shards-{name or 'gnnpar'}")
-        for name, f in sharded.items()
-    }
+    made: dict[str, list[Path]] = {}  # one copy of each folder's hosts, whatever the sides
+    for f in sharded.values():
+        if f not in made:
+            made[f] = two.host_folders(Path(f), args.work / f"shards-{len(made)}")
+    folders = {name: made[f] for name, f in sharded.items()}
     rate, delay = parse_rate(args.rate), parse_delay(args.delay)
     names = [f"gnnpar-{n}" if n else "gnnpar" for n in folders] + ["distdgl"]
     rows: dict[str, list[dict]] = {n: [] for n in names}
@@ -164,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"link: {rate / 1e6:g} Mbit/s, {delay * 1e3:g} ms one way ({how})")
             write_shim(args.work / "bin", [(h.addr_a, h.a, h.if_a), (h.addr_b, h.b, h.if_b)])
             sides = {
-                name: (lambda f=f: gnnpar_side(args, f, h))
-                for name, f in zip(names, folders.values(), strict=False)
+                name: (lambda f=f, c=c: gnnpar_side(args, f, h, c))
+                for name, f, c in zip(names, folders.values(), caches.values(), strict=False)
             }
             sides["distdgl"] = lambda: dgl_side(args, h, classes)
             for rep in range(args.reps):
@@ -201,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def gnnpar_side(args, folders: list[Path], hosts) -> dict:  # noqa: ANN001
+def gnnpar_side(args, folders: list[Path], hosts, cache: str | None) -> dict:  # noqa: ANN001
+    args.feature_cache = cache
     r, _, took = two.run_hosts(args, folders, args.work, hosts, None)
     s = two.summary(r)
-    return {**s, "epoch_s": s["epoch_time_s"], "wall_s": took}
+    return {**s, "epoch_s": s["epoch_time_s"], "wall_s": took, "feature_cache": cache}
 
 
 def dgl_side(args, hosts, classes: int) -> dict:  # noqa: ANN001
