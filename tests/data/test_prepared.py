@@ -379,3 +379,19 @@ def test_the_streams_sorted_lookup_is_searchsorted():
     cdf = np.repeat(np.cumsum(g.random(500)), 3)  # ties: every value three times
     q = np.concatenate([g.random(2000) * cdf[-1], cdf[::7], [0.0, cdf[-1], cdf[-1] + 1]])
     assert np.array_equal(_search(cdf, q), np.searchsorted(cdf, q))
+
+
+def test_arrays_are_mapped_read_only_and_tensors_made_without_a_warning(cora_folder):
+    """Shared read-only maps, not copy-on-write: a private writable map of a file larger than
+    RAM + swap is refused (ENOMEM) by the kernel's default overcommit heuristic."""
+    import warnings
+
+    from gnnpar.data.prepared import Prepared
+
+    p = Prepared(cora_folder)
+    for name in ("features", "indices", "indptr", "labels"):
+        assert not p.array(name).flags.writeable, name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = p.tensor("features")
+    assert t.shape == (2708, 1433)

@@ -348,6 +348,6 @@ def _npy(folder: Path, rec: Any, where: str, what: str) -> np.ndarray:
     if folder.resolve() not in path.parents:
         raise UsageError(f"{where}: {what}'s path {rec['path']} leaves the folder.")
     try:
-        return np.load(path, mmap_mode="c", allow_pickle=False)  # copy-on-write: never written
+        return np.load(path, mmap_mode="r", allow_pickle=False)  # read-only: never written
     except (OSError, ValueError) as e:
         raise UsageError(f"{where}: {what} ({path}) cannot be read: {type(e).__name__}.") from None

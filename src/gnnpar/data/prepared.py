@@ -482,6 +482,27 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
+def map_array(path: str | os.PathLike) -> np.ndarray:
+    """A prepared array, memory-mapped **read-only**. Not copy-on-write (``mmap_mode="c"``): a
+    private writable mapping is charged to the kernel's commit count, and under the default
+    heuristic overcommit one larger than RAM + swap fails with ENOMEM (papers100M's 28 GB of fp16
+    features on a 24 GiB machine); a shared read-only one is charged nothing. Nothing in gnnpar
+    writes a prepared array: a write now fails loudly instead of copying a page."""
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def mapped_tensor(a: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` over a read-only mapped array, without torch's warning that the
+    tensor is not writable (gnnpar only reads these; a write would fault, not corrupt)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(a)
+
+
 def check_arrays(folder: Path, manifest: dict[str, Any], full: bool = False) -> list[str]:
     """What is wrong with the folder's files (empty: nothing found): sizes and ends checksums;
     ``full``: every byte's SHA-256 too."""
@@ -558,7 +579,7 @@ class Prepared:
         if name not in self._arrays:
             path = self.folder / Path(self.manifest["arrays"][name]["file"]).name
             try:
-                self._arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
+                self._arrays[name] = map_array(path)
             except (OSError, ValueError) as e:
                 raise Damaged(f"{self.folder}: {path.name} cannot be read ({_brief(e)}).") from None
         return self._arrays[name]
@@ -567,7 +588,7 @@ class Prepared:
         """The array as a torch tensor over the same mapped pages (bf16 features as bfloat16)."""
         import torch
 
-        t = torch.from_numpy(self.array(name))
+        t = mapped_tensor(self.array(name))
         if name == "features" and self.manifest["feature_dtype"] == "bf16":
             t = t.view(torch.bfloat16)
         return t

@@ -335,7 +335,7 @@ class Shard:
         if name not in self._arrays:
             path = self.folder / Path(self.manifest["arrays"][name]["file"]).name
             try:
-                self._arrays[name] = np.load(path, mmap_mode="c", allow_pickle=False)
+                self._arrays[name] = prepared.map_array(path)
             except (OSError, ValueError) as e:
                 raise Damaged(f"{self.folder}: {path.name} cannot be read ({e}).") from None
         return self._arrays[name]

@@ -81,7 +81,7 @@ class ShardGraph:
         s = shards.Shard(top, recs[host], host)
 
         def t(name: str) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(s.array(name)))
+            return prepared.mapped_tensor(np.asarray(s.array(name)))
 
         x = t("features")
         if m["feature_dtype"] == "bf16":
