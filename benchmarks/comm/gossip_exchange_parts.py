@@ -5,13 +5,16 @@ user space (gnnpar.runtime.wire) of ``--rate`` and one-way ``--delay``; rank 0 i
 the TCPStore, rank 1 in host B, every store call of rank 1 across the link (as ``gnnpar advise
 --validate --hosts 2`` places them). Both ranks run gossip's own protocol
 (:class:`gnnpar.parallel.gossip.protocol.Pairing`, the work pool's ``add``, the boundary of
-:class:`gnnpar.training.gossip_sync.GossipSync` with ``K = 1``) around a busy step of
+:class:`gnnpar.training.gossip_sync.GossipSync` with ``K = 1``) around a step of
 ``--step-ms`` (rank 0) and ``--far-step-ms`` (rank 1), and each timestamps, with the clock both
 namespaces share, every exchange's parts: entering it, the partner's bytes received, its own
 send completed, leaving. Then, for comparison, exchanges after a barrier with both sides posting
 at once, and with rank 0 posting ``--late-ms`` after rank 1 (the order of a gossip exchange:
-the claimed rank waits ready). Prints per phase the medians of each part, and the TCP state of
-the ranks' connection (``ss -tin``: congestion window, round-trip time).
+the claimed rank waits ready). The steps are a fixed piece of work that took ``--step-ms``
+alone; rank 0 also times it alone (rank 1 asleep in a store wait) before and after the gossip. Prints per phase the medians of each part, and the TCP state of
+the ranks' connection (``ss -tin``: congestion window, round-trip time), and per rank the
+median take from the pool, step and boundary (the pairing's store calls, its exchanges left
+out).
 
     python -m benchmarks.comm.gossip_exchange_parts --rate 100mbit --delay 5ms
 """
@@ -32,10 +35,27 @@ from pathlib import Path
 from benchmarks import harness
 
 
-def busy(seconds: float) -> None:
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        pass
+def calibrated_work(seconds: float):
+    """A fixed piece of work (128 x 128 products, one thread) that took ``seconds`` here just
+    now, alone: timed inside gossip, how much the exchanges' machinery around it stretches it."""
+    import torch
+
+    a = torch.randn(128, 128)
+    for _ in range(20):
+        torch.mm(a, a)
+    t = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(100):
+            torch.mm(a, a)
+        t.append((time.perf_counter() - t0) / 100)
+    n = max(1, round(seconds / min(t)))
+
+    def work() -> None:
+        for _ in range(n):
+            torch.mm(a, a)
+
+    return work
 
 
 def exchange(mine, partner: int) -> dict:
@@ -78,15 +98,21 @@ def rank_main(args) -> None:
     pairing.open()
     dist.barrier()
     step_s = (args.step_ms if rank == 0 else args.far_step_ms) / 1e3
+    work = calibrated_work(step_s)
+    alone = [solo(store, "solo0", work, rank, args.solo_steps)]
+    dist.barrier()
     log, marks, steps = [], [], 0
     total = args.positions
-    while store.add("pool", 1) - 1 < total:  # the pool's take
+    while True:
+        t_take = time.monotonic()
+        if store.add("pool", 1) - 1 >= total:  # the pool's take
+            break
         t0 = time.perf_counter()
-        busy(step_s)
+        t_step = time.monotonic()
+        work()
         steps += 1
         tb = time.monotonic()
         x = pairing.at_boundary(want=True)
-        marks.append([tb, time.monotonic(), x is not None])
         waited = 0.0
         while x is not None:
             t = exchange(mine, x.partner)
@@ -95,6 +121,8 @@ def rank_main(args) -> None:
             waited += t["exit"] - t["enter"]
             pairing.finish(x)
             x = pairing.at_boundary(want=True) if x.initiated else None
+        # [take's start, step's start, boundary's start, boundary's end, in exchanges]
+        marks.append([t_take, t_step, tb, time.monotonic(), waited])
         pairing.record_step(time.perf_counter() - t0 - waited)
     while (x := pairing.retire()) is not None:
         t = exchange(mine, x.partner)
@@ -103,21 +131,39 @@ def rank_main(args) -> None:
         pairing.finish(x)
     tcp_gossip = ss(peer)
     dist.barrier()
+    alone.append(solo(store, "solo1", work, rank, args.solo_steps))
+    dist.barrier()
     phases = {}
     for name, late in (("at once", 0.0), ("rank 0 late", args.late_ms / 1e3)):
         rows = []
         for _ in range(args.calls):
             dist.barrier()
-            busy(args.step_ms / 1e3)
+            work()
             if rank == 0 and late:
                 time.sleep(late)
             rows.append(exchange(mine, 1 - rank))
         phases[name] = rows
     out = {"rank": rank, "steps": steps, "gossip": log, "boundaries": marks, "phases": phases}
+    out["alone"] = alone
     out["tcp_after_gossip"], out["tcp_end"] = tcp_gossip, ss(peer)
     Path(args.log).write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def solo(store, key: str, work, rank: int, steps: int) -> list[float]:
+    """Rank 0's steps while rank 1 sleeps in a store wait (nothing crosses the link, nobody
+    polls): their times."""
+    times = []
+    if rank == 0:
+        for _ in range(steps):
+            t0 = time.monotonic()
+            work()
+            times.append(time.monotonic() - t0)
+        store.set(key, b"1")
+    else:
+        store.wait([key], datetime.timedelta(seconds=300))
+    return times
 
 
 def med(xs) -> float:
@@ -154,6 +200,20 @@ def report(a: dict, b: dict) -> dict:
             r["rank 0 between exchanges"] = med([q - p for p, q in zip(ia, ia[1:])])
             r["claimer rank 0"] = sum(t["initiated"] for t, _ in rows)
         out[name] = r
+    for r, side in enumerate((a, b)):
+        m = side["boundaries"]
+        out[f"rank {r} per step"] = {
+            "take (the pool's add)": med([q[1] - q[0] for q in m]),
+            "step": med([q[2] - q[1] for q in m]),
+            "boundary without its exchanges": med([q[3] - q[2] - q[4] for q in m]),
+            "steps with an exchange": sum(q[4] > 0 for q in m),
+            "step mean": statistics.mean(q[2] - q[1] for q in m) * 1e3,
+        }
+    before, after = a["alone"]
+    out["rank 0's steps alone (rank 1 asleep)"] = {
+        "before: median": med(before), "before: mean": statistics.mean(before) * 1e3,
+        "after: median": med(after), "after: mean": statistics.mean(after) * 1e3,
+    }  # fmt: skip
     out["steps"] = [a["steps"], b["steps"]]
     out["tcp (rank 0's side) after gossip"] = a["tcp_after_gossip"]
     out["tcp (rank 0's side) at the end"] = a["tcp_end"]
@@ -170,11 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--positions", type=int, default=1600, help="the pool's size")
     ap.add_argument("--late-ms", type=float, default=10.0)
     ap.add_argument("--calls", type=int, default=40)
+    ap.add_argument("--solo-steps", type=int, default=400, help="rank 0's steps alone")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--keep", type=Path, help="also copy both ranks' raw logs into this folder")
     for hidden in ("--rank", "--addr", "--peer", "--log"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=29980, help=argparse.SUPPRESS)
-    args = harness.start(ap, argv, {"positions": 60, "calls": 4}, header=False)
+    args = harness.start(ap, argv, {"positions": 60, "calls": 4, "solo_steps": 10}, header=False)
     if args.rank is not None:
         args.rank = int(args.rank)
         rank_main(args)
@@ -206,7 +268,7 @@ def run(args, netns, rate: float, delay: float) -> int:
         for r, (ns, dev, peer) in enumerate(hosts):
             cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", __spec__.name]
             for k in ("rate", "delay", "floats", "step_ms", "far_step_ms", "positions",
-                      "late_ms", "calls", "port"):  # fmt: skip
+                      "late_ms", "calls", "solo_steps", "port"):  # fmt: skip
                 cmd += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
             cmd += ["--rank", str(r), "--addr", h.addr_a, "--peer", peer, "--log", str(logs[r])]
             procs.append(
@@ -216,6 +278,10 @@ def run(args, netns, rate: float, delay: float) -> int:
         if any(codes):
             return max(codes, key=abs)
         a, b = (json.loads(p.read_text()) for p in logs)
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for p in logs:
+                (args.keep / p.name).write_text(p.read_text())
     figures = report(a, b)
     for name, r in figures.items():
         if isinstance(r, dict):
