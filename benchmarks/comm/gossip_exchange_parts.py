@@ -77,8 +77,16 @@ def exchange(mine, partner: int) -> dict:
 
 
 def ss(peer: str) -> str:
+    """Each TCP connection to ``peer``: its congestion control, round-trip time, congestion
+    window and bytes sent (``ss -tin``)."""
     out = subprocess.run(["ss", "-tin", "dst", peer], capture_output=True, text=True).stdout
-    return " | ".join(line.strip() for line in out.splitlines()[1:] if "cwnd" in line)
+    keep = ("rtt:", "cwnd:", "bytes_sent:")
+    conns = []
+    for line in out.splitlines()[1:]:
+        if "cwnd" in line:
+            fields = line.split()
+            conns.append(" ".join(fields[:1] + [f for f in fields if f.startswith(keep)]))
+    return " | ".join(conns)
 
 
 def rank_main(args) -> None:
