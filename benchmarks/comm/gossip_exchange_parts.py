@@ -14,7 +14,8 @@ the claimed rank waits ready). The steps are a fixed piece of work that took ``-
 alone; rank 0 also times it alone (rank 1 asleep in a store wait) before and after the gossip. Prints per phase the medians of each part, and the TCP state of
 the ranks' connection (``ss -tin``: congestion window, round-trip time), and per rank the
 median take from the pool, step and boundary (the pairing's store calls, its exchanges left
-out).
+out); and the CPU time and packets of the link's own process (it shares the machine's cores:
+a cable would not).
 
     python -m benchmarks.comm.gossip_exchange_parts --rate 100mbit --delay 5ms
 """
@@ -174,6 +175,12 @@ def solo(store, key: str, work, rank: int, steps: int) -> list[float]:
     return times
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` used so far (user and system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def med(xs) -> float:
     return statistics.median(xs) * 1e3 if xs else float("nan")
 
@@ -285,12 +292,14 @@ def run(args, netns, rate: float, delay: float) -> int:
         codes = [p.wait(timeout=600) for p in procs]
         if any(codes):
             return max(codes, key=abs)
+        wire = {"cpu_s": cpu_s(h.wire.pid), **h.wire_stats()}
         a, b = (json.loads(p.read_text()) for p in logs)
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             for p in logs:
                 (args.keep / p.name).write_text(p.read_text())
     figures = report(a, b)
+    figures["the link's process over the whole run"] = wire
     for name, r in figures.items():
         if isinstance(r, dict):
             print(f"\n{name}:")
