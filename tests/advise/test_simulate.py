@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gnnpar.advise import simulate as sim
-from gnnpar.advise.events import Rendezvous, Sim
+from gnnpar.advise.events import Rendezvous, Sim, Swap
 from gnnpar.parallel.collectives import PAIR_ACROSS_HOSTS_MAX_BYTES
 from gnnpar.training import straggler as straggler_module
 from gnnpar.training.straggler import Straggler
@@ -33,6 +33,24 @@ def test_engine_rendezvous_releases_everyone_after_the_last_plus_the_cost():
     s.start(proc("b", 3.0))
     s.run()
     assert seen == [("a", 3.5), ("b", 3.5)]
+
+
+def test_engine_swap_releases_each_side_when_its_own_part_is_done():
+    """Each side resumes at the time the protocol gives it from both arrivals; the first, which
+    waited, ``late`` after that."""
+    s = Sim()
+    swap = Swap(s, lambda first, second: (second + 1.0, second + 2.0), late=0.25)
+    seen = []
+
+    def proc(name, t):
+        yield s.delay(t)
+        yield swap.arrive()
+        seen.append((name, s.now))
+
+    s.start(proc("a", 1.0))
+    s.start(proc("b", 3.0))
+    s.run()
+    assert seen == [("a", 4.25), ("b", 5.0)]
 
 
 def test_ring_allreduce_cost_inside_a_host_and_across_hosts():
@@ -163,6 +181,39 @@ def test_a_message_between_hosts_leaves_once_its_receive_is_posted():
         == (2.5, 0.0)
         == (1 + inside.p2p_s(0, 1, 100), 0)
     )
+
+
+def test_an_exchange_between_hosts_depends_on_who_came_in_first():
+    """gloo's protocol for an isend + irecv exchange over a 0.5 s link carrying 100 bytes a
+    second (100 bytes: a message is 1.5 s). Entered at once, each side's "receive ready"
+    crosses (0.5 s) and the other's bytes follow: both done at 2 (``p2p_s``). Entered 1 s apart
+    (more than a latency), the first's notification is already there: the second's bytes
+    leave at once and reach the first at 2.5; the second's own notification left behind them
+    on the same stream, so the first's bytes leave at 2.5 and arrive at 4: the second is in
+    the exchange 3 s, two messages. Entered 0.25 s apart, each is done 2 s after it came in.
+    Inside a host: the measured exchange from the second's entry, for both."""
+    c = sim.Cluster(2, 1, FREE, FREE, sim.Link(0.5, 100.0))
+    assert c.exchange_done(0, 1, 100, 0.0, 0.0) == (2.0, 2.0) == (c.p2p_s(0, 1, 100),) * 2
+    assert c.exchange_done(1, 0, 100, 0.0, 1.0) == (2.5, 4.0)
+    assert c.exchange_done(0, 1, 100, 0.0, 0.25) == (2.0, 2.25)
+    inside = one_host(2, p2p=sim.Link(0.5, 100.0))
+    assert inside.exchange_done(0, 1, 100, 0.0, 1.0) == (2.5, 2.5)
+
+
+def test_gossip_claimer_beside_the_store_waits_two_messages_in_an_exchange_across_hosts():
+    """Rank 0 (beside the store) claims rank 1 (another host, store round trip 0.5 s) at 1;
+    1 s steps, 4 subgraphs, K = 1, only rank 0 picks; the link: 0.25 s one way, 100 bytes a
+    second, 25 bytes exchanged (a message: 0.5 s). Rank 1 reads the claim with a get (answer
+    at 2), sets itself ready (lands at 2.25) and enters the exchange at 2; rank 0 finds it
+    ready at its boundary at 3, a second after rank 1 came in: rank 1 is done at 3.5, rank 0
+    at 4 (two messages, not the 0.75 s of both entering at once). Rank 1's release lands at
+    3.75, and so, just after it, does its retirement (a compare-and-set, answered at 4): rank
+    0's pick at 4 finds it done, and both end at 4."""
+    c = sim.Cluster(2, 1, FREE, FREE, sim.Link(0.25, 100.0))
+    r = sim.gossip(c, [1.0] * 4, 1, 1, 25, 0, bipartite=True, poll_s=0.25,
+                   store_rtt_s=[0.0, 0.5])  # fmt: skip
+    assert r.train_time_s == 4.0 and r.log == [(4.0, 0, 1)] and r.batches == [3, 1]
+    assert r.wait_s == [1.0, 1.5]
 
 
 def test_gpipe_across_two_hosts_waits_for_each_receive_to_be_posted():

@@ -79,6 +79,32 @@ class Rendezvous:
         return self.done
 
 
+class Swap:
+    """Two processes exchange something: once the second is in, each resumes at the instant
+    ``done(first_s, second_s)`` gives it (``(first's, second's)``, from both arrival times: a
+    protocol in which who came first matters), the first ``late`` seconds after that (woken
+    late from its wait). Of two arriving at the same instant, the first to call
+    :meth:`arrive` is the first."""
+
+    def __init__(
+        self, sim: Sim, done: Callable[[float, float], tuple[float, float]], late: float = 0.0
+    ) -> None:
+        self.sim, self.done, self.late = sim, done, late
+        self.arrivals: list[float] = []
+        self._events = [Event(sim), Event(sim)]
+
+    def arrive(self) -> Event:
+        if len(self.arrivals) == 2:
+            raise RuntimeError("a swap is between two processes")
+        self.arrivals.append(self.sim.now)
+        if len(self.arrivals) == 2:
+            first, second = self.done(*self.arrivals)
+            now = self.sim.now
+            self._events[0].succeed(first, delay=max(first + self.late - now, 0.0))
+            self._events[1].succeed(second, delay=max(second - now, 0.0))
+        return self._events[len(self.arrivals) - 1]
+
+
 class Process(Event):
     """A running generator; as an event it triggers with the generator's return value."""
 

@@ -20,7 +20,9 @@ see there). Each function mirrors one strategy's loop, source and sync policy:
   a round trip after it was made, and only the calls that wait for an answer cost the rank
   time (a ``set`` does not: :meth:`_GossipRun.put`; a ``get`` is two round trips, ``add`` and
   ``compare_set`` one: :meth:`_GossipRun.call`); with ``K = 1`` the claimer picks again at
-  once after its exchange. Out of work, a rank finishes its pick (polling every 1 ms, as
+  once after its exchange. An exchange between hosts follows gloo's protocol from both sides'
+  entry times (:meth:`Cluster.exchange_done`): a rank that comes in a latency or more after
+  its partner, as a claimer that found its partner ready does, is in it for two messages. Out of work, a rank finishes its pick (polling every 1 ms, as
   ``Pairing.retire``), serves claims made on it, retires, and waits at the final barrier.
 * :func:`pipeline` (pipeline, hybrid): each stage runs torch's op order (ScheduleGPipe: every
   forward, then every backward; Schedule1F1B: ``min(M, S - s)`` warm-up forwards, then one
@@ -60,7 +62,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gnnpar.advise.events import Event, Rendezvous, Sim
+from gnnpar.advise.events import Event, Rendezvous, Sim, Swap
 from gnnpar.parallel.collectives import pair_exchange_pays
 from gnnpar.training.straggler import Straggler
 
@@ -91,7 +93,8 @@ GLOO_LATENCIES_PER_MESSAGE = 3.0
 # bytes) and 17.87 ms over 100 Mbit/s with 5 ms (12.4 ms); 2 is taken. That is gloo's protocol
 # when both sides post at once (the receiver's "ready" notification crosses, then the bytes): a
 # pipeline, whose receives are posted when the schedule reaches them, gets the protocol itself
-# (Cluster.p2p_delivery).
+# (Cluster.p2p_delivery), and so does gossip's exchange, whose sides never post at once
+# (Cluster.exchange_done).
 GLOO_P2P_LATENCIES = 2.0
 # torch's TCPStore.get is two round trips to the store: it waits for the key to exist (a WAIT
 # request, answered at once when it does), then sends the GET (timed across the emulated
@@ -157,6 +160,39 @@ class Cluster:
         start = max(sent_s, posted_s + net.latency_s, free_s)
         done = start + nbytes / path.bandwidth_Bps
         return done + path.latency_s, done
+
+    def exchange_done(
+        self, first: int, second: int, nbytes: float, first_s: float, second_s: float
+    ) -> tuple[float, float]:
+        """A two-rank exchange (``isend`` + ``irecv`` of ``nbytes`` each way, gossip's
+        ``mixing.exchange_average``) that rank ``first`` entered at ``first_s`` and rank
+        ``second`` at ``second_s >= first_s``: when each side is done, ``(first's, second's)``.
+
+        Inside a host both are done one measured exchange (``p2p_s``) after the second came in.
+        Between hosts this is gloo's protocol (``Pair::send`` writes the bytes at once only into
+        a receive the peer has announced; every ``recv`` announces itself with a "receive
+        ready" notification; a pair's messages are one TCP stream each way, in order). Where
+        the first's notification has crossed by the time the second comes in (it came in a
+        latency or more earlier, as a gossip rank that turned ``ready`` has: its key's new
+        value reaches the store, its partner reads it there, then enters), the second's bytes
+        leave at once and its own notification leaves behind them on the same stream: the
+        first has them one transfer and a latency later and only then sends its own, which
+        take a transfer and a latency more. The second is in the exchange twice one message's
+        time, not once: measured across the emulated 100 Mbit/s, 5 ms link, 92 KB each way, the
+        later side 25.9 ms (medians of 40; both sides at once: 20.0 and 18.5 ms;
+        ``benchmarks/comm/gossip_exchange_parts.py``). Where both come in within a latency,
+        each side's notification crosses while the other's bytes wait for it: each is done
+        two latencies and a transfer after it came in (``GLOO_P2P_LATENCIES``)."""
+        if not self.crosses(first, second):
+            done = second_s + self.p2p_s(first, second, nbytes)
+            return done, done
+        net = self.network
+        path = self.p2p.then(Link(net.latency_s, net.bandwidth_Bps))
+        message = path.send_s(nbytes)
+        if second_s - first_s >= path.latency_s:  # the first's "receive ready" is there
+            return second_s + message, second_s + 2 * message
+        both = path.latency_s + message
+        return first_s + both, second_s + both
 
     def ring(self, ranks: Sequence[int] | None) -> list[int]:
         return list(range(self.world)) if ranks is None else sorted(ranks)
@@ -454,8 +490,8 @@ class _GossipRun:
         self.rngs = [random.Random(seed * 7919 + r) for r in range(world)]
         self.active = list(range(world // 2)) if bipartite else list(range(world))
         self.passive = list(range(world // 2, world)) if bipartite else list(range(world))
-        self.cost: dict[str, float] = {}  # xid -> seconds of the exchange once both are in
-        self.meet = _Keyed(lambda key: Rendezvous(self.sim, 2, self.cost[key], cluster.wake_s))
+        self.meet = _Keyed(lambda xid: Swap(self.sim, self._swap_done(xid), cluster.wake_s))
+        self.sides: dict[str, list[int]] = {}  # xid -> its ranks, in the order they came in
         self.final = Rendezvous(self.sim, world)
         self.counter = [0]
         self.busy, self.wait, self.batches = [0.0] * world, [0.0] * world, [0] * world
@@ -547,7 +583,6 @@ class _GossipRun:
                 calls[0] += 1
                 if self._cas(c, "avail", ("claim", r, xid)):
                     self.claims[r] += 1
-                    self.cost[xid] = self.cluster.p2p_s(r, c, self.sync_bytes)
                     claimed.append(_Exchange(c, xid, True))
                     return
             released.append(True)  # nobody available: its key back to available (a set)
@@ -587,9 +622,20 @@ class _GossipRun:
             yield from self.pick(r)
         return None
 
+    def _swap_done(self, xid: str):
+        """When each side of exchange ``xid`` is done (``Cluster.exchange_done``: between
+        hosts, who came in first matters)."""
+
+        def done(first_s: float, second_s: float) -> tuple[float, float]:
+            first, second = self.sides[xid]
+            return self.cluster.exchange_done(first, second, self.sync_bytes, first_s, second_s)
+
+        return done
+
     def serve(self, r: int, x: _Exchange):
         sim = self.sim
         t = sim.now
+        self.sides.setdefault(x.xid, []).append(r)
         yield self.meet[x.xid].arrive()
         self.wait[r] += sim.now - t
         if x.initiated:
