@@ -75,3 +75,38 @@ def tiny_graph() -> Data:
         val_mask=val,
         test_mask=test,
     )
+
+
+def assert_trimming_exact(data, x: torch.Tensor) -> None:
+    """A SAGE of one layer per hop of ``data`` (a sampled batch as PyG's NeighborLoader gives
+    it), run as PyG's examples/hierarchical_sampling.py runs it (``trim_to_layer`` before each
+    layer) and over the whole subgraph: equal seed outputs, equal gradients of the parameters
+    and of the input features ``x`` (train mode, no dropout)."""
+    from torch_geometric.nn import SAGEConv
+    from torch_geometric.utils import trim_to_layer
+
+    torch.manual_seed(0)
+    dims = [x.size(1)] + [16] * (len(data.num_sampled_edges) - 1) + [5]
+    convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
+    results = []
+    for trim in (False, True):
+        convs.zero_grad()
+        h, edge_index = x.clone().requires_grad_(), data.edge_index
+        xin = h
+        for i, conv in enumerate(convs):
+            if trim:
+                h, edge_index, _ = trim_to_layer(
+                    i, data.num_sampled_nodes, data.num_sampled_edges, h, edge_index
+                )
+            h = conv(h, edge_index)
+            h = h.relu() if i < len(convs) - 1 else h
+        out = h[: data.batch_size]
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in convs.parameters()], xin.grad))
+        if trim:  # the last layer ran on the seeds and hop 1 only
+            assert h.size(0) == sum(data.num_sampled_nodes[:2]) < x.size(0)
+    (full, g_full, x_full), (trimmed, g_trim, x_trim) = results
+    torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g_trim, g_full):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x_trim, x_full, rtol=1e-5, atol=1e-6)

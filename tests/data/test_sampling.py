@@ -18,7 +18,7 @@ from gnnpar.data.sampling.loader import (
 )
 from gnnpar.data.sampling.reference import reference_sample
 from gnnpar.data.sampling.sampler import CSRGraph, NeighborSampler
-from helpers import tiny_graph
+from helpers import assert_trimming_exact, tiny_graph
 
 # the compiled kernel is what users get (scripts/setup.sh builds it); torch is its fallback
 BACKENDS = ["kernel", "torch"]
@@ -302,6 +302,67 @@ def test_full_fanout_batch_gives_seeds_full_graph_outputs(model):
         full = net(x, ei)[seeds]
         batch = net(x[b.n_id], b.edge_index)[: b.batch_size]
     torch.testing.assert_close(batch, full, rtol=1e-5, atol=1e-6)
+
+
+# in-edges by hand (source -> target): 0 <- 1, 2; 1 <- 3; 2 <- 3, 4; 3 <- 5; 4 <- 0; 5 <- 6
+HAND_EDGES = torch.tensor([[1, 2, 3, 3, 4, 5, 0, 6], [0, 0, 1, 2, 2, 3, 4, 5]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hop_counts_and_order_are_neighbor_loaders(backend):
+    """PyG's NeighborLoader layout (what ``trim_to_layer`` relies on), by hand on seeds 2, 0 at
+    full fan-out: the seeds, then each hop's new nodes in order of first appearance; each hop's
+    edges after the previous hop's, grouped by target in frontier order, a target's neighbours
+    in the graph's order; ``num_sampled_nodes`` = [seeds, new at hop 1, ...],
+    ``num_sampled_edges`` = [edges of hop 1, ...]. Hop 1: 2 <- 3, 4 (new), 0 <- 1 (new), 2;
+    hop 2: 3 <- 5 (new), 4 <- 0, 1 <- 3; hop 3: 5 <- 6 (new)."""
+    sampler = NeighborSampler(CSRGraph.from_edge_index(HAND_EDGES, 7), [-1] * 3, backend=backend)
+    b = sampler.sample(torch.tensor([2, 0]), torch.Generator().manual_seed(0))
+    assert b.n_id.tolist() == [2, 0, 3, 4, 1, 5, 6]
+    assert (b.batch_size, b.num_sampled_nodes, b.num_sampled_edges) == (2, [2, 3, 1, 1], [4, 3, 1])
+    hops = [[(2, 0), (3, 0), (4, 1), (0, 1)], [(5, 2), (1, 3), (2, 4)], [(6, 5)]]
+    edges = list(zip(*b.edge_index.tolist()))
+    # the kernel keeps the frontier's order within a hop; the torch fallback only the hops
+    within = (lambda h: h) if backend == "kernel" else sorted
+    assert [within(edges[a:e]) for a, e in ((0, 4), (4, 7), (7, 8))] == [within(h) for h in hops]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pyg_trim_to_layer_gives_the_untrimmed_seed_outputs_and_gradients(backend):
+    """PyG's hierarchical sampling (examples/hierarchical_sampling.py: ``trim_to_layer`` before
+    each layer) on gnnpar's batches: the seeds' outputs and every gradient equal those of the
+    same model run over the whole sampled subgraph (only fewer rows are computed)."""
+    n = 300
+    batch = NeighborSampler(
+        CSRGraph.from_edge_index(random_graph(n, 3000, seed=5), n), [5, 3, 3], backend=backend
+    ).sample(torch.arange(0, n, 19), torch.Generator().manual_seed(2))
+    x = torch.randn(n, 12, generator=torch.Generator().manual_seed(1))[batch.n_id]
+    assert_trimming_exact(batch.to_data(), x)
+
+
+def test_batches_equal_neighbor_loaders_where_pyg_lib_is_installed():
+    """Against PyG's own NeighborLoader (pyg-lib's sampler, not a dependency of gnnpar) at full
+    fan-out, where the draw is not random: the same ``n_id``, ``edge_index`` and counts per hop
+    (``is_sorted``: PyG reads the neighbours in the graph's order, as gnnpar does)."""
+    pytest.importorskip("pyg_lib", reason="the cross-check needs PyG's pyg-lib sampler")
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+
+    n = 120
+    ei = random_graph(n, 600, seed=7)
+    ei = ei[:, torch.argsort(ei[1] * n + ei[0])]
+    data = Data(x=torch.zeros(n, 1), edge_index=ei, num_nodes=n)
+    seeds = torch.tensor([3, 64, 100, 7])
+    for fanouts in ([-1], [-1, -1], [-1, -1, -1]):
+        ref = next(
+            iter(NeighborLoader(data, fanouts, input_nodes=seeds, batch_size=4, is_sorted=True))
+        )
+        b = NeighborSampler(CSRGraph.from_edge_index(ei, n), fanouts).sample(
+            seeds, torch.Generator()
+        )
+        assert torch.equal(b.n_id, ref.n_id) and torch.equal(b.edge_index, ref.edge_index)
+        assert b.num_sampled_nodes == ref.num_sampled_nodes
+        assert b.num_sampled_edges == ref.num_sampled_edges
 
 
 def test_bad_fanouts_rejected():

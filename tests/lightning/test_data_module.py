@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gnnpar import UsageError
+from helpers import assert_trimming_exact
 
 pytest.importorskip("lightning", reason="gnnpar.lightning needs the lightning extra")
 
@@ -66,6 +67,16 @@ def test_sizes_and_batches_as_neighbor_loader_gives_them(cora):
     # in-degree at most the fan-out for the seeds
     seeds_in = torch.bincount(batch.edge_index[1], minlength=batch.n_id.numel())[:bs]
     assert int(seeds_in.max()) <= 4
+
+
+def test_batches_carry_the_hops_for_pyg_trim_to_layer(cora):
+    """The data module's batches carry ``num_sampled_nodes``/``num_sampled_edges`` with nodes
+    and edges ordered by hop, as PyG's hierarchical sampling needs: a model that trims each
+    layer gives the seeds the outputs and gradients of one that does not."""
+    batch = next(iter(cora.train_dataloader()))
+    assert len(batch.num_sampled_nodes) == 3 and len(batch.num_sampled_edges) == 2
+    assert sum(batch.num_sampled_edges) == batch.edge_index.size(1)
+    assert_trimming_exact(batch, batch.x)
 
 
 def test_every_seed_once_per_epoch_and_a_seeded_reshuffle(cora):
