@@ -198,6 +198,7 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
             self.steps = 0
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:
+            self.cpu_epoch = time.process_time()
             self.t_epoch = self.t_last = time.perf_counter()
             self.wait, self.steps = 0.0, 0
 
@@ -209,9 +210,14 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
             self.steps += 1
 
         def on_train_epoch_end(self, trainer, pl_module) -> None:
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.process_time() - self.cpu_epoch
             self.epochs.append(
-                {"epoch_s": now - self.t_epoch, "data_wait_s": self.wait, "steps": self.steps}
+                {
+                    "epoch_s": now - self.t_epoch,
+                    "data_wait_s": self.wait,
+                    "cpu_s": cpu,
+                    "steps": self.steps,
+                }
             )
 
     if args.side == "dgl":
@@ -303,7 +309,7 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
         dist.all_gather_object(fits, fit_s)
     if trainer.global_rank == 0:
         epochs = [
-            {k: max(r[e][k] for r in ranks) for k in ("epoch_s", "data_wait_s")}
+            {k: max(r[e][k] for r in ranks) for k in ("epoch_s", "data_wait_s", "cpu_s")}
             | {"steps": [r[e]["steps"] for r in ranks]}
             for e in range(min(len(r) for r in ranks))
         ]
@@ -446,13 +452,14 @@ def driver(args: argparse.Namespace) -> None:
                     later([a], key) / later([b], key)
                     for a, b in zip(runs["gnnpar"], runs[side], strict=True)
                 )
-                for key in ("data_wait_s", "epoch_s")
+                for key in ("data_wait_s", "epoch_s", "cpu_s")
             }
             print(f"gnnpar/{side} x{ranks}: {loaders[f'gnnpar/{side} x{ranks}']}")
         for side in sides:
             loaders[f"{side} x{ranks}"] = {
                 "data_wait_s": later(runs[side], "data_wait_s"),
                 "epoch_s": later(runs[side], "epoch_s"),
+                "cpu_s": later(runs[side], "cpu_s"),
                 "first_epoch_s": statistics.median(r["epochs"][0]["epoch_s"] for r in runs[side]),
                 "first_wait_s": statistics.median(
                     r["epochs"][0]["data_wait_s"] for r in runs[side]

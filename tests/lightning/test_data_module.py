@@ -342,3 +342,39 @@ def test_the_hand_off_thread_gives_every_batch_in_order_and_the_loaders_error_in
         time.sleep(0.05)
     assert not stream._thread.is_alive() and len(made) <= 4  # one queued, one in hand, no more
     assert "gnnpar-hand-off" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_new_stream_makes_its_head_here_while_the_fork_server_starts(monkeypatch):
+    """While the loader workers' fork server has not answered, a new training stream makes its
+    first ``head`` batches in this process and the workers' loader begins after them (started on
+    a thread meanwhile); once the server has answered, no batch is made here."""
+    import threading
+
+    from gnnpar.lightning import data
+
+    class Items:
+        released = False
+
+        def __getitem__(self, i):
+            return f"here {i}"
+
+        def release(self):
+            self.released = True
+
+    items = Items()
+    stream = data.made_here(items, range(3, 5), lambda: iter(["worker 5", "worker 6"]))
+    assert list(stream) == ["here 3", "here 4", "worker 5", "worker 6"] and items.released
+
+    def broken():
+        raise RuntimeError("the fork server is gone")
+
+    stream = data.made_here(Items(), range(0, 1), broken)
+    assert next(stream) == "here 0"
+    with pytest.raises(RuntimeError, match="fork server is gone"):
+        next(stream)
+
+    loader = data.ResumableLoader(Items(), None, str, end=10, head=2)
+    monkeypatch.setattr(data, "_server_ready", threading.Event())
+    assert (loader._head(5), loader._head(1)) == (2, 1)
+    data._server_ready.set()
+    assert loader._head(5) == 0

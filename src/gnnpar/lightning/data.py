@@ -365,8 +365,11 @@ class ResumableLoader(GraphLoader):
 
     trainer: pl.Trainer | None = None
 
-    def __init__(self, dataset, sampler, convert, end: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset, sampler, convert, end: int | None = None, head: int = 0, **kwargs: Any
+    ) -> None:
         super().__init__(dataset, sampler, convert, **kwargs)
+        self.head = head  # see _head
         # the stream's iterator draws its base seed from the loader's own generator too
         kwargs = {**kwargs, "generator": self.generator}
         self._stream_kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}
@@ -383,11 +386,16 @@ class ResumableLoader(GraphLoader):
         if self._stream is None or self._stream_at != first:
             self.close()  # ends the old stream's workers
             end = self._end if self._end is not None and self._end > first else 2**62
+            head = self._head(end - first)
             loader = DataLoader(
-                self.dataset, batch_size=None, sampler=range(first, end), **self._stream_kwargs
+                self.dataset,
+                batch_size=None,
+                sampler=range(first + head, end),
+                **self._stream_kwargs,
             )
             if loader.num_workers > 0:
-                self._stream = HandOff(iter(loader), self.convert)
+                batches = made_here(self.dataset, range(first, first + head), loader.__iter__)
+                self._stream = HandOff(batches, self.convert)
             else:  # sampled in this process, when the loop asks
                 self._stream = map(self.convert, loader)
             self._stream_at = first
@@ -396,6 +404,19 @@ class ResumableLoader(GraphLoader):
             self._stream_at += 1
             self.yielded += 1
             yield batch
+
+    def _head(self, left: int) -> int:
+        """How many of a new stream's first batches the training process makes itself: up to
+        ``head`` (the data module's choice: what the workers would hold ahead) while the fork
+        server is still importing torch (:func:`fork_server_ready`), else none.
+
+        Why: a worker's first batch waits for the server's imports, which began when the data
+        module was made (5-8 s on 2 loaded cores, ~1 s of the first epoch on a quiet machine),
+        where PyG's workers fork the training process and start at once. Batch ``i`` is the
+        same in any process, so the stream's batches do not change."""
+        if self.head == 0 or fork_server_ready():
+            return 0
+        return min(left, self.head)
 
     def close(self) -> None:
         """End the stream (its workers and hand-off thread)."""
@@ -436,6 +457,59 @@ class ResumableLoader(GraphLoader):
         s.resume(int(state["epoch"]), int(state["done"]))
 
 
+def made_here(dataset, indices: range, start: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """``dataset[i]`` for ``i`` in ``indices``, made in this process, then the items of the
+    iterator ``start()`` returns (a DataLoader's with workers), started on a thread of its own
+    meanwhile: starting a worker waits for the fork server to answer. This process's sampler is
+    dropped once the head is made (:meth:`~gnnpar.data.sampling.loader.SampledBatches.release`)."""
+    if not len(indices):
+        yield from start()
+        return
+    started: dict[str, Any] = {}
+
+    def begin() -> None:
+        try:
+            started["it"] = start()
+        except BaseException as e:  # noqa: BLE001 - raised again where the batches are taken
+            started["error"] = e
+
+    thread = threading.Thread(target=begin, name="gnnpar-loader-start", daemon=True)
+    thread.start()
+    try:
+        for i in indices:
+            yield dataset[i]
+    finally:
+        dataset.release()
+    thread.join()
+    if "error" in started:
+        raise started["error"]
+    yield from started["it"]
+
+
+# Graphs up to this many nodes may have a new stream's first batches made in the training
+# process (ResumableLoader._head): its sampler's node-mark arrays, 16-24 bytes a node, are this
+# process's to hold meanwhile (~400 MB at this size).
+HEAD_MAX_NODES = 1 << 24
+
+_server_ready = threading.Event()
+_server_probed = False
+
+
+def fork_server_ready() -> bool:
+    """Whether the fork server has answered (its preloaded imports are done): a probe, one
+    empty process started from it on a thread when :func:`start_fork_server` first runs."""
+    return _server_ready.is_set()
+
+
+def _probe_fork_server(ctx: Any) -> None:
+    try:
+        child = ctx.Process(target=os.getpid, daemon=True)
+        child.start()
+        child.join()
+    finally:  # a failed probe is not a reason to make batches here for good
+        _server_ready.set()
+
+
 def start_fork_server() -> Any:
     """The fork server that loader workers are forked from (``gnnpar train``'s, :func:`gnnpar.
     data.sampling.loader.build_loader`: it imports torch and the sampler once, and holds no
@@ -446,10 +520,16 @@ def start_fork_server() -> Any:
     while the model and the ``Trainer`` are set up instead of inside the first batch's wait."""
     from gnnpar.data.sampling import loader
 
+    global _server_probed
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", loader.__name__])
     with omp.ranks_sleep_at_once():
         multiprocessing.forkserver.ensure_running()
+    if not _server_probed:
+        _server_probed = True
+        threading.Thread(
+            target=_probe_fork_server, args=(ctx,), name="gnnpar-fork-server-probe", daemon=True
+        ).start()
     return ctx
 
 
@@ -599,6 +679,7 @@ class GraphDataModule(pl.LightningDataModule):
         if isinstance(strategy, GossipStrategy):
             return self._pool_loader(strategy, ranks)
         s, r = self.cfg.strategy, self.cfg.run
+        head = 0  # batches a new stream makes here while the fork server starts
         if self.sampled:
             from gnnpar.data.sampling.loader import SampledBatches, shard_plan
 
@@ -621,6 +702,8 @@ class GraphDataModule(pl.LightningDataModule):
                 steps,
             )
             kwargs, convert = _worker_kwargs(s.loader_workers, s.timeout_s), self._convert()
+            if kwargs and self.ds.num_nodes <= HEAD_MAX_NODES:  # what the workers hold ahead
+                head = kwargs["num_workers"] * kwargs["prefetch_factor"]
         else:
             parts = self._parts_with("train")
             if len(parts) < ranks.world_size:
@@ -642,7 +725,7 @@ class GraphDataModule(pl.LightningDataModule):
         epochs = None if trainer is None else trainer.max_epochs
         end = steps * epochs if epochs is not None and epochs > 0 else None
         sampler = EpochSampler(steps, ranks.rank, ranks.world_size, r.seed)
-        loader = ResumableLoader(dataset, sampler, convert, end, **kwargs)
+        loader = ResumableLoader(dataset, sampler, convert, end, head, **kwargs)
         loader.trainer = trainer
         self._close_train_loader()
         self._train_loader = loader

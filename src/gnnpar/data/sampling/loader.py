@@ -141,6 +141,11 @@ class SampledBatches(torch.utils.data.Dataset):
             self._state = g
         return self._state
 
+    def release(self) -> None:
+        """Drop this process's map of the graph and its sampler (the node-mark arrays): the
+        training process made a few batches itself and leaves the rest to its workers."""
+        self._state = None
+
     def __getitem__(self, i: int) -> SampledBatch:
         return self._batch(*step_seeds(self, i))
 
