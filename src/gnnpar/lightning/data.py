@@ -55,6 +55,7 @@ rest of that epoch's batches, the same ones the uninterrupted run trains.
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing as mp
 import multiprocessing.forkserver
@@ -394,7 +395,10 @@ class ResumableLoader(GraphLoader):
                 **self._stream_kwargs,
             )
             if loader.num_workers > 0:
-                batches = made_here(self.dataset, range(first, first + head), loader.__iter__)
+                # the head from a copy: starting a worker pickles the dataset, which moves its
+                # tensors' storage into shared memory in place, under the feet of a reader
+                here = copy.deepcopy(self.dataset) if head else self.dataset
+                batches = made_here(here, range(first, first + head), loader.__iter__)
                 self._stream = HandOff(batches, self.convert)
             else:  # sampled in this process, when the loop asks
                 self._stream = map(self.convert, loader)
