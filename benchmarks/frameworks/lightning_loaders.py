@@ -14,8 +14,15 @@ gloo, ``torch.set_num_threads(cores // ranks)``):
   Lightning has fetched the batch), the slowest rank's;
 * ``epoch_s``: an epoch end to end (``on_train_epoch_start`` to ``on_train_epoch_end``), the
   slowest rank's. The first epoch (workers starting, caches warming) is reported apart; the
-  figures are medians over the later epochs and the repetitions, sides alternating.
+  figures are medians over the later epochs and the repetitions, sides alternating;
+* ``cpu_s``: the training process's CPU time over the epoch (``time.process_time``, all its
+  threads, not its loader workers), the slowest rank's: the model's work and the batches'
+  hand-over, less moved by other work on a loaded machine than ``epoch_s``;
+* ``fit_s``: ``Trainer.fit`` end to end (set-up and every epoch), the slowest rank's.
 
+The model of gnnpar's and PyG's sides is written as PyG's hierarchical-sampling example writes
+it (``trim_to_layer`` before each layer: layer ``i`` runs on the nodes and edges the later
+layers read, as DGL's blocks do; ``--no-trim``: every layer over the whole sampled subgraph).
 The sides (each as its own Lightning example writes it; the model, optimiser and loss are the
 same code): gnnpar, ``GraphDataModule(dataset, batch_size=1024, fanouts=[25, 10, 10],
 loader_workers=W)``; PyG, ``NeighborLoader(data, input_nodes=train_idx, num_neighbors=[25, 10,
@@ -28,7 +35,9 @@ DGL: ``dgl.dataloading.DataLoader`` with ``NeighborSampler`` and a ``dglnn.SAGEC
 as DGL's Lightning example writes it (``dgl_side``), from its own interpreter (``--dgl-python``:
 the anchors' ``setup.sh dgl DIR``, DGL 2.1.0 on torch 2.2.1, then ``DIR/bin/pip install
 "lightning>=2.2,<2.5" torch==2.2.1``; skipped with a message without it). Its model computes each
-layer on its block only, so only its data wait compares with the other two sides.
+layer on its block only (the destination nodes); the trimmed PyG model also computes the
+outputs of the layer's other kept nodes, which no later layer reads (PyG's ``SAGEConv`` gives a
+row for every input row).
 
 Straggler: ``Trainer(strategy="ddp")`` and ``GossipStrategy(sync_every=1)`` on gnnpar's data
 module (batches of ``--straggler-batch`` seeds: an epoch of many batches, which gossip's work

@@ -45,6 +45,8 @@ The graph is written once per machine to shared memory (``/dev/shm``, unlinked a
 mapped by every rank and loader worker (:func:`gnnpar.training.sources.share_graph`); workers
 start from a fork server that has no threads, exit with their rank, and a batch that does not
 come within ``timeout`` seconds is an error, not a hang (:mod:`gnnpar.data.sampling.loader`).
+While the fork server is still importing torch, a new training stream makes its first few
+batches in the training process (``ResumableLoader._head``: the same batches).
 
 Resuming
 --------
