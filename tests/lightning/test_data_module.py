@@ -346,9 +346,11 @@ def test_the_hand_off_thread_gives_every_batch_in_order_and_the_loaders_error_in
 
 def test_a_new_stream_makes_its_head_here_while_the_fork_server_starts(monkeypatch):
     """While the loader workers' fork server has not answered, a new training stream makes its
-    first ``head`` batches in this process and the workers' loader begins after them (started on
-    a thread meanwhile); once the server has answered, no batch is made here."""
+    first batches in this process, one index at a time, until the workers' loader (started on a
+    thread meanwhile) takes its first index; the loader then has every later index, in order.
+    Once the server has answered, no batch is made here."""
     import threading
+    import time
 
     from gnnpar.lightning import data
 
@@ -361,20 +363,46 @@ def test_a_new_stream_makes_its_head_here_while_the_fork_server_starts(monkeypat
         def release(self):
             self.released = True
 
-    items = Items()
-    stream = data.made_here(items, range(3, 5), lambda: iter(["worker 5", "worker 6"]))
-    assert list(stream) == ["here 3", "here 4", "worker 5", "worker 6"] and items.released
+    # the loader's workers ready at once (a DataLoader takes its first indices when it starts):
+    # every index once, in order, those made here first
+    items, claims = Items(), data.Claims(3, 9)
+
+    def ready_start():
+        indices = claims.for_loader()
+        ahead = [next(indices), next(indices)]
+        return (f"worker {i}" for i in [*ahead, *indices])
+
+    got = list(data.made_here(items, claims, ready_start))
+    assert [int(g.split()[1]) for g in got] == list(range(3, 9)) and items.released
+    assert got == sorted(got, key=lambda g: g.startswith("worker"))
+
+    # workers slow to start: this process makes batches while the loop takes them
+    gate, claims = threading.Event(), data.Claims(0, 6)
+
+    def slow_start():
+        gate.wait(5)
+        indices = claims.for_loader()
+        ahead = [next(indices)]
+        return (f"worker {i}" for i in [*ahead, *indices])
+
+    stream = data.made_here(Items(), claims, slow_start)
+    assert [next(stream) for _ in range(3)] == ["here 0", "here 1", "here 2"]
+    gate.set()
+    deadline = time.monotonic() + 5
+    while not claims.loader_began and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(stream) == ["worker 3", "worker 4", "worker 5"]
 
     def broken():
         raise RuntimeError("the fork server is gone")
 
-    stream = data.made_here(Items(), range(0, 1), broken)
+    stream = data.made_here(Items(), data.Claims(0, 1), broken)
     assert next(stream) == "here 0"
     with pytest.raises(RuntimeError, match="fork server is gone"):
         next(stream)
 
-    loader = data.ResumableLoader(Items(), None, str, end=10, head=2)
+    loader = data.ResumableLoader(Items(), None, str, end=10, head=True)
     monkeypatch.setattr(data, "_server_ready", threading.Event())
-    assert (loader._head(5), loader._head(1)) == (2, 1)
+    assert loader._head() and not data.ResumableLoader(Items(), None, str, head=False)._head()
     data._server_ready.set()
-    assert loader._head(5) == 0
+    assert not loader._head()

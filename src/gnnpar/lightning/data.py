@@ -46,7 +46,8 @@ mapped by every rank and loader worker (:func:`gnnpar.training.sources.share_gra
 start from a fork server that has no threads, exit with their rank, and a batch that does not
 come within ``timeout`` seconds is an error, not a hang (:mod:`gnnpar.data.sampling.loader`).
 While the fork server is still importing torch, a new training stream makes its first few
-batches in the training process (``ResumableLoader._head``: the same batches).
+batches in the training process, until the workers start (``ResumableLoader._head``: the
+same batches).
 
 Resuming
 --------
@@ -369,10 +370,10 @@ class ResumableLoader(GraphLoader):
     trainer: pl.Trainer | None = None
 
     def __init__(
-        self, dataset, sampler, convert, end: int | None = None, head: int = 0, **kwargs: Any
+        self, dataset, sampler, convert, end: int | None = None, head: bool = False, **kwargs: Any
     ) -> None:
         super().__init__(dataset, sampler, convert, **kwargs)
-        self.head = head  # see _head
+        self.head = head  # may make a new stream's first batches here: see _head
         # the stream's iterator draws its base seed from the loader's own generator too
         kwargs = {**kwargs, "generator": self.generator}
         self._stream_kwargs = {k: v for k, v in kwargs.items() if k != "persistent_workers"}
@@ -389,20 +390,22 @@ class ResumableLoader(GraphLoader):
         if self._stream is None or self._stream_at != first:
             self.close()  # ends the old stream's workers
             end = self._end if self._end is not None and self._end > first else 2**62
-            head = self._head(end - first)
-            loader = DataLoader(
-                self.dataset,
-                batch_size=None,
-                sampler=range(first + head, end),
-                **self._stream_kwargs,
-            )
-            if loader.num_workers > 0:
+            kw = self._stream_kwargs
+            workers = kw.get("num_workers", 0) > 0
+            if workers and self._head():
+                claims = Claims(first, end)
+                loader = DataLoader(
+                    self.dataset, batch_size=None, sampler=claims.for_loader(), **kw
+                )
                 # the head from a copy: starting a worker pickles the dataset, which moves its
                 # tensors' storage into shared memory in place, under the feet of a reader
-                here = copy.deepcopy(self.dataset) if head else self.dataset
-                batches = made_here(here, range(first, first + head), loader.__iter__)
-                self._stream = HandOff(batches, self.convert)
+                here = copy.deepcopy(self.dataset)
+                self._stream = HandOff(made_here(here, claims, loader.__iter__), self.convert)
+            elif workers:
+                loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
+                self._stream = HandOff(iter(loader), self.convert)
             else:  # sampled in this process, when the loop asks
+                loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
                 self._stream = map(self.convert, loader)
             self._stream_at = first
         for _ in indices:
@@ -411,18 +414,17 @@ class ResumableLoader(GraphLoader):
             self.yielded += 1
             yield batch
 
-    def _head(self, left: int) -> int:
-        """How many of a new stream's first batches the training process makes itself: up to
-        ``head`` (the data module's choice: what the workers would hold ahead) while the fork
-        server is still importing torch (:func:`fork_server_ready`), else none.
+    def _head(self) -> bool:
+        """Whether a new stream's first batches are made in the training process, one at a
+        time as the loop takes them, until the workers' loader has started (:class:`Claims`):
+        where the data module allows it (``head``) and the fork server is still importing torch
+        (:func:`fork_server_ready`).
 
         Why: a worker's first batch waits for the server's imports, which began when the data
         module was made (5-8 s on 2 loaded cores, ~1 s of the first epoch on a quiet machine),
         where PyG's workers fork the training process and start at once. Batch ``i`` is the
         same in any process, so the stream's batches do not change."""
-        if self.head == 0 or fork_server_ready():
-            return 0
-        return min(left, self.head)
+        return self.head and not fork_server_ready()
 
     def close(self) -> None:
         """End the stream (its workers and hand-off thread)."""
@@ -463,14 +465,38 @@ class ResumableLoader(GraphLoader):
         s.resume(int(state["epoch"]), int(state["done"]))
 
 
-def made_here(dataset, indices: range, start: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-    """``dataset[i]`` for ``i`` in ``indices``, made in this process, then the items of the
-    iterator ``start()`` returns (a DataLoader's with workers), started on a thread of its own
-    meanwhile: starting a worker waits for the fork server to answer. This process's sampler is
-    dropped once the head is made (:meth:`~gnnpar.data.sampling.loader.SampledBatches.release`)."""
-    if not len(indices):
-        yield from start()
-        return
+class Claims:
+    """The batch indices ``first .. end - 1`` of a new stream, claimed in order: by the training
+    process (:func:`made_here`) until the workers' loader takes its first one, then all by the
+    loader (:meth:`for_loader`, its sampler: a DataLoader takes its first indices once its
+    workers have started)."""
+
+    def __init__(self, first: int, end: int) -> None:
+        self.next, self.end = first, end
+        self.loader_began = False
+        self._lock = threading.Lock()
+
+    def claim_here(self) -> int | None:
+        """The next index for this process, or None once the loader has begun (or none is left)."""
+        with self._lock:
+            if self.loader_began or self.next >= self.end:
+                return None
+            self.next += 1
+            return self.next - 1
+
+    def for_loader(self) -> Iterator[int]:
+        with self._lock:
+            self.loader_began = True
+            first = self.next
+        yield from range(first, self.end)
+
+
+def made_here(dataset, claims: Claims, start: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """``dataset[i]`` made in this process for each index it claims, then the items of the
+    iterator ``start()`` returns (a DataLoader's over ``claims.for_loader()``), started on a
+    thread of its own meanwhile: starting a worker waits for the fork server to answer. This
+    process's sampler is dropped once its part is made (:meth:`~gnnpar.data.sampling.loader.
+    SampledBatches.release`)."""
     started: dict[str, Any] = {}
 
     def begin() -> None:
@@ -482,7 +508,7 @@ def made_here(dataset, indices: range, start: Callable[[], Iterator[Any]]) -> It
     thread = threading.Thread(target=begin, name="gnnpar-loader-start", daemon=True)
     thread.start()
     try:
-        for i in indices:
+        while (i := claims.claim_here()) is not None:
             yield dataset[i]
     finally:
         dataset.release()
@@ -685,7 +711,7 @@ class GraphDataModule(pl.LightningDataModule):
         if isinstance(strategy, GossipStrategy):
             return self._pool_loader(strategy, ranks)
         s, r = self.cfg.strategy, self.cfg.run
-        head = 0  # batches a new stream makes here while the fork server starts
+        head = False  # a new stream's first batches made here while the fork server starts
         if self.sampled:
             from gnnpar.data.sampling.loader import SampledBatches, shard_plan
 
@@ -708,8 +734,7 @@ class GraphDataModule(pl.LightningDataModule):
                 steps,
             )
             kwargs, convert = _worker_kwargs(s.loader_workers, s.timeout_s), self._convert()
-            if kwargs and self.ds.num_nodes <= HEAD_MAX_NODES:  # what the workers hold ahead
-                head = kwargs["num_workers"] * kwargs["prefetch_factor"]
+            head = bool(kwargs) and self.ds.num_nodes <= HEAD_MAX_NODES
         else:
             parts = self._parts_with("train")
             if len(parts) < ranks.world_size:
