@@ -334,6 +334,54 @@ def test_streamed_generator_prepares_the_in_memory_graph(tmp_path):
     assert prepared.verify(out).num_nodes == mem.num_nodes
 
 
+@pytest.mark.parametrize("feature_dtype", ["fp32", "bf16"])
+def test_synthetic_reddit_streams_the_in_memory_generators_arrays(
+    tmp_path, monkeypatch, feature_dtype
+):
+    """synthetic-reddit is written chunk by chunk, its draws in blocks (here of 1,000), its
+    pairs in many bucket files, its surplus found without holding the randperm: every array
+    is the one its in-memory generator's tensors prepare to, bit for bit."""
+    from gnnpar.data import synthetic
+
+    monkeypatch.setattr(synthetic, "DRAWS", 1000)
+    monkeypatch.setattr(synthetic, "BUCKET_BYTES", 4096)
+    tails = []
+    real_tail = synthetic.randperm_tail
+
+    def spy(k, m, seed, scratch):
+        tails.append((k, m))
+        return real_tail(k, m, seed, scratch)
+
+    monkeypatch.setattr(synthetic, "randperm_tail", spy)
+    out = _prepare(
+        tmp_path, "synthetic-reddit", scale="0.002", seed="3", feature_dtype=feature_dtype
+    )
+    assert tails and tails[0][0] > tails[0][1]  # a surplus was dropped
+    t, meta = synthetic.generate_reddit(synthetic.REDDIT, 0.002, 3)
+    made = prepared.made_record("synthetic-reddit", 0.002, 3, "generated")
+    ref = prepared.write_graph(t, meta, tmp_path / "ref", feature_dtype, made)
+    got, want = prepared.read_manifest(out), prepared.read_manifest(ref)
+    assert got["arrays"].keys() == want["arrays"].keys()
+    for name, rec in want["arrays"].items():
+        assert got["arrays"][name]["sha256"] == rec["sha256"], name
+    assert got["made"]["generator"] == synthetic.VERSION and got["edge_index_order"] == "source"
+    back = load_dataset(str(out), tmp_path / "root")
+    assert torch.equal(back.data["edge_index"], t["edge_index"])
+
+
+@pytest.mark.parametrize("k,m", [(2, 1), (10, 7), (5000, 4990), (40_000, 30_000)])
+def test_randperm_tail_is_torch_randperms_tail(tmp_path, monkeypatch, k, m):
+    """torch.randperm(k)[m:] as a set, from steps held on disk, in blocks of 1,000 steps."""
+    from gnnpar.data import synthetic
+
+    monkeypatch.setattr(synthetic, "DRAWS", 1000)
+    for seed in (0, 7, 2**62 + 5):
+        want = torch.randperm(k, generator=torch.Generator().manual_seed(seed))[m:]
+        got = synthetic.randperm_tail(k, m, seed, tmp_path)
+        assert np.array_equal(got, want.sort().values.numpy()), seed
+    assert list(tmp_path.iterdir()) == []  # its file of steps is gone
+
+
 def test_train_on_a_damaged_folder_is_refused_before_any_rank(tmp_path, cora_folder, capsys):
     bad = _copy(cora_folder, tmp_path / "bad")
     with open(bad / "indptr.npy", "r+b") as fh:

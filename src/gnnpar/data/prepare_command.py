@@ -12,9 +12,10 @@ type, a node feature ``feat``, labels as a node feature ``label`` or in the node
 task's sets). A user graph without split masks is split with ``--seed`` (60/20/20 stratified, as
 training does) and the split is stored: the folder trains the same split whatever ``--seed``.
 
-Memory: ``synthetic-amazon`` and ``synthetic-papers100m`` are generated straight into the folder
-chunk by chunk (:func:`gnnpar.data.synthetic.stream_graph`: peak memory O(nodes) plus fixed
-buffers, at any ``--scale``); every other graph is read as training reads it (in memory, or
+Memory: ``synthetic-reddit``, ``synthetic-amazon`` and ``synthetic-papers100m`` are generated
+straight into the folder chunk by chunk (:func:`gnnpar.data.synthetic.stream_reddit`, the same
+arrays as the in-memory generator's; :func:`gnnpar.data.synthetic.stream_graph`: peak memory
+O(nodes) plus fixed buffers, at any ``--scale``); every other graph is read as training reads it (in memory, or
 memory-mapped from gnnpar's cache), its features written in chunks of 64 MiB and its CSR built
 from its edge_index in memory (O(edges)).
 """
@@ -56,15 +57,17 @@ class Progress:
 
 
 def _stream(dataset: str, scale: float | None, seed: int, out, fdt: str, progress):
-    """The generated graphs written chunk by chunk (synthetic.stream_graph); None for others."""
+    """The generated graphs written chunk by chunk (synthetic.stream_graph, and
+    synthetic.stream_reddit for synthetic-reddit); None for others."""
     from gnnpar.data import synthetic
 
-    if dataset not in synthetic.STREAMED:
+    if dataset not in (*synthetic.STREAMED, synthetic.REDDIT.name):
         return None
     if scale is not None and scale <= 0:
         raise UsageError(f"--scale {scale}: give a number in (0, 1].")
     s = 1.0 if scale is None else scale
-    return synthetic.stream_graph(synthetic.RECIPES[dataset], s, seed, out, fdt, progress)
+    write = synthetic.stream_reddit if dataset == synthetic.REDDIT.name else synthetic.stream_graph
+    return write(synthetic.RECIPES[dataset], s, seed, out, fdt, progress)
 
 
 def run_prepare(

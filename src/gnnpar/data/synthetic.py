@@ -422,16 +422,31 @@ def reddit_nodes(
     r: GraphRecipe, h: RedditHeader, seed: int, j: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features [k, f] float32, labels [k] long) of chunk j's nodes (ids j*NODE_CHUNK ...)."""
+    k = min(NODE_CHUNK, h.n - j * NODE_CHUNK)
+    return torch.cat(list(reddit_features(r, h, seed, j, k))), reddit_labels(r, h, seed, j)
+
+
+def reddit_labels(r: GraphRecipe, h: RedditHeader, seed: int, j: int) -> torch.Tensor:
+    """Chunk j's labels: the community, or (share ``label_noise``) any other class."""
     a, b = j * NODE_CHUNK, min((j + 1) * NODE_CHUNK, h.n)
     c = r.num_classes
     z = h.block[a:b]
     g = _stream(seed, _LABEL, j)
     flip = torch.rand(b - a, generator=g) < r.label_noise
     other = (z + torch.randint(1, c, (b - a,), generator=g)) % c  # any class but the block
-    y = torch.where(flip, other, z)
-    x = _normals((b - a, r.num_features), _stream(seed, _FEATURES, j))
-    x += h.centroids[z]
-    return x, y
+    return torch.where(flip, other, z)
+
+
+def reddit_features(r: GraphRecipe, h: RedditHeader, seed: int, j: int, rows: int):
+    """Chunk j's features, ``rows`` rows at a time (the draws are serial: any ``rows`` gives
+    the same rows)."""
+    a, b = j * NODE_CHUNK, min((j + 1) * NODE_CHUNK, h.n)
+    g = _stream(seed, _FEATURES, j)
+    for first in range(a, b, rows):
+        last = min(first + rows, b)
+        x = _normals((last - first, r.num_features), g)
+        x += h.centroids[h.block[first:last]]
+        yield x
 
 
 def _draw_targets(
@@ -442,6 +457,14 @@ def _draw_targets(
     k = src.numel()
     inside = torch.rand(k, generator=g) < r.homophily
     u = torch.rand(k, dtype=torch.float64, generator=g)
+    return _targets(h, src, inside, u)
+
+
+def _targets(
+    h: RedditHeader, src: torch.Tensor, inside: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """:func:`_draw_targets` from its draws: ``inside`` (bool) and ``u`` (float64), one per
+    entry of ``src``."""
     b = h.block[src]
     lo = torch.where(inside, h.starts[b], 0)
     hi = torch.where(inside, h.starts[b + 1], h.n)
@@ -655,6 +678,51 @@ def _distinct(keys):
     return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size else keys
 
 
+def _scatter(keys, bucket, handles) -> None:
+    """Append each of ``keys`` to the file of its ``bucket`` (keys keep their order within one)."""
+    import numpy as np
+
+    order = np.argsort(bucket, kind="stable")
+    keys, bucket = keys[order], bucket[order]
+    cuts = np.searchsorted(bucket, np.arange(len(handles) + 1))
+    for i, h in enumerate(handles):
+        if cuts[i + 1] > cuts[i]:
+            keys[cuts[i] : cuts[i + 1]].tofile(h)
+
+
+def _write_csr(w, edge_files, n: int, per: int, e: int, say) -> None:
+    """indptr.npy and indices.npy from bucket files of keys ``target * n + source`` (bucket j
+    holds the targets j * per ...), each sorted in turn: sources ascending within a target.
+    The files are removed as they are read."""
+    import numpy as np
+
+    from gnnpar.data import prepared
+
+    ptr = w.array("indptr", np.int64, (n + 1,))
+    idx = w.array("indices", prepared.index_dtype(n), (e,))
+    ptr.write(np.zeros(1, dtype=np.int64))
+    offset = 0
+    for j, p in enumerate(edge_files):
+        first, last = j * per, min(n, (j + 1) * per)
+        if first >= last:
+            p.unlink(missing_ok=True)
+            continue
+        keys = np.fromfile(p, dtype=np.int64) if p.exists() else np.empty(0, np.int64)
+        p.unlink(missing_ok=True)
+        keys.sort()
+        t, s = keys // n, keys % n
+        del keys
+        deg = np.bincount(t - first, minlength=last - first)
+        ptr.write(offset + np.cumsum(deg))
+        offset += int(deg.sum())
+        idx.write(s)
+        say("edges (writing)", j + 1, len(edge_files))
+    if offset != e:
+        raise RuntimeError(f"the stream wrote {offset} edges, {e} expected")
+    w.finish(ptr)
+    w.finish(idx)
+
+
 def stream_graph(
     r: GraphRecipe,
     scale: float,
@@ -731,13 +799,7 @@ def stream_graph(
                     k = min(BATCH, k_total)
                     keys = nodes.pairs(r, seed, batch, k)
                     batch, k_total, drawn = batch + 1, k_total - k, drawn + k
-                    b = (keys // n) // per
-                    order = np.argsort(b, kind="stable")
-                    keys, b = keys[order], b[order]
-                    cuts = np.searchsorted(b, np.arange(buckets + 1))
-                    for i in range(buckets):
-                        if cuts[i + 1] > cuts[i]:
-                            keys[cuts[i] : cuts[i + 1]].tofile(handles[i])
+                    _scatter(keys, (keys // n) // per, handles)
                     say("edges (drawing)", min(drawn, m), m)
             finally:
                 for h in handles:
@@ -767,42 +829,13 @@ def stream_graph(
                 lo, hi = keys // n, keys % n
                 del keys
                 for t, s in ((hi, lo), (lo, hi)):  # target t aggregates source s
-                    k2 = t * n + s
-                    tb = t // per
-                    order = np.argsort(tb, kind="stable")
-                    k2, tb = k2[order], tb[order]
-                    cuts = np.searchsorted(tb, np.arange(buckets + 1))
-                    for j in range(buckets):
-                        if cuts[j + 1] > cuts[j]:
-                            k2[cuts[j] : cuts[j + 1]].tofile(handles[j])
+                    _scatter(t * n + s, t // per, handles)
                 say("edges (grouping)", i + 1, buckets)
         finally:
             for h in handles:
                 h.close()
-        ptr = w.array("indptr", np.int64, (n + 1,))
-        idx = w.array("indices", prepared.index_dtype(n), (e,))
-        ptr.write(np.zeros(1, dtype=np.int64))
-        offset = 0
-        for j, p in enumerate(edge_files):
-            first, last = j * per, min(n, (j + 1) * per)
-            if first >= last:
-                p.unlink(missing_ok=True)
-                continue
-            keys = np.fromfile(p, dtype=np.int64) if p.exists() else np.empty(0, np.int64)
-            p.unlink(missing_ok=True)
-            keys.sort()
-            t, s = keys // n, keys % n
-            del keys
-            deg = np.bincount(t - first, minlength=last - first)
-            ptr.write(offset + np.cumsum(deg))
-            offset += int(deg.sum())
-            idx.write(s)
-            say("edges (writing)", j + 1, buckets)
+        _write_csr(w, edge_files, n, per, e, say)
         scratch_dir.rmdir()
-        if offset != e:
-            raise RuntimeError(f"the stream wrote {offset} edges, {e} expected")
-        w.finish(ptr)
-        w.finish(idx)
         # labels and features, chunk by chunk
         centroids = (
             _rng(seed, 4).standard_normal((c, f)) * (r.separation / math.sqrt(2 * f))
@@ -885,3 +918,239 @@ def streamed_in_memory(r: GraphRecipe, scale: float, seed: int) -> tuple[dict, d
         "seed": seed,
     }
     return tensors, meta
+
+
+# ------------------------------------------------------- synthetic-reddit, streamed to a folder
+DRAWS = 1 << 20  # random draws per block where a stream is consumed in blocks
+
+
+def _lockstep(g: torch.Generator, k: int, dtypes: tuple[torch.dtype, ...]):
+    """Blocks of the draws ``torch.rand(k, dtype=d, generator=g)`` for each ``d`` of ``dtypes``
+    in turn (one generator, consumed in that order), side by side: block i of every draw at
+    once, from generators set to where each draw starts. CPU draws are serial, so the blocks
+    are the whole draws' values, bit for bit."""
+    states = [g.get_state()]
+    for d in dtypes[:-1]:
+        for a in range(0, k, DRAWS):
+            torch.rand(min(DRAWS, k - a), dtype=d, generator=g)
+        states.append(g.get_state())
+    gens = []
+    for st in states:
+        gens.append(torch.Generator())
+        gens[-1].set_state(st)
+    for a in range(0, k, DRAWS):
+        c = min(DRAWS, k - a)
+        yield a, tuple(torch.rand(c, dtype=d, generator=q) for d, q in zip(dtypes, gens))
+
+
+def _stub_keys(r: GraphRecipe, h: RedditHeader, seed: int, j: int):
+    """:func:`reddit_stubs` of chunk j in blocks of at most :data:`DRAWS` draws."""
+    a, b = j * NODE_CHUNK, min((j + 1) * NODE_CHUNK, h.n)
+    ends = torch.cumsum(h.stubs[a:b], 0)
+    k = int(ends[-1]) if b > a else 0
+    for first, (fin, u) in _lockstep(_stream(seed, _EDGES, j), k, (torch.float32, torch.float64)):
+        src = a + torch.searchsorted(ends, torch.arange(first, first + fin.numel()), right=True)
+        dst = _targets(h, src, fin < r.homophily, u)
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        yield torch.minimum(src, dst) * h.n + torch.maximum(src, dst)
+
+
+def _topup_keys(r: GraphRecipe, h: RedditHeader, seed: int, i: int, k: int):
+    """Top-up round i of :func:`_reddit_edges` (``k`` draws) in blocks."""
+    total = int(h.cdf[-1])
+    f64 = torch.float64
+    for _, (pu, fin, u) in _lockstep(_stream(seed, _TOPUP, i), k, (f64, torch.float32, f64)):
+        pick = torch.minimum((pu * total).long(), torch.tensor(total - 1))
+        src = h.order[torch.searchsorted(h.cdf, pick, right=True)]
+        dst = _targets(h, src, fin < r.homophily, u)
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        yield torch.minimum(src, dst) * h.n + torch.maximum(src, dst)
+
+
+def randperm_tail(k: int, m: int, seed: int, scratch) -> "np.ndarray":  # noqa: F821, UP037
+    """The values ``torch.randperm(k, generator=torch.Generator().manual_seed(seed))`` holds
+    at positions m..k-1, ascending, in memory O(k - m) plus a fixed buffer (the steps go to a
+    file in the folder ``scratch``).
+
+    torch's CPU randperm (n < 2^32 / 20) is Fisher-Yates from the identity: step i swaps
+    positions i and i + z_i, z_i = x_i % (k - i), x_i the generator's i-th 32-bit Mersenne
+    Twister output. numpy's legacy ``RandomState`` seeds MT19937 as torch does (from the low
+    32 bits) and draws full-range uint32s as the raw outputs. Only steps 0..m-1 decide which
+    values end in the tail. Going back from the last of them, the value at tail position p
+    came from the last step t that swapped p, i.e. from position t as it was then, which came
+    from the last earlier step that swapped t, and so on; where no earlier step swapped it,
+    the value is the position itself."""
+    import numpy as np
+
+    if k >= 2**32 // 20:
+        raise ValueError(f"randperm({k}) draws 64-bit numbers (not reproduced here)")
+    rs = np.random.RandomState(seed & 0xFFFFFFFF)
+    dt = np.dtype(np.int32 if k < 2**31 else np.int64)
+    path = scratch / "randperm-steps.bin"
+    with open(path, "wb") as fh:  # step i's other position, j_i = i + z_i
+        for a in range(0, m, DRAWS):
+            i = np.arange(a, min(a + DRAWS, m), dtype=np.int64)
+            x = rs.randint(0, 2**32, size=i.size, dtype=np.uint32).astype(np.int64)
+            (i + x % (k - i)).astype(dt).tofile(fh)
+    pos = np.arange(m, k, dtype=np.int64)  # where each tail value was, going back in time
+    for a in reversed(range(0, m, DRAWS)):
+        i = np.arange(a, min(a + DRAWS, m), dtype=np.int64)
+        j = np.fromfile(path, dtype=dt, count=i.size, offset=a * dt.itemsize).astype(np.int64)
+        moved = (i != j).nonzero()[0]
+        i, j = i[moved], j[moved]
+        live = np.arange(pos.size)
+        while live.size and i.size:
+            order = np.argsort(pos[live])
+            q = pos[live][order]
+            at = np.minimum(np.searchsorted(q, j), q.size - 1)
+            hit = (q[at] == j).nonzero()[0]
+            if not hit.size:
+                break
+            # the last step of this block that swapped each position (steps ascend)
+            by = np.argsort(j[hit], kind="stable")
+            jh, th = j[hit][by], i[hit][by]
+            last = np.append(jh[1:] != jh[:-1], True)
+            jh, th = jh[last], th[last]
+            live = live[order[np.searchsorted(q, jh)]]
+            pos[live] = th  # and earlier steps of this block may have swapped th
+    path.unlink()
+    return np.sort(pos)
+
+
+def stream_reddit(
+    r: GraphRecipe, scale: float, seed: int, out, feature_dtype: str = "fp32", progress=None
+):
+    """synthetic-reddit (``sbm-3``) at ``scale`` straight into the prepared folder ``out``:
+    the arrays :func:`generate_reddit`'s tensors prepare to, bit for bit, in memory O(nodes)
+    (:class:`RedditHeader`: ~50 bytes a node) plus fixed buffers (:data:`DRAWS` draws,
+    :data:`BUCKET_BYTES` of pairs, one chunk's rows), whatever the edge count and feature
+    bytes. Returns the folder.
+
+    The same draws in the same order as in memory, regrouped: every chunk's stubs, and each
+    top-up round, in blocks of :data:`DRAWS` (:func:`_lockstep`); the pairs go to bucket files
+    by the smaller endpoint's id range, so the buckets in turn are the sorted distinct pairs
+    of the whole graph; the random surplus is the tail of the same ``randperm`` (computed
+    without holding it: :func:`randperm_tail`), dropped by rank; then both directions by
+    target to the CSR, as :func:`stream_graph` writes it."""
+    import numpy as np
+
+    from gnnpar.data import prepared
+
+    h = reddit_header(r, scale, seed)
+    n, m, f = h.n, h.m, r.num_features
+    e = 2 * m
+    fdt = prepared.FEATURE_DTYPES[feature_dtype]
+    need = prepared.array_bytes(np.int64, (n + 1,)) + prepared.array_bytes(
+        prepared.index_dtype(n), (e,)
+    )
+    need += prepared.array_bytes(fdt, (n, f)) + 16 * n + 8 * int(m * 1.2 + 64) + 16 * m
+    buckets = int(min(MAX_BUCKETS, max(1, -(-16 * m // BUCKET_BYTES))))
+    per = -(-n // buckets)
+    say = progress or (lambda what, done, total: None)
+    with prepared.Writer(out, need) as w:
+        scratch = w.tmp / "scratch"
+        scratch.mkdir()
+        pair_files = [scratch / f"pairs-{i}.bin" for i in range(buckets)]
+        _reddit_pairs(r, h, seed, pair_files, per, say)
+        counts = np.array([_distinct_file(p) for p in pair_files], dtype=np.int64)
+        for i in range(1, 51):
+            short = m - int(counts.sum())
+            if short <= 0:
+                break
+            with _appending(pair_files) as handles:
+                for keys in _topup_keys(r, h, seed, i, int(short * 1.1) + 64):
+                    keys = keys.numpy()
+                    _scatter(keys, (keys // n) // per, handles)
+            counts = np.array([_distinct_file(p) for p in pair_files], dtype=np.int64)
+            say("edges (top-up)", i, i)
+        if int(counts.sum()) < m:
+            raise RuntimeError(f"SBM sampling produced {int(counts.sum())} of {m} distinct edges")
+        k = int(counts.sum())
+        gone = randperm_tail(k, m, _stream_seed(seed, _TOPUP, 0), scratch) if k > m else None
+        edge_files = [scratch / f"edges-{i}.bin" for i in range(buckets)]
+        first = 0
+        with _appending(edge_files) as handles:
+            for i, p in enumerate(pair_files):
+                keys = np.fromfile(p, dtype=np.int64)
+                p.unlink()
+                if gone is not None:
+                    at = gone[(gone >= first) & (gone < first + keys.size)] - first
+                    first += keys.size
+                    keys = np.delete(keys, at)
+                lo, hi = keys // n, keys % n
+                del keys
+                for t, s in ((hi, lo), (lo, hi)):  # target t aggregates source s
+                    _scatter(t * n + s, t // per, handles)
+                say("edges (grouping)", i + 1, buckets)
+        _write_csr(w, edge_files, n, per, e, say)
+        scratch.rmdir()
+        _reddit_rows(r, h, seed, w, feature_dtype, say)
+        masks = _split_masks(n, r.split, _stream(seed, _HEADER, 1))
+        ids = {s: masks[f"{s}_mask"].nonzero().view(-1).numpy() for s in prepared.SPLITS}
+        for s_name, a in ids.items():
+            w.put(s_name, a)
+        made = prepared.made_record(r.name, scale, seed, "generated", generator=VERSION)
+        manifest = prepared.base_manifest(
+            r.name, n, e, f, r.num_classes, False, False, feature_dtype, "source",
+            {k: len(v) for k, v in ids.items()}, made,
+        )  # fmt: skip
+        return w.commit(manifest)
+
+
+class _appending:
+    """Open files for appending, closed on leaving the block."""
+
+    def __init__(self, paths) -> None:  # noqa: ANN001
+        self.paths = paths
+
+    def __enter__(self) -> list:
+        self.handles = [open(p, "ab") for p in self.paths]  # noqa: SIM115
+        return self.handles
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        for fh in self.handles:
+            fh.close()
+
+
+def _distinct_file(path) -> int:
+    """Rewrite the file of int64 keys ``path`` as its distinct keys, ascending; their count."""
+    import numpy as np
+
+    if not path.exists():
+        path.touch()
+        return 0
+    keys = _distinct(np.fromfile(path, dtype=np.int64))
+    keys.tofile(path)
+    return int(keys.size)
+
+
+def _reddit_pairs(r: GraphRecipe, h: RedditHeader, seed: int, files, per: int, say) -> None:
+    """Every chunk's stub pairs into the bucket ``files`` (by the smaller id, ``per`` ids a
+    bucket)."""
+    with _appending(files) as handles:
+        for j, _, b in _chunks(h.n):
+            for keys in _stub_keys(r, h, seed, j):
+                keys = keys.numpy()
+                _scatter(keys, (keys // h.n) // per, handles)
+            say("edges (drawing)", b, h.n)
+
+
+def _reddit_rows(r: GraphRecipe, h: RedditHeader, seed: int, w, feature_dtype: str, say) -> None:
+    """labels.npy and features.npy, chunk by chunk (features in blocks of ~16 MiB)."""
+    import numpy as np
+
+    from gnnpar.data import prepared
+
+    n, f = h.n, r.num_features
+    lab = w.array("labels", np.int64, (n,))
+    xs = w.array("features", prepared.FEATURE_DTYPES[feature_dtype], (n, f))
+    rows = max(1, (16 << 20) // (4 * f))
+    for j, _, b in _chunks(n):
+        lab.write(reddit_labels(r, h, seed, j).numpy())
+        for x in reddit_features(r, h, seed, j, rows):
+            xs.write(prepared.features_to(x.numpy(), feature_dtype))
+        say("features", b, n)
+    w.finish(lab)
+    w.finish(xs)
