@@ -602,6 +602,7 @@ BATCH = 1 << 20  # candidate pairs per seeded batch (fixed: the graph never depe
 ROWS = 1 << 14  # feature rows per seeded chunk
 BUCKET_BYTES = 32 << 20  # mean bytes of one bucket file of pairs
 MAX_BUCKETS = 256
+DRAWS = 1 << 20  # draws (or keys) per block where a stream is consumed in blocks
 
 
 def version_of(r: GraphRecipe) -> str:
@@ -679,15 +680,18 @@ def _distinct(keys):
 
 
 def _scatter(keys, bucket, handles) -> None:
-    """Append each of ``keys`` to the file of its ``bucket`` (keys keep their order within one)."""
+    """Append each of ``keys`` to the file of its ``bucket`` (keys keep their order within one),
+    :data:`DRAWS` keys at a time (the same files, in bounded temporaries)."""
     import numpy as np
 
-    order = np.argsort(bucket, kind="stable")
-    keys, bucket = keys[order], bucket[order]
-    cuts = np.searchsorted(bucket, np.arange(len(handles) + 1))
-    for i, h in enumerate(handles):
-        if cuts[i + 1] > cuts[i]:
-            keys[cuts[i] : cuts[i + 1]].tofile(h)
+    for a in range(0, len(keys), DRAWS):
+        k, b = keys[a : a + DRAWS], bucket[a : a + DRAWS]
+        order = np.argsort(b, kind="stable")
+        k, b = k[order], b[order]
+        cuts = np.searchsorted(b, np.arange(len(handles) + 1))
+        for i, h in enumerate(handles):
+            if cuts[i + 1] > cuts[i]:
+                k[cuts[i] : cuts[i + 1]].tofile(h)
 
 
 def _write_csr(w, edge_files, n: int, per: int, e: int, say) -> None:
@@ -921,7 +925,6 @@ def streamed_in_memory(r: GraphRecipe, scale: float, seed: int) -> tuple[dict, d
 
 
 # ------------------------------------------------------- synthetic-reddit, streamed to a folder
-DRAWS = 1 << 20  # random draws per block where a stream is consumed in blocks
 
 
 def _lockstep(g: torch.Generator, k: int, dtypes: tuple[torch.dtype, ...]):
@@ -1079,10 +1082,10 @@ def stream_reddit(
                     at = gone[(gone >= first) & (gone < first + keys.size)] - first
                     first += keys.size
                     keys = np.delete(keys, at)
-                lo, hi = keys // n, keys % n
-                del keys
-                for t, s in ((hi, lo), (lo, hi)):  # target t aggregates source s
-                    _scatter(t * n + s, t // per, handles)
+                for a in range(0, keys.size, DRAWS):
+                    lo, hi = keys[a : a + DRAWS] // n, keys[a : a + DRAWS] % n
+                    for t, s in ((hi, lo), (lo, hi)):  # target t aggregates source s
+                        _scatter(t * n + s, t // per, handles)
                 say("edges (grouping)", i + 1, buckets)
         _write_csr(w, edge_files, n, per, e, say)
         scratch.rmdir()
