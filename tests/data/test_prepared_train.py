@@ -154,6 +154,34 @@ def test_gather_rows_with_and_without_cache_is_index_select(tmp_path):
     assert prepared.cache_rows(p, None, None) == 0  # memory unknown: no cache
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_gather_rows_in_blocks_is_index_select(tmp_path, monkeypatch, dtype):
+    """The batch is filled a few rows at a time (here 3 x 1433 fp32 bytes a block) from the
+    cache, the file reader and the map: still index_select of the widened features, repeats
+    and all, bit for bit."""
+    import torch
+
+    from gnnpar.data import prepared
+    from gnnpar.data.sampling import loader
+
+    out = tmp_path / dtype
+    run_prepare("cora", str(out), None, None, dtype, str(tmp_path / "root"), None, True)
+    p = prepared.open_prepared(out)
+    g = loader.open_graph_folder(str(out))
+    x = g["x"]
+    monkeypatch.setattr(loader, "GATHER_BYTES", 3 * x.size(1) * 4)
+    n_id = torch.randint(0, 2708, (700,), generator=torch.Generator().manual_seed(1))
+    want = torch.index_select(x, 0, n_id).float()
+    prepared.write_feature_cache(p, 300, str(tmp_path / "cache"))
+    c = prepared.open_feature_cache(str(tmp_path / "cache"), x)
+    reader = prepared.FileRows.open(g)
+    for slot, rows in ((None, None), (c["slot"], c["rows"])):
+        for r in (None, reader):
+            got, hits = loader.gather_rows_counted(x, n_id, slot, rows, r)
+            assert torch.equal(got, want)
+            assert hits == (0 if slot is None else int((c["slot"][n_id] >= 0).sum()))
+
+
 def test_bad_feature_cache_is_refused(tmp_path):
     import pytest
 

@@ -49,7 +49,8 @@ error from a few dozen neighbours on, so models that train well all land on the 
 scale 0.1 study 002's sampled GraphSAGE and study 003's Cluster-GCN both score val 0.9549, every
 relabelled post wrong and no other); gaps between strategies show only where one trains worse.
 
-synthetic-reddit is generated chunk by chunk, for a writer that streams it
+synthetic-reddit is generated chunk by chunk, and :func:`stream_reddit` writes it to a prepared
+folder that way, the same arrays as the in-memory :func:`generate_reddit`'s in O(nodes) memory
 (:func:`reddit_header`, then :func:`reddit_nodes` and :func:`reddit_stubs` per chunk of
 ``NODE_CHUNK`` node ids): every random draw comes from a ``torch.Generator`` seeded by
 (seed, purpose, chunk) (``_stream_seed``), so chunk j needs only the header: O(classes) floats
