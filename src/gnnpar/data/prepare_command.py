@@ -63,11 +63,26 @@ def _stream(dataset: str, scale: float | None, seed: int, out, fdt: str, progres
 
     if dataset not in (*synthetic.STREAMED, synthetic.REDDIT.name):
         return None
+    _return_freed_blocks()
     if scale is not None and scale <= 0:
         raise UsageError(f"--scale {scale}: give a number in (0, 1].")
     s = 1.0 if scale is None else scale
     write = synthetic.stream_reddit if dataset == synthetic.REDDIT.name else synthetic.stream_graph
     return write(synthetic.RECIPES[dataset], s, seed, out, fdt, progress)
+
+
+def _return_freed_blocks() -> None:
+    """glibc only: allocations of 1 MiB and more are mapped on their own, so a freed block goes
+    back to the system at once. By default glibc raises that threshold to the largest block
+    freed (up to 32 MiB) and keeps the freed blocks in its heap: the streams' many 8-64 MB
+    temporaries then held ~0.33 GiB more at synthetic-reddit's scale 1 (peak RSS 0.72 against
+    0.40 GiB with the threshold fixed). Elsewhere nothing is done."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError, TypeError):
+        pass
 
 
 def run_prepare(
