@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> dict:
                 for rep in range(args.reps):
                     for side in harness.rotation(sides, rep):
                         got[side].append(run_side(side, name, scale, tmp))
-                hashes = {json.dumps(r["sha256"], sort_keys=True) for rs in got.values() for r in rs}
+                hashes = {
+                    json.dumps(r["sha256"], sort_keys=True) for rs in got.values() for r in rs
+                }
                 row = {"dataset": name, "scale": scale, "same_arrays": len(hashes) == 1}
                 for side, rs in got.items():
                     for k in ("peak_rss_gib", "seconds", "cpu_s"):

@@ -1046,10 +1046,12 @@ def stream_reddit(
     n, m, f = h.n, h.m, r.num_features
     e = 2 * m
     fdt = prepared.FEATURE_DTYPES[feature_dtype]
-    need = prepared.array_bytes(np.int64, (n + 1,)) + prepared.array_bytes(
-        prepared.index_dtype(n), (e,)
-    )
-    need += prepared.array_bytes(fdt, (n, f)) + 16 * n + 8 * int(m * 1.2 + 64) + 16 * m
+    # the disk's peak, as stream_graph's: the scratch files (pairs with their surplus, the
+    # randperm's steps, both directions of every edge) live beside indptr only
+    ptr_bytes = prepared.array_bytes(np.int64, (n + 1,))
+    final = ptr_bytes + prepared.array_bytes(prepared.index_dtype(n), (e,))
+    final += prepared.array_bytes(fdt, (n, f)) + 16 * n
+    need = max(final, ptr_bytes + 8 * int(m * 1.2 + 64) + 4 * m + 16 * m)
     buckets = int(min(MAX_BUCKETS, max(1, -(-16 * m // BUCKET_BYTES))))
     per = -(-n // buckets)
     say = progress or (lambda what, done, total: None)
