@@ -23,7 +23,10 @@ dataset (no warm-up: nothing to build); ``--epochs``, ``--steps 0`` (whole epoch
 ``--threads``, ``--loader-workers``, ``--eval-mode`` and ``--wait`` (gnnpar's ``--timeout``:
 a batch read through a small page cache on a loaded machine can take minutes) are passed on, and each side records
 how the final evaluation ran (result.json's ``eval_mode``, ``eval_fanouts``; the line that
-says why) and its seconds (the final evaluation's, from ``test_step_time_s``).
+says why) and its seconds (the final evaluation's, from ``test_step_time_s``); the folder's
+pages are dropped from the page cache before each side. Each side also records its loss curve
+(every step's loss from metrics.jsonl), each epoch's seconds and the load before and after it;
+the report says whether every side's curve is the same bit for bit (``loss_curves_equal``).
 
     .venv/bin/python -m benchmarks.memory.eval_memory                      # 3 GiB cgroup
     .venv/bin/python -m benchmarks.memory.eval_memory --limit 1.5G --reps 3
@@ -48,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from benchmarks import harness  # noqa: E402
+from gnnpar.advise.profile.disk import drop_pages  # noqa: E402
 from gnnpar.runtime import resources  # noqa: E402
 
 
@@ -90,6 +94,10 @@ def run_side(a: argparse.Namespace, src: str, limit: int | None, out: Path) -> d
     env = {**os.environ, "PYTHONPATH": src, "PYTHONUNBUFFERED": "1"}
     env["GNNPAR_BENCH_PEAK"] = str(peak_file)
     env.pop("GNNPAR_MEMORY_LIMIT", None)
+    if a.folder:  # every side starts from a cold page cache (the limit's side reads from disk)
+        for array in sorted(Path(a.folder).glob("*.npy")):
+            drop_pages(array)
+    load_before = list(harness.load_average())
     t0 = time.perf_counter()
     peak_cgroup = None
     if limit is None:
@@ -107,6 +115,7 @@ def run_side(a: argparse.Namespace, src: str, limit: int | None, out: Path) -> d
                 except (OSError, ValueError):
                     continue
     wall = time.perf_counter() - t0
+    load_after = list(harness.load_average())
     peak = int(peak_file.read_text()) * 1024 if peak_file.exists() else None
     result = out / "result.json"
     r = json.loads(result.read_text()) if result.exists() else {}
@@ -131,7 +140,36 @@ def run_side(a: argparse.Namespace, src: str, limit: int | None, out: Path) -> d
         "val_score": r.get("val_score"),
         "test_score": r.get("test_score"),
         "last_stderr": err[-1][:300] if err else "",
+        "load_before": load_before,
+        "load_after": load_after,
+        **curve(out / "metrics.jsonl"),
     }
+
+
+def curve(metrics: Path) -> dict:
+    """The run's loss curve (every step's loss, as metrics.jsonl wrote it) and each epoch's
+    seconds (``train_s`` is cumulative: the differences), from ``metrics``."""
+    losses, train_s, cache = [], [], None
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a killed run's last line
+            if rec.get("event") == "step":
+                losses.append(rec["loss"])
+            elif rec.get("event") == "epoch":
+                train_s.append(rec["train_s"])
+                cache = rec.get("feature_cache", cache)
+    epochs = [round(b - a, 2) for a, b in zip([0.0, *train_s], train_s)]
+    return {"steps": len(losses), "losses": losses, "epoch_s": epochs, "feature_cache": cache}
+
+
+def same_curves(sides: dict[str, list[dict]]) -> bool | None:
+    """Whether every run that trained wrote the same loss curve, bit for bit (None: fewer
+    than two did)."""
+    curves = [r["losses"] for v in sides.values() for r in v if r.get("losses")]
+    return None if len(curves) < 2 else all(c == curves[0] for c in curves)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,10 +235,13 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in sides.items()
             if all(x.get("peak_rss_bytes") for x in v)
         },
+        "loss_curves_equal": same_curves(sides),
     }
     if a.json:
         harness.write_json(a.json, report)
-    print(json.dumps(report["median_peak_rss_gib"]))
+    print(
+        json.dumps(report["median_peak_rss_gib"]), "loss curves equal:", report["loss_curves_equal"]
+    )
     ran = [r for v in sides.values() for r in v if "skipped" not in r]
     return 0 if not a.smoke or all(r["exit"] == 0 for r in ran) else 1
 
