@@ -37,7 +37,10 @@ dropped from the page cache (``posix_fadvise(DONTNEED)`` on each file, ``--warm`
 so every side reads from the disk. Per repetition the sides run in turn, rotated each
 repetition; medians over repetitions and the median of per-repetition ratios. A side that does
 not finish within ``--timeout`` (default 15 min) is recorded as such. The cgroup's peak usage
-(page cache included) and the load average are recorded with every run.
+(page cache included), the most anonymous memory and page cache it held, the pages it read in
+and its major faults (its ``memory.stat``, sampled every 0.5 s), and the load average are
+recorded with every run. ``--side-limit SIDE=LIMIT`` gives one side another limit: a side that
+cannot run inside ``--limit`` is measured at the smallest limit where it runs, beside the rest.
 
     python -m benchmarks.memory.disk_vs_peers --folder /work/data/papers100m-0.02 \\
         --fanouts 10,5,5 --batch-size 512 --limit 1.5G --reps 3
