@@ -205,9 +205,10 @@ def _cgroup_figures(folder: Path | None) -> dict:
 
 class _StatSampler:
     """The cgroup's ``memory.stat`` every 0.5 s while a run lasts: the most anonymous memory
-    (v1 ``rss``, v2 ``anon``) and page cache (``cache`` / ``file``) it held, and how much it read
-    in (v1 ``pgpgin``, pages) and faulted (``pgmajfault``): whether a side's own memory or its
-    page cache fills the limit, and how much the kernel re-reads when it does."""
+    (v1 ``rss``, v2 ``anon``) and page cache (``cache`` / ``file``) it held, the bytes of pages
+    charged to it (v1 ``pgpgin``: file pages read in and anonymous pages alike) and its major
+    faults (``pgmajfault``): whether a side's own memory or its page cache fills the limit, and
+    how much the kernel re-reads when it does."""
 
     def __init__(self, folder: Path | None) -> None:
         import threading
