@@ -25,7 +25,10 @@ epoch ends: ``epoch_end_unix`` (the parent measures end to end from its own star
   ``OnDiskDataset(gb).load()`` (features ``in_memory: false``), ``ItemSampler(train_set,
   shuffle=True)`` -> ``sample_neighbor(graph, fanouts)`` -> ``fetch_feature(features, ["feat"])``
   -> ``copy_to(cpu)`` -> ``gb.DataLoader(num_workers=WORKERS)``, three ``dglnn.SAGEConv(...,
-  "mean")`` on the minibatch's blocks, Adam.
+  "mean")`` on the minibatch's blocks, Adam. In DGL 2.1 ``in_memory: false`` maps the
+  feature file (``np.load(mmap_mode="r+")``) and ``fetch_feature`` gathers rows with
+  ``index_select`` on the map: each missed row is a page fault, served with the disk's
+  read-around; the ``FusedCSCSamplingGraph`` is loaded whole (``torch.load``).
 
 The model and optimiser are gnnpar's ``sage`` preset on both: 3 layers x 256, mean aggregation,
 ReLU, dropout 0.5, Adam lr 5e-3, weight decay 5e-4, cross-entropy on the seeds.

@@ -37,7 +37,10 @@ dropped from the page cache (``posix_fadvise(DONTNEED)`` on each file, ``--warm`
 so every side reads from the disk. Per repetition the sides run in turn, rotated each
 repetition; medians over repetitions and the median of per-repetition ratios. A side that does
 not finish within ``--timeout`` (default 15 min) is recorded as such. The cgroup's peak usage
-(page cache included) and the load average are recorded with every run.
+(page cache included), the most anonymous memory and page cache it held, the pages it read in
+and its major faults (its ``memory.stat``, sampled every 0.5 s), and the load average are
+recorded with every run. ``--side-limit SIDE=LIMIT`` gives one side another limit: a side that
+cannot run inside ``--limit`` is measured at the smallest limit where it runs, beside the rest.
 
     python -m benchmarks.memory.disk_vs_peers --folder /work/data/papers100m-0.02 \\
         --fanouts 10,5,5 --batch-size 512 --limit 1.5G --reps 3
@@ -200,6 +203,50 @@ def _cgroup_figures(folder: Path | None) -> dict:
     return got
 
 
+class _StatSampler:
+    """The cgroup's ``memory.stat`` every 0.5 s while a run lasts: the most anonymous memory
+    (v1 ``rss``, v2 ``anon``) and page cache (``cache`` / ``file``) it held, the bytes of pages
+    charged to it (v1 ``pgpgin``: file pages read in and anonymous pages alike) and its major
+    faults (``pgmajfault``): whether a side's own memory or its page cache fills the limit, and
+    how much the kernel re-reads when it does."""
+
+    def __init__(self, folder: Path | None) -> None:
+        import threading
+
+        self.folder, self.got = folder, {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        if folder is not None:
+            self.thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            st = {}
+            for line in (self.folder / "memory.stat").read_text().splitlines():
+                k, _, v = line.partition(" ")
+                st[k] = int(v)
+            for key, names in (("cgroup_anon_max_bytes", ("rss", "anon")),
+                               ("cgroup_cache_max_bytes", ("cache", "file"))):  # fmt: skip
+                v = next((st[n] for n in names if n in st), None)
+                if v is not None:
+                    self.got[key] = max(v, self.got.get(key, 0))
+            if "pgpgin" in st:
+                self.got["cgroup_read_in_bytes"] = st["pgpgin"] * 4096
+            if "pgmajfault" in st:
+                self.got["cgroup_pgmajfault"] = st["pgmajfault"]
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            self._read()
+
+    def stop(self) -> dict:
+        if self.folder is not None:
+            self.done.set()
+            self.thread.join()
+            self._read()
+        return self.got
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """End the run's whole process group (a gnnpar run's fork server and loader workers too)."""
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
@@ -234,10 +281,13 @@ def run_side(a, side: str, limit: int | None, out: Path) -> dict:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True
         )
+        sampler = _StatSampler(folder)
         r = _watch(a, side, proc, out, t_start)
+        r.update(sampler.stop())
         r.update(_cgroup_figures(folder))
         _stop(proc)
     r["exit"] = proc.returncode if "exit" not in r else r["exit"]
+    r["limit_bytes"] = limit
     r["load_before"] = load
     r["load_after"] = list(harness.load_average())
     if "e2e_s" not in r:
@@ -298,9 +348,8 @@ def summary(runs: dict[str, list[dict]]) -> dict:
 
     out: dict = {"median": {}, "ratios": {}}
     for side, rs in runs.items():
-        out["median"][side] = {
-            k: med(side, k) for k in ("e2e_s", "epoch_s", "cgroup_peak_bytes", "peak_rss_bytes")
-        }
+        keys = ("e2e_s", "epoch_s", "cgroup_peak_bytes", "cgroup_anon_max_bytes", "peak_rss_bytes")
+        out["median"][side] = {k: med(side, k) for k in keys}
         out["median"][side]["finished"] = f"{sum('e2e_s' in r for r in rs)}/{len(rs)}"
     for peer in ("pyg", "graphbolt", "gnnpar-nolimit", "pyg-w0", "graphbolt-w0"):
         for key in ("e2e_s", "epoch_s"):
@@ -322,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fanouts", default="10,5,5")
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--limit", default="1.5G", help="the cgroup's limit (bytes, K/M/G)")
+    ap.add_argument(
+        "--side-limit", action="append", default=[], metavar="SIDE=LIMIT",
+        help="this side's cgroup limit instead of --limit (e.g. graphbolt-w0=2G)",
+    )  # fmt: skip
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes, every side")
@@ -354,6 +407,15 @@ def main(argv: list[str] | None = None) -> int:
         a.folder = a.folder.resolve()
         a.peer_dir = (a.peer_dir or a.folder.parent / "disk-bench" / a.folder.name).resolve()
         limit = resources.parse_bytes(a.limit)
+        side_limit: dict[str, int] = {}
+        for item in a.side_limit:
+            side, _, text = item.partition("=")
+            if side not in SIDES or side == "gnnpar-nolimit":
+                ap.error(f"--side-limit: {side!r} is not a side with a limit")
+            try:
+                side_limit[side] = resources.parse_bytes(text)
+            except ValueError:
+                ap.error(f"--side-limit: {text!r} is not a size (bytes, K/M/G)")
         wanted = [s for s in a.sides.split(",") if s]
         sides = []
         for s in wanted:
@@ -375,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         cgroups = True
         for rep in range(a.reps):
             for side in harness.rotation(sides, rep):
-                lim = None if side == "gnnpar-nolimit" else limit
+                lim = None if side == "gnnpar-nolimit" else side_limit.get(side, limit)
                 try:
                     r = run_side(a, side, lim if cgroups else None, work / f"{side}-{rep}")
                 except resources.CgroupUnavailable as e:
@@ -396,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         "fanouts": a.fanouts,
         "batch_size": a.batch_size,
         "limit_bytes": limit,
+        "side_limit_bytes": side_limit,
         "workers": a.workers,
         "threads": a.threads,
         "max_steps": a.max_steps,

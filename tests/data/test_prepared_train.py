@@ -434,6 +434,34 @@ def test_loader_workers_that_do_not_fit_a_memory_limit_are_dropped(monkeypatch):
     assert loader_workers_that_fit(2, 1 << 40) == (2, None)  # no cgroup: as asked
 
 
+def test_a_batch_is_made_ahead_only_where_the_limit_holds_the_step_and_one_more(monkeypatch):
+    """Inside a memory limit the next batch is made on a thread only where what is free holds
+    the step (STEP_BATCHES batches' bytes) and that batch too; without a limit, always."""
+    from gnnpar.runtime import resources
+    from gnnpar.training.sources import STEP_BATCHES, batch_ahead_fits
+
+    monkeypatch.setattr(resources, "memory_limit", lambda root="/": None)
+    monkeypatch.setenv(resources.FORCED_LIMIT_ENV, str((STEP_BATCHES + 1) * (100 << 20)))
+    assert batch_ahead_fits(100 << 20)
+    assert not batch_ahead_fits((100 << 20) + 1)
+    monkeypatch.delenv(resources.FORCED_LIMIT_ENV)
+    assert batch_ahead_fits(1 << 40)  # no cgroup
+
+
+def test_the_default_feature_cache_leaves_the_step_its_memory(tmp_path):
+    """The default cache (a quarter of the memory the run may use) never takes what the step
+    needs: shared memory the kernel cannot reclaim would get the run killed."""
+    from gnnpar.data import prepared
+
+    p = prepared.open_prepared(_folder(tmp_path, "cora"))
+    row = 4 * p.array("features").shape[1]
+    free = 100 * row
+    assert prepared.cache_rows(p, None, free) == 25
+    assert prepared.cache_rows(p, None, free, reserve=80 * row) == 20
+    assert prepared.cache_rows(p, None, free, reserve=200 * row) == 0
+    assert prepared.cache_rows(p, "50", free, reserve=200 * row) == 50 // row  # asked: as asked
+
+
 def test_a_batch_bound_counts_every_hop_and_every_neighbour():
     from types import SimpleNamespace
 

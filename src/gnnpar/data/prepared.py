@@ -758,14 +758,16 @@ def parse_cache_size(text: str) -> tuple[int | None, float | None]:
     return None, v
 
 
-def cache_rows(p: Prepared, setting: str | None, available: int | None) -> int:
+def cache_rows(p: Prepared, setting: str | None, available: int | None, reserve: int = 0) -> int:
     """How many feature rows the cache holds: ``--feature-cache`` as bytes or a fraction of the
     features; without it, :data:`CACHE_SHARE` of ``available`` (the memory the run may use),
-    or no cache when that is unknown. Never more than the graph's rows."""
+    but never what the training step needs (``reserve`` bytes of ``available``: the cache is
+    shared memory, which the kernel cannot reclaim, so a cache that leaves the step too little
+    gets the run killed), or no cache when that is unknown. Never more than the graph's rows."""
     n, f = p.num_nodes, int(p.manifest["num_features"])
     row = max(1, f * p.array("features").dtype.itemsize)
     if setting is None:
-        budget = int(CACHE_SHARE * available) if available else 0
+        budget = min(int(CACHE_SHARE * available), available - reserve) if available else 0
     else:
         size, fraction = parse_cache_size(setting)
         budget = size if size is not None else int(fraction * n * row)

@@ -276,8 +276,9 @@ class SampledSource(BaseSource):
         self.device = ctx.device
         t0 = time.perf_counter()
         path, self.fd = share_graph(ds, ctx)
+        batch = batch_bytes(ds, s)
         cache, self.cache_fd, self.cache_bytes, self.direct = share_feature_cache(
-            ds, ctx, s.feature_cache
+            ds, ctx, s.feature_cache, STEP_BATCHES * batch
         )
         self.on_disk = bool(ds.info.get("prepared"))
         self.feature_io: dict[int, list[int]] = {}  # epoch: [rows gathered, cache hits, bytes read]
@@ -293,9 +294,19 @@ class SampledSource(BaseSource):
         )  # fmt: skip
         workers = s.loader_workers
         if self.on_disk and workers:
-            workers, why = loader_workers_that_fit(workers, batch_bytes(ds, s))
+            workers, why = loader_workers_that_fit(workers, batch)
             if why and ctx.is_main:
                 print(f"gnnpar: {why}", file=sys.stderr, flush=True)
+        self.ahead = self.on_disk and workers == 0 and batch_ahead_fits(batch)
+        if self.on_disk and workers == 0 and not self.ahead and ctx.is_main:
+            from gnnpar.runtime.resources import size_words
+
+            print(
+                f"gnnpar: the next batch (up to {size_words(batch)} of features) is not made "
+                "on a thread while the model trains: the memory the run may use holds only the "
+                "step's own",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
         self.batches, self.epochs, self.workers = batches, r.epochs, workers
         # what share_graph wrote, so what every batch is rows of (a prepared graph's rows are
         # read from its folder: not marked, so its features are never widened in memory)
@@ -311,11 +322,12 @@ class SampledSource(BaseSource):
         """Start the workers (set-up, not training). Creating the iterator draws a seed from
         torch's global generator, so it comes after the model's initialisation. From a prepared
         folder without workers, a thread makes the next batch while the model trains on this
-        one (its reads overlap the step: :class:`~gnnpar.data.sampling.loader.Ahead`)."""
+        one (its reads overlap the step: :class:`~gnnpar.data.sampling.loader.Ahead`), where
+        the memory the run may use holds that batch too (:func:`batch_ahead_fits`)."""
         t0 = time.perf_counter()
         self._stop_ahead()
         self._it = iter(self.loader)
-        if self.on_disk and self.workers == 0:
+        if self.ahead:
             self._it = Ahead(self._it)
         self.start_s = time.perf_counter() - t0
 
@@ -517,6 +529,11 @@ class ShardSampledSource(SampledSource):
 # is imported (measured, torch 2.13 CPU)
 WORKER_BYTES = 300 << 20
 PREFETCH = 2  # batches each worker holds made ahead (build_loader's prefetch_factor)
+# what one training step holds, in batches' feature bytes (batch_bytes' bound): its batch, and
+# its activations and gradients, larger still (GraphSAGE 3 x 256 on papers100m at scale 0.05,
+# fan-outs 15-10-5, batch 1024, no batch made ahead: the cgroup's anonymous memory reached
+# 1.52 GB, ~1.27 GB of it beside the interpreter, against a bound of 553 MB)
+STEP_BATCHES = 3
 
 
 def batch_bytes(ds, s) -> int:
@@ -527,6 +544,21 @@ def batch_bytes(ds, s) -> int:
     for f in s.fanouts:
         rows = rows * (1 + f) if f >= 0 else ds.num_nodes
     return min(rows, ds.num_nodes) * ds.num_features * 4
+
+
+def batch_ahead_fits(batch: int) -> bool:
+    """Whether the training process may make the next batch on a thread while the model trains
+    on this one (:class:`~gnnpar.data.sampling.loader.Ahead`): inside a memory cgroup only where
+    what it leaves free (the feature cache already written) holds the step and one batch more;
+    a batch made ahead that does not fit gets the run killed, where made in line it only waits.
+    Without a cgroup, always. The batches are the same either way (batch i is made from (seed,
+    epoch, rank, step) alone)."""
+    from gnnpar.runtime.footprint import memory_budget
+
+    budget = memory_budget(torch.device("cpu"))
+    if budget is None or budget.limit is None:
+        return True
+    return (STEP_BATCHES + 1) * batch <= budget.free
 
 
 def loader_workers_that_fit(workers: int, batch: int) -> tuple[int, str | None]:
@@ -549,7 +581,7 @@ def loader_workers_that_fit(workers: int, batch: int) -> tuple[int, str | None]:
         f"--loader-workers {workers} does not fit in {budget.words()}: a worker needs about "
         f"{size_words(each)} (an interpreter, {PREFETCH} batches made ahead), so "
         + (f"{fit} worker(s) make the batches" if fit else "the training process makes the "
-           "batches, the next one on a thread while the model trains")
+           "batches")
     )  # fmt: skip
 
 
@@ -580,12 +612,13 @@ def feature_cache_info(cache_bytes: int, io: dict[int, list[int]]) -> dict:
 
 
 def share_feature_cache(
-    ds, ctx: DistContext, setting: str | None
+    ds, ctx: DistContext, setting: str | None, reserve: int = 0
 ) -> tuple[str | None, int | None, int, bool]:
     """A prepared graph's hottest feature rows, written once per machine by local rank 0 to
     shared memory (unlinked at once, reached through ``/proc/<pid>/fd``, as :func:`share_graph`
     does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
-    share of the memory the run may use (gnnpar.data.prepared.cache_rows). Whether the rows
+    share of the memory the run may use that leaves ``reserve`` bytes to the training step
+    (gnnpar.data.prepared.cache_rows). Whether the rows
     outside it are read around the page cache (``direct``): when the feature file is larger
     than what the memory the run may use leaves beside the cache (it could not stay in the page
     cache anyway, and inside a memory cgroup every page read through it must first be reclaimed).
@@ -600,7 +633,7 @@ def share_feature_cache(
 
         p = open_prepared(ds.info["prepared"])
         free = available_bytes(torch.device("cpu"))
-        k = cache_rows(p, setting, free)
+        k = cache_rows(p, setting, free, reserve)
         x = p.array("features")
         size = k * int(p.manifest["num_features"]) * x.dtype.itemsize
         direct = free is not None and x.nbytes > free - size
