@@ -45,6 +45,7 @@ from gnnpar.config.schema import (
     PARTITIONERS,
     PRECISIONS,
     SCHEDULES,
+    SEED_DEALS,
     Config,
 )
 from gnnpar.data.registry import DATASETS, kind_of, unknown_dataset
@@ -107,6 +108,7 @@ STRATEGY_KEYS = (
     "batch-size",
     "loader-workers",
     "feature-cache",
+    "seeds",
     "checkpoint-every-steps",
     "eval-mode",
 )
@@ -382,6 +384,7 @@ def _check_choices(cfg: Config) -> None:
         )
     _one_of(r.precision, PRECISIONS, "--precision")
     _one_of(s.eval_mode, EVAL_MODES, "--eval-mode")
+    _one_of(s.seeds, SEED_DEALS, "--seeds")
     if s.eval_mode == "sampled" and s.name != "sampled":
         _bad(
             f"--eval-mode sampled samples with the fan-outs of sampled training; --strategy "

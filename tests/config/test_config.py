@@ -42,6 +42,7 @@ def test_toml_accepts_flag_names_with_dashes_underscores_and_sections(tmp_path):
 TOML_VALUES = {
     "precision": '"bf16"',
     "eval-mode": '"layerwise"',
+    "seeds": '"local"',
     "dataset": '"cora"',
     "data-root": '"/tmp/gnnpar-test-data"',
     "scale": "0.5",

@@ -244,3 +244,19 @@ def test_what_each_host_holds_and_how_the_hosts_judge_it(tmp_path, cora):
     with pytest.raises(UsageError, match=r"^host 0 \(rank 1\) cannot use its shard 0: "):
         shards.agreed([every, mine, lone])
     assert "has none of its own" in shards.host_status(out, 3)["own"]
+
+
+def test_seeds_local_is_refused_where_there_are_no_shards_to_be_local_to(tmp_path, cora, capsys):
+    """--seeds local deals each host its own shard's training nodes: over an unsharded folder,
+    or a folder holding every shard (one graph on one host), it means nothing: exit 2."""
+    out, _ = _prepare(tmp_path, str(cora), "s", shards="2", partitioner="random")
+    base = ["train", "--strategy", "sampled", "--epochs", "1", "--out", str(tmp_path / "r")]
+    for dataset in (cora, out):
+        capsys.readouterr()
+        code = main([*base, "--dataset", str(dataset), "--seeds", "local"])
+        err = capsys.readouterr().err
+        assert code == 2 and "--seeds local" in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    code = main([*base, "--dataset", str(out), "--seeds", "near"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--seeds" in err and "Traceback" not in err, err

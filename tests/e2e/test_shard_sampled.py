@@ -228,7 +228,9 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
         assert 0.8 * total_sent <= predicted <= 1.2 * total_sent, (predicted, total_sent)
 
 
-def _train(h: int, world: int, folder: str, out: str, limit: str | None = None) -> dict | None:
+def _train(
+    h: int, world: int, folder: str, out: str, limit: str | None = None, more: dict | None = None
+) -> dict | None:
     """One rank of the run; ``limit``: the memory it may use (GNNPAR_MEMORY_LIMIT, as a cgroup's
     limit: across shards the feature exchange then runs in rounds bounded by it)."""
     from gnnpar.configure import build_config
@@ -240,7 +242,7 @@ def _train(h: int, world: int, folder: str, out: str, limit: str | None = None) 
     flags = {"model": "sage", "hidden": "16", "layers": "2", "seed": str(SEED), "threads": "1"}
     flags |= {"strategy": "sampled", "epochs": str(EPOCHS), "batch-size": str(BATCH)}
     flags |= {"fanouts": ",".join(map(str, FANOUTS)), "quiet": True, "dataset": folder}
-    flags |= {"out": f"{out}-{h}", "timeout": "60"}
+    flags |= {"out": f"{out}-{h}", "timeout": "60"} | (more or {})
     cfg = build_config(None, flags)
     run_rank(cfg, prepare(cfg), direct=True)
     if h == 0:
@@ -310,3 +312,66 @@ def test_shards_resumed_midway_from_a_step_checkpoint_train_the_uninterrupted_ru
     for k in a["weights"]:
         assert torch.equal(a["weights"][k], b["weights"][k]), k
     assert rb["val_score"] == ra["val_score"] and rb["test_score"] == ra["test_score"]
+
+
+def _local_deal(h: int, world: int, folder: str) -> tuple:
+    """This rank's seeds (sharded ids) of every batch of EPOCHS epochs under --seeds local, the
+    shards' bounds, every training node and the steps per epoch."""
+    import torch.distributed as dist
+
+    from gnnpar.data.sampling import distributed as shard
+    from gnnpar.data.sampling.loader import shard_plan
+
+    dist.init_process_group("gloo")
+    graph = shard.ShardGraph.open(folder, int(os.environ["GROUP_RANK"]))
+    ex = shard.Exchange(graph.bounds, int(os.environ["GROUP_RANK"]))
+    train_idx, train_y = shard.gather_train(graph)
+    _, steps = shard_plan(train_idx.numel(), world, BATCH)
+    sampler = shard.ShardSampler(graph, ex, FANOUTS)
+    batches = shard.ShardBatches(
+        sampler, train_idx, train_y, BATCH, h, world, SEED, steps, seeds="local"
+    )
+    seeds = []
+    for i in range(EPOCHS * steps):
+        b = batches[i]
+        seeds.append(b.n_id[: b.batch_size].clone())
+    dist.destroy_process_group()
+    return seeds, graph.bounds, train_idx, steps
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("hosts", "per_host"), [(2, 1), (2, 2)])
+def test_seeds_local_deals_every_training_node_once_per_epoch_from_its_hosts_shard(
+    tmp_path, sharded, hosts, per_host
+):
+    _, folders = sharded[hosts]
+    world = hosts * per_host
+    got = _ranks(tmp_path, world, _local_deal, folders, per_host=per_host)
+    bounds, train_idx, steps = got[0][1], got[0][2], got[0][3]
+    owner = torch.searchsorted(bounds[1:], train_idx, right=True)
+    per_rank = train_idx.numel() // world
+    for epoch in range(EPOCHS):
+        mine = [torch.cat(g[0][epoch * steps : (epoch + 1) * steps]) for g in got]
+        assert all(len(g[0]) == EPOCHS * steps for g in got)  # equal steps on every rank
+        every = torch.cat(mine)
+        assert every.unique().numel() == every.numel()  # no node twice in an epoch
+        assert every.numel() == train_idx.numel() - train_idx.numel() % world
+        assert set(every.tolist()) <= set(train_idx.tolist())
+        for h in range(hosts):  # a host's own nodes first, as many as its ranks take
+            m = torch.cat(mine[h * per_host : (h + 1) * per_host])
+            own = int((torch.searchsorted(bounds[1:], m, right=True) == h).sum())
+            assert own == min(per_host * per_rank, int((owner == h).sum())), (epoch, h)
+
+
+def test_seeds_local_trains_the_same_curve_twice_and_sends_fewer_bytes(tmp_path, sharded):
+    _, folders = sharded[2]
+    flags = {"seeds": "local", "eval-every": "0"}
+    a = _ranks(tmp_path, 2, _train, folders, str(tmp_path / "a"), None, flags)[0]
+    b = _ranks(tmp_path, 2, _train, folders, str(tmp_path / "b"), None, flags)[0]
+    g = _ranks(tmp_path, 2, _train, folders, str(tmp_path / "g"), None)[0]
+    assert a["seeds"] == "local" and g["seeds"] == "global"
+    assert len(a["loss_curve"]) == EPOCHS and a["loss_curve"] == b["loss_curve"]
+    assert a["steps_per_epoch"] == g["steps_per_epoch"]
+    assert a["loss_curve"] != g["loss_curve"]  # other batches
+    # METIS shards: most of a host's seeds and their neighbours are its own
+    assert sum(a["exchange_bytes_per_step"]) < sum(g["exchange_bytes_per_step"])

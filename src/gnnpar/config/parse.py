@@ -146,6 +146,14 @@ KEYS: dict[str, Key] = {
         "(default: layerwise where its hidden states fit the memory the run may use, else "
         "sampled; it says which and why)",
     ),
+    "seeds": Key(
+        "strategy",
+        "seeds",
+        "sampled training across shards: global (default: each epoch's seeds dealt as one host "
+        "over the unsharded graph deals them, so the batches are that host's) or local (each "
+        "host's ranks draw their batches from its own shard's training nodes, fewer nodes "
+        "fetched from other hosts; other batches, so another loss curve)",
+    ),
     "max-steps": Key("run", "max_steps", "at most this many training steps per epoch"),
     "threads": Key("run", "threads", "torch threads per process"),
     "checkpoint-every": Key(

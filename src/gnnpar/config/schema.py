@@ -18,6 +18,7 @@ OPTIMIZERS = ("adam", "sgd")
 DATASET_KINDS = ("graph", "image")
 PRECISIONS = ("fp32", "bf16")  # --precision; gnnpar.training.precision applies it
 EVAL_MODES = ("auto", "layerwise", "sampled")  # --eval-mode; gnnpar.training.evaluation
+SEED_DEALS = ("global", "local")  # --seeds; gnnpar.data.sampling.distributed.local_epoch_seeds
 
 
 @dataclass
@@ -66,6 +67,9 @@ class StrategyConfig:
     feature_cache: str | None = None
     timeout_s: float = 120.0  # any wait on another process ends with an error after this
     eval_mode: str = "auto"  # a graph's final evaluation: auto, layerwise or sampled
+    # sampled training across shards: the seeds dealt as one host deals them (global) or each
+    # host's ranks given its own shard's training nodes (local)
+    seeds: str = "global"
 
 
 @dataclass

@@ -11,7 +11,9 @@ the gradients. Models and optimiser as table 1: ``sage`` 3 x 256 mean, dropout 0
 
 Equal steps: each epoch's shuffle of the training nodes is cut into equal blocks per rank and the
 remainder (< ranks nodes, different each epoch) is dropped (:func:`~gnnpar.data.sampling.loader.
-shard_plan`), so every rank runs the same number of all-reduces. Evaluation runs once, at the
+shard_plan`), so every rank runs the same number of all-reduces. Across shards, ``--seeds local``
+deals each host's ranks its own shard's training nodes instead (the same plan: :func:`gnnpar.
+data.sampling.distributed.local_epoch_seeds`). Evaluation runs once, at the
 end, on rank 0: exact full-graph inference (:func:`gnnpar.training.evaluation.evaluate_graph`, which
 bounds memory on big graphs) where its hidden states fit the memory the run may use, else the scored
 nodes in mini-batches through the training sampler and fan-outs (``--eval-mode``, :func:`gnnpar.
@@ -142,6 +144,12 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
 
     s, r = cfg.strategy, cfg.run
     across = bool(ds.info.get("across_shards"))  # each host holds only its shard
+    if s.seeds == "local" and not across:
+        raise UsageError(
+            f"--seeds local deals each host its own shard's training nodes: dataset "
+            f"'{ds.name}' is not trained across shards (each host holding only its "
+            f"shard-<h>/ of a folder prepared with --shards). Use --seeds global."
+        )
     if not across:
         train_idx = ds.data.train_mask.nonzero().view(-1)
         if train_idx.numel() < ctx.world_size:
@@ -234,6 +242,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
             "seeds_per_rank": source.per_rank,
             "loader_workers": source.workers,  # fewer than asked where they did not fit
             "graph_setup_time_s": source.setup_s,
+            "seeds": s.seeds,
         },
     )
 
@@ -245,7 +254,7 @@ SPEC = StrategySpec(
     degrees=data_parallel,
     reads={
         **reads("fanouts", "batch-size", "loader-workers"),
-        **reads("feature-cache", kinds=("graph",)),
+        **reads("feature-cache", "seeds", kinds=("graph",)),
         **STRAGGLERS,
         **STEP_CHECKPOINTS,
         **EVAL_MODE,
@@ -260,5 +269,6 @@ SPEC = StrategySpec(
         "seeds_per_rank": "training nodes per rank per epoch",
         "loader_workers": "--loader-workers",
         "graph_setup_time_s": "time to write the shared graph",
+        "seeds": "--seeds: global or local (each host's own training nodes)",
     },
 )

@@ -486,7 +486,7 @@ class ShardSampledSource(SampledSource):
         self.steps = min(steps, r.max_steps or steps)
         self.batches = shard.ShardBatches(
             sampler, train_idx, train_y, s.batch_size, ctx.rank, ctx.world_size, r.seed,
-            self.steps,
+            self.steps, s.seeds,
         )  # fmt: skip
         self.epochs, self.workers = r.epochs, 0
         self.features = None

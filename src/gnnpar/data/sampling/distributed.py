@@ -418,6 +418,66 @@ def gather_train(graph: ShardGraph, group=None) -> tuple[torch.Tensor, torch.Ten
     return table[:, 0].contiguous(), y
 
 
+def local_epoch_seeds(
+    train_idx: torch.Tensor,
+    bounds: torch.Tensor,
+    host_of_rank: torch.Tensor,
+    seed: int,
+    epoch: int,
+    rank: int,
+    batch_size: int,
+) -> list[torch.Tensor]:
+    """This rank's seed batches for ``epoch`` under ``--seeds local``: its host's own training
+    nodes first, as DistDGL's ``node_split(force_even=True)`` deals them.
+
+    Every rank gets the ``per_rank`` nodes and the steps of :func:`~gnnpar.data.sampling.loader.
+    shard_plan` (the same on every rank, as with the global deal). Each host's training nodes
+    are shuffled (a generator of (seed, epoch, host)) and its ranks keep up to ``ranks x
+    per_rank`` of them; what a host has beyond that goes to one pool, shuffled (seed, epoch),
+    from which the hosts with fewer nodes than their ranks' share take what they lack, in host
+    order. The ``num_train % world_size`` (< world_size) nodes left in the pool are not trained
+    that epoch (a different few each epoch, as with the global deal); every other training node
+    is the seed of exactly one rank once per epoch. A host's block (its own nodes, then the
+    borrowed ones) is shuffled once more so the borrowed nodes spread over its batches, then
+    cut among its ranks by their place. ``train_idx``: every training node (global sharded ids,
+    the same order on every rank); ``bounds``: the shards' id ranges; ``host_of_rank``: each
+    rank's host."""
+    from gnnpar.data.sampling.loader import _mix, shard_plan
+
+    world = host_of_rank.numel()
+    per_rank, steps = shard_plan(train_idx.numel(), world, batch_size)
+    owner = torch.searchsorted(bounds[1:], train_idx, right=True)
+    n_hosts = bounds.numel() - 1
+    ranks_of = [(host_of_rank == h).nonzero().view(-1).tolist() for h in range(n_hosts)]
+    kept, spare = [], []
+    for h in range(n_hosts):
+        mine = train_idx[owner == h]
+        gen = torch.Generator().manual_seed(_mix(seed, epoch, h, _LOCAL))
+        mine = mine[torch.randperm(mine.numel(), generator=gen)]
+        quota = len(ranks_of[h]) * per_rank
+        kept.append(mine[:quota])
+        spare.append(mine[quota:])
+    pool = torch.cat(spare)
+    pool = pool[
+        torch.randperm(
+            pool.numel(), generator=torch.Generator().manual_seed(_mix(seed, epoch, _LOCAL))
+        )
+    ]
+    host = int(host_of_rank[rank])
+    taken = sum(len(ranks_of[h]) * per_rank - kept[h].numel() for h in range(host))
+    lack = len(ranks_of[host]) * per_rank - kept[host].numel()
+    block = torch.cat([kept[host], pool[taken : taken + lack]])
+    gen = torch.Generator().manual_seed(_mix(seed, epoch, host, _LOCAL + 1))
+    block = block[torch.randperm(block.numel(), generator=gen)]
+    place = ranks_of[host].index(rank)
+    mine = block[place * per_rank : (place + 1) * per_rank]
+    return [mine[i * batch_size : (i + 1) * batch_size] for i in range(steps)]
+
+
+# mixed into the local deal's generators, so its shuffles are not the global deal's
+_LOCAL = 0x10CA1
+
+
 class ShardBatches(torch.utils.data.Dataset):
     """Mini-batch ``i`` of a run across shards: epoch ``i // steps``, step ``i % steps`` of this
     rank, the seeds and generator of :class:`gnnpar.data.sampling.loader.SampledBatches` (the
@@ -434,8 +494,10 @@ class ShardBatches(torch.utils.data.Dataset):
         world_size: int,
         seed: int,
         steps: int,
+        seeds: str = "global",
     ) -> None:
         self.sampler, self.train_idx, self.batch_size = sampler, train_idx, batch_size
+        self.local = seeds == "local"
         self.rank, self.world_size, self.seed, self.steps = rank, world_size, seed, steps
         # a seed's label by binary search over the training nodes (not an array over every node)
         by_id = torch.argsort(train_idx)
@@ -448,11 +510,31 @@ class ShardBatches(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> SampledBatch:
         from gnnpar.data.sampling.loader import step_seeds
 
-        seeds, gen = step_seeds(self, i)
+        if self.local:
+            seeds, gen = self._local_seeds(i)
+        else:
+            seeds, gen = step_seeds(self, i)
         b = self.sampler.sample(seeds, gen)
         b.x = self.sampler.features(b.n_id)
         b.y = self.train_y[torch.searchsorted(self.train_ids, seeds)]
         return b
+
+    def _local_seeds(self, i: int) -> tuple[torch.Tensor, torch.Generator]:
+        """Batch ``i``'s seeds under ``--seeds local`` (:func:`local_epoch_seeds`) and the
+        generator of its draws: the global deal's, from (seed, epoch, rank, step)."""
+        from gnnpar.data.sampling.loader import _mix
+
+        epoch, step = divmod(int(i), self.steps)
+        if self._epoch is None or self._epoch[0] != epoch:
+            ex = self.sampler.ex
+            seeds = local_epoch_seeds(
+                self.train_idx, ex.bounds, ex.host_of_rank, self.seed, epoch, self.rank,
+                self.batch_size,
+            )  # fmt: skip
+            self._epoch = (epoch, seeds)
+        return self._epoch[1][step], torch.Generator().manual_seed(
+            _mix(self.seed, epoch, self.rank, step)
+        )
 
 
 @torch.no_grad()
