@@ -80,6 +80,8 @@ def train_args(args, dataset: Path, out: Path) -> list[str]:
         a += ["--max-steps", str(args.max_steps)]
     if getattr(args, "feature_cache", None):
         a += ["--feature-cache", str(args.feature_cache)]
+    if getattr(args, "seeds", None):
+        a += ["--seeds", str(args.seeds)]
     return a
 
 

@@ -10,7 +10,8 @@ gnnpar side's per-repetition ratio to DistDGL are reported.
 * gnnpar: ``gnnpar train --strategy sampled`` on each host over a folder holding only the
   manifest and its ``shard-<h>/`` (:mod:`benchmarks.comm.shard_sampled_two_hosts`, no cgroup);
   one side per ``--sharded NAME=FOLDER`` (e.g. METIS and stream shards), ``@CACHE`` adding
-  ``--feature-cache CACHE`` to that side.
+  ``--feature-cache CACHE`` to that side, ``+local`` at the end ``--seeds local`` (each host's
+  seeds from its own shard, as DistDGL's ``node_split`` deals them).
 * DistDGL (DGL 2.1, ``/work/peers/dgl/bin/python``): the graph partitioned by its
   ``partition_graph`` (METIS, 2 parts; ``_distdgl_side.py partition``), launched as DGL's
   examples do: ``tools/launch.py`` (``--launch``: DGL v2.1.0's own file, unchanged) started on
@@ -125,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, reps=2)
     ap.add_argument(
         "--sharded",
-        help="gnnpar's graph in 2 shards: FOLDER or NAME=FOLDER[@CACHE][,...], one side each "
-        "(@CACHE: that side trains with --feature-cache CACHE)",
+        help="gnnpar's graph in 2 shards: FOLDER or NAME=FOLDER[@CACHE][+local][,...], one side "
+        "each (@CACHE: that side trains with --feature-cache CACHE; +local: with --seeds local)",
     )
     ap.add_argument("--dgl-parts", type=Path, help="DistDGL's 2 METIS parts (papers.json)")
     ap.add_argument("--launch", type=Path, help="DGL v2.1.0's tools/launch.py")
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     from gnnpar.runtime import netns
 
     sharded = dict((p.split("=", 1) if "=" in p else ("", p)) for p in args.sharded.split(",") if p)
+    deals = {name: "local" if f.endswith("+local") else None for name, f in sharded.items()}
+    sharded = {name: f.removesuffix("+local") for name, f in sharded.items()}
     caches = {name: f.partition("@")[2] or None for name, f in sharded.items()}
     sharded = {name: f.partition("@")[0] for name, f in sharded.items()}
     first = Path(next(iter(sharded.values())))
@@ -173,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"link: {rate / 1e6:g} Mbit/s, {delay * 1e3:g} ms one way ({how})")
             write_shim(args.work / "bin", [(h.addr_a, h.a, h.if_a), (h.addr_b, h.b, h.if_b)])
             sides = {
-                name: (lambda f=f, c=c: gnnpar_side(args, f, h, c))
-                for name, f, c in zip(names, folders.values(), caches.values(), strict=False)
+                name: (lambda f=f, c=c, d=d: gnnpar_side(args, f, h, c, d))
+                for name, f, c, d in zip(
+                    names, folders.values(), caches.values(), deals.values(), strict=False
+                )
             }
             sides["distdgl"] = lambda: dgl_side(args, h, classes)
             for rep in range(args.reps):
@@ -210,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def gnnpar_side(args, folders: list[Path], hosts, cache: str | None) -> dict:  # noqa: ANN001
-    args.feature_cache = cache
+def gnnpar_side(args, folders: list[Path], hosts, cache: str | None, seeds: str | None) -> dict:  # noqa: ANN001
+    args.feature_cache, args.seeds = cache, seeds
     r, _, took = two.run_hosts(args, folders, args.work, hosts, None)
     s = two.summary(r)
-    return {**s, "epoch_s": s["epoch_time_s"], "wall_s": took, "feature_cache": cache}
+    extra = {"feature_cache": cache, "seeds": seeds or "global"}
+    return {**s, "epoch_s": s["epoch_time_s"], "wall_s": took, **extra}
 
 
 def dgl_side(args, hosts, classes: int) -> dict:  # noqa: ANN001
