@@ -128,6 +128,10 @@ RANK_INFO: dict[str, str] = {
     "sizes; gnnpar.data.sampling.distributed)",
     "exchange_needed_bytes_per_step": "sampled across shards, per rank: the least those steps "
     "needed: ids asked of other hosts, the sampled sources and float32 feature rows answered",
+    "exchange_wait_s_per_step": "sampled across shards, per rank: seconds a training step spent "
+    "in each kind of collective ({kind: s}; the split sizes apart)",
+    "exchange_collectives_per_step": "sampled across shards, per rank: collectives a training "
+    "step ran, by kind",
     "remote_rows_cached": "sampled across shards, per rank: other hosts' feature rows held "
     "(--feature-cache: the most sampled ones, fetched once before training)",
     "feature_cache": "sampled from a prepared folder (SampledSource), per rank: the feature "

@@ -39,7 +39,8 @@ def test_bytes_of_a_step_by_hand():
     t = sx.traffic([10.0, 30.0], [40.0], 16, 2, 1, 0.5)
     half = 0.5
     want = [8, 8 * (half * 10 + 1), 8, 8 * half * (10 + 40)]  # the hop: sizes, ask, sizes, answer
-    want += [8, 8 * half * 40, 8, 16 * half * 40]  # the features of all 40 nodes
+    # the features of all 40 nodes: sizes, ask, answer (its sizes known to the asker)
+    want += [8, 8 * half * 40, 16 * half * 40]
     assert t.rounds == pytest.approx(want)
     assert t.bytes_sent == pytest.approx(sum(want))
     assert sx.traffic([10.0, 30.0], [40.0], 16, 1, 4, 0.5).bytes_sent == 0  # one host

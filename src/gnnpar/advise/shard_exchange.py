@@ -5,8 +5,9 @@ hop of a batch over the unsharded graph) and the sharded folder's edge cut.
 The run (:mod:`gnnpar.data.sampling.distributed`) sends, per hop, the frontier's nodes owned
 elsewhere to their owners (ids and the hop's seed) and gets back each node's count and sampled
 sources; then, once per step, the batch's feature rows owned elsewhere (ids out, float32 rows
-back). Every exchange is an ``all_to_all`` preceded by one of the split sizes: 4 message rounds
-per hop and 4 for the features.
+back). Every exchange is an ``all_to_all`` preceded by one of the split sizes, but the feature
+rows' answer (the asker knows how many rows it asked each owner for): 4 message rounds per hop
+and 3 for the features.
 
 Which share of a hop's nodes is owned elsewhere. With H hosts, a node of hop i+1 is reached by
 an edge from a node of hop i; the edge stays on its source's host with probability 1 - c (c:
@@ -93,7 +94,7 @@ def traffic(
         rounds += [sizes, ask, sizes, answer]
     n_id = sum(nodes_per_hop)
     remote = sum(s * n for s, n in zip(share, nodes_per_hop, strict=True)) / max(n_id, 1e-9)
-    rounds += [sizes, ID_BYTES * remote * n_id, sizes, row_bytes * remote * n_id]
+    rounds += [sizes, ID_BYTES * remote * n_id, row_bytes * remote * n_id]
     return Traffic(sum(rounds), rounds)
 
 

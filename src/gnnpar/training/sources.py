@@ -474,6 +474,7 @@ class ShardSampledSource(SampledSource):
                 budget = free // 4
             self.cached_rows = sampler.cache_hot_rows(budget // row)
         self.exchange.bytes_sent = self.exchange.bytes_needed = 0  # the steps' alone
+        self.exchange.wait_s, self.exchange.calls = {}, {}
         self.setup_s = time.perf_counter() - t0
         if train_idx.numel() < ctx.world_size:
             from gnnpar.errors import UsageError
@@ -497,6 +498,7 @@ class ShardSampledSource(SampledSource):
         self.start_s = 0.0
         self.sampled_steps = 0
         self.train_bytes: tuple[int, int] | None = None
+        self.train_waits: tuple[dict, dict] | None = None
 
     def epoch(self, epoch: int) -> Iterator:
         for data in super().epoch(epoch):
@@ -505,16 +507,20 @@ class ShardSampledSource(SampledSource):
 
     def rank_info(self) -> dict:
         """Remote feature rows held (``--feature-cache``). Bytes per training step this rank sent to other ranks (requests, answers, split
-        sizes), and the least it needed (the ids it asked other hosts for, the sampled sources
+        sizes), the time its collectives took per step (by kind), and the least it needed (the ids it asked other hosts for, the sampled sources
         and float32 feature rows they answered), averaged over the steps trained (taken when
         the training ends, so the final evaluation's exchanges are not in it)."""
         steps = max(1, self.sampled_steps)
         sent, needed = self.train_bytes if self.train_bytes else self._bytes()
+        waits, calls = self.train_waits or (self.exchange.wait_s, self.exchange.calls)
         return {
             **super().rank_info(),
             "exchange_bytes_per_step": sent / steps,
             "exchange_needed_bytes_per_step": needed / steps,
             "remote_rows_cached": self.cached_rows,
+            # per kind of collective of the steps: seconds per step in it, and how many a step
+            "exchange_wait_s_per_step": {k: v / steps for k, v in waits.items()},
+            "exchange_collectives_per_step": {k: v / steps for k, v in calls.items()},
         }
 
     def _bytes(self) -> tuple[int, int]:
@@ -522,6 +528,7 @@ class ShardSampledSource(SampledSource):
 
     def close(self) -> None:
         self.train_bytes = self._bytes()
+        self.train_waits = (dict(self.exchange.wait_s), dict(self.exchange.calls))
         super().close()
 
 

@@ -21,7 +21,9 @@ same way from their owners (one request and one answer per step); the seeds' lab
 every rank holds the (small) list of training nodes and their labels, gathered once.
 
 Every exchange is an ``all_to_all_single`` over the whole group (gloo on CPU), preceded by an
-exchange of the split sizes (one int64 per peer); every rank takes part in every exchange, even
+exchange of the split sizes (one int64 per peer), but the feature rows' answer, whose sizes the
+asker knows (how many rows it asked each owner for): 4 collectives per hop, 3 for the
+features; every rank takes part in every exchange, even
 with nothing to ask, and every rank runs the same number of steps (the sampled strategy's
 equal-steps plan), so no rank waits on a collective another never enters. The collectives run
 under the process group's timeout (``--timeout``); a rank that stops answering is named by the
@@ -35,6 +37,7 @@ it sends itself is not counted), for result.json's ``exchange_bytes_per_step``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,26 +124,48 @@ class Exchange:
         self.bytes_needed = 0
         self.host_of_rank = hosts
         self.host = host
+        # seconds spent in each kind of collective (the rank's share of the exchange: waiting
+        # for the peers to enter it, and the transfer), and how many ran
+        self.wait_s: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
 
     def owner_rank(self, ids: torch.Tensor) -> torch.Tensor:
         host = torch.searchsorted(self.bounds[1:], ids, right=True)
         return self.answerer[host]
 
-    def all_to_all(self, send: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, list]:
+    def all_to_all(
+        self, send: torch.Tensor, counts: torch.Tensor, what: str = "other"
+    ) -> tuple[torch.Tensor, list]:
         """``send`` (rows grouped by destination rank, ``counts[r]`` rows for rank r) to every
-        rank; (the rows received, grouped by source rank; how many from each)."""
+        rank; (the rows received, grouped by source rank; how many from each). Two
+        collectives: the split sizes, then the rows. ``what``: the :attr:`wait_s` entry their
+        time goes to."""
+        t0 = time.perf_counter()
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts, counts, group=self.group)
-        rc, sc = recv_counts.tolist(), counts.tolist()
+        self.bytes_sent += 8 * (self.world - 1)
+        self._took(what + ":sizes", t0)
+        rc = recv_counts.tolist()
+        return self.all_to_all_known(send, counts.tolist(), rc, what), rc
+
+    def all_to_all_known(self, send: torch.Tensor, sc: list, rc: list, what: str) -> torch.Tensor:
+        """:meth:`all_to_all` where this rank knows how many rows each rank sends it (``rc``;
+        ``sc``: how many it sends each): one collective, no split sizes exchanged."""
+        t0 = time.perf_counter()
         out = torch.empty((sum(rc), *send.shape[1:]), dtype=send.dtype)
         dist.all_to_all_single(out, send, rc, sc, group=self.group)
         row = send[0].numel() * send.element_size() if send.numel() else 0
-        others = sum(sc) - sc[self.rank]
-        self.bytes_sent += 8 * (self.world - 1) + others * row
-        return out, rc
+        self.bytes_sent += (sum(sc) - sc[self.rank]) * row
+        self._took(what, t0)
+        return out
+
+    def _took(self, what: str, t0: float) -> None:
+        """Add the time since ``t0`` to ``wait_s[what]`` and count the collective."""
+        self.wait_s[what] = self.wait_s.get(what, 0.0) + time.perf_counter() - t0
+        self.calls[what] = self.calls.get(what, 0) + 1
 
     def ask(
-        self, ids: torch.Tensor, extra: torch.Tensor | None = None
+        self, ids: torch.Tensor, extra: torch.Tensor | None = None, what: str = "ask"
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
         """Send every id to its owner's answering rank (stably: each owner's ids in their
         order here). ``extra``: one int64 per destination rank, sent with its ids (the hop's
@@ -158,9 +183,9 @@ class Exchange:
             keep[at] = False
             msg[at] = extra
             msg[keep] = send
-            got, rc = self.all_to_all(msg, counts + 1)
+            got, rc = self.all_to_all(msg, counts + 1, what)
             return order, counts, got, rc
-        got, rc = self.all_to_all(send, counts)
+        got, rc = self.all_to_all(send, counts, what)
         return order, counts, got, rc
 
 
@@ -227,9 +252,9 @@ class ShardSampler:
         (global ids), and the count of each node's."""
         ex = self.ex
         seeds = torch.full((ex.world,), seed, dtype=torch.long)
-        order, counts, got, rc = ex.ask(frontier, seeds)
+        order, counts, got, rc = ex.ask(frontier, seeds, "hop ask")
         answers, sizes = self._answer(got, rc, fanout)
-        back, _ = ex.all_to_all(answers, torch.tensor(sizes, dtype=torch.long))
+        back, _ = ex.all_to_all(answers, torch.tensor(sizes, dtype=torch.long), "hop answer")
         # back: per destination rank r (in rank order), [counts of its ids, their sources]
         n_per = counts.tolist()
         cnt_parts, nbr_parts, at = [], [], 0
@@ -340,7 +365,7 @@ class ShardSampler:
         every rank runs the same rounds, the most any pair needs), each written in place."""
         ex, width = self.ex, self.g.x.size(1)
         perm = torch.argsort(n_id)
-        order, counts, got, rc = ex.ask(n_id[perm])
+        order, counts, got, rc = ex.ask(n_id[perm], what="features ask")
         pos = perm[order]  # where the k-th id sent sits in n_id
         rows = got - self.g.first
         sc = counts.tolist()
@@ -359,13 +384,14 @@ class ShardSampler:
             lo = j * per
             take = [rows[r_at[r] + lo : r_at[r] + min(rc[r], lo + per)] for r in range(ex.world)]
             answer = torch.index_select(self.g.x, 0, torch.cat(take)).float()
-            sizes = torch.tensor([t.numel() for t in take], dtype=torch.long)
-            back, _ = ex.all_to_all(answer, sizes)
-            del answer
             at = [
                 torch.arange(s_at[r] + lo, s_at[r] + max(lo, min(sc[r], lo + per)))
                 for r in range(ex.world)
             ]
+            # this rank asked for them: it knows how many rows each peer answers (no sizes)
+            sizes = [t.numel() for t in take]
+            back = ex.all_to_all_known(answer, sizes, [a.numel() for a in at], "features answer")
+            del answer
             out[pos[torch.cat(at)]] = back
             del back
         remote = self.ex.owner_rank(n_id)
