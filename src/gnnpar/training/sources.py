@@ -490,6 +490,9 @@ class ShardSampledSource(SampledSource):
             self.steps, s.seeds,
         )  # fmt: skip
         self.epochs, self.workers = r.epochs, 0
+        # no batch made ahead on a thread: its exchanges are collectives of the group, which
+        # must run in the same order on every rank (and not beside the gradient all-reduce)
+        self.ahead = False
         self.features = None
         self.timeout_s = s.timeout_s
         self.loader = build_loader(self.batches, r.epochs, 0, s.timeout_s)
