@@ -54,3 +54,9 @@ def test_exchange_seconds_pay_the_link_per_round():
     # two rounds, each gloo's two latencies of a message (GLOO_P2P_LATENCIES) and its bytes
     assert got == pytest.approx(2 * (2e-3 + 1e6 / 125e6), rel=1e-6)
     assert sx.exchange_s(Cluster(1, 2, Link(0, 1e12), Link(0, 1e12)), t) == 0.0
+
+
+def test_a_runs_exchange_is_every_ranks_steps_of_it():
+    t = sx.traffic([10.0, 30.0], [40.0], 16, 2, 2, 0.5)
+    assert sx.run_bytes(t, steps=5, epochs=3, world=4) == pytest.approx(t.bytes_sent * 60)
+    assert sx.run_bytes(sx.traffic([10.0, 30.0], [40.0], 16, 1, 4, 0.5), 5, 3, 4) == 0

@@ -355,6 +355,7 @@ def predict(
     busy, wait = sum(res.busy_s), sum(res.wait_s)
     cluster = make_cluster(spec, prof, c.world)
     moved = res.bytes_between_hosts if cluster.hosts > 1 else res.bytes_moved
+    moved += _shard_bytes(c, prof, cluster, epochs)
     return Prediction(
         c,
         res.mean_epoch_s,
@@ -366,6 +367,19 @@ def predict(
         res,
         _disk_of(c, prof),
     )
+
+
+def _shard_bytes(c: Candidate, prof: Profile, cluster: sim.Cluster, epochs: int) -> float:
+    """A sampled run across shards: its frontiers' and rows' exchange over the whole run (the
+    simulation's bytes are the gradients' alone)."""
+    if not (advice_of(c.strategy).across_shards and prof.shards and cluster.hosts > 1):
+        return 0.0
+    if simulation_of(c.strategy) != SIM_SAMPLED:
+        return 0.0
+    bs = c.settings["batch_size"]
+    t = shard_exchange.step_traffic(prof, sampled_key(prof, bs, c.world), cluster)
+    steps = shard_plan(prof.num_train, c.world, bs)[1]
+    return shard_exchange.run_bytes(t, steps, epochs, c.world)
 
 
 def _disk_of(c: Candidate, prof: Profile) -> dict[str, float] | None:

@@ -120,3 +120,10 @@ def step_traffic(prof, batch_key: str, cluster) -> Traffic:  # noqa: ANN001
         cluster.ranks_per_host,
         cut_share(shards, cluster.hosts),
     )
+
+
+def run_bytes(t: Traffic, steps: int, epochs: int, world: int) -> float:
+    """What every rank's exchanges send over a run of ``epochs`` x ``steps`` steps: advice's
+    network column for a sampled run across shards carries it beside the gradients' all-reduce
+    (the requests, answers and split sizes to peers on the same host included: a bound)."""
+    return t.bytes_sent * steps * epochs * world
