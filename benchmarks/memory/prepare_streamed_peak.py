@@ -69,7 +69,7 @@ def available_gib() -> float:
     return 0.0
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     p = harness.parser(__doc__, reps=1, out=True)
     p.add_argument("--datasets", default="synthetic-reddit")
     p.add_argument("--scales", default="0.25,1")
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
             harness.write_json(args.out, report)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return report
+    return 0  # the report is printed line by line and written to --out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
