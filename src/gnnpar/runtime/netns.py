@@ -156,6 +156,15 @@ def _remove(ns: str) -> None:
     ip("netns", "delete", ns)  # deletes its end of the veth, and so the pair
 
 
+def _may_make_hosts() -> None:
+    """Namespace hosts can be made here (``ip`` installed, root), and none of a dead run is left."""
+    if shutil.which("ip") is None:
+        raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
+    if os.geteuid() != 0:
+        raise NetnsUnavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
+    _clean_stale()
+
+
 def _clean_stale() -> None:
     """Namespaces and veth ends left by an earlier run that was killed before its teardown."""
     for line in ip("netns", "list").stdout.splitlines():
@@ -218,11 +227,7 @@ def make_hosts(a: str, b: str, addr_a: str, addr_b: str, link: str = "veth") -> 
     :mod:`gnnpar.runtime.wire`, for kernels without netem; unshaped until :meth:`Hosts.shape`)."""
     if link not in ("veth", "emulated"):
         raise ValueError(f"link {link!r}: 'veth' or 'emulated'")
-    if shutil.which("ip") is None:
-        raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
-    if os.geteuid() != 0:
-        raise NetnsUnavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
-    _clean_stale()
+    _may_make_hosts()
     pid = os.getpid()
     h = Hosts(
         f"{PREFIX}{pid}-{a}", f"{PREFIX}{pid}-{b}", f"gt{a}{pid}", f"gt{b}{pid}", addr_a, addr_b
@@ -323,11 +328,7 @@ def switched_hosts(
     """
     if not 1 <= n <= len(HOST_LETTERS):
         raise ValueError(f"{n} hosts: 1 to {len(HOST_LETTERS)}")
-    if shutil.which("ip") is None:
-        raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
-    if os.geteuid() != 0:
-        raise NetnsUnavailable("not root (ip netns add needs CAP_SYS_ADMIN)")
-    _clean_stale()
+    _may_make_hosts()
     pid = os.getpid()
     h = SwitchedHosts(
         names=[f"{PREFIX}{pid}-{x}" for x in HOST_LETTERS[:n]],
