@@ -341,7 +341,7 @@ def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype, direct):
     run_prepare("cora", str(out), None, None, dtype, str(tmp_path / "root"), None, True)
     g = open_graph_folder(str(out))
     reader = FileRows.open(g, direct)
-    assert reader.align == (FileRows.DIRECT_ALIGN if direct and _has_direct(out) else 1)
+    assert reader.align == (prepared.direct_align(str(out)) if direct and _has_direct(out) else 1)
     x = g["x"]
     some = torch.randperm(2708, generator=torch.Generator().manual_seed(2))[:600]
     n_id = torch.cat([some, torch.tensor([2707, 0, 1, 2, 3, 5, 9, 40, 41, 1000, 3])])
@@ -350,6 +350,12 @@ def test_rows_read_from_the_file_are_the_maps_rows(tmp_path, dtype, direct):
     for threads, gap in ((1, 0), (3, 0), (64, 4096), (7, 1 << 20)):
         reader.THREADS, reader.GAP = threads, gap
         assert torch.equal(gather_rows(x, n_id, reader=reader), want), (threads, gap)
+    if reader.align > 1:  # direct reads at a page's alignment too, and at a refused finer one
+        for align in (FileRows.DIRECT_ALIGN, 1 << 8):
+            wide = FileRows(*g["x_file"], x.size(1) * x.element_size(), True, align)
+            assert torch.equal(gather_rows(x, n_id, reader=wide), want), align
+            assert wide.align in (FileRows.DIRECT_ALIGN, 1 << 8), align
+            wide.close()
     cache = tmp_path / "cache"
     prepared.write_feature_cache(prepared.open_prepared(out), 300, str(cache), direct)
     c = prepared.open_feature_cache(str(cache), x)
