@@ -1,6 +1,7 @@
 """Feature rows of a prepared folder read from a cold page cache: through the memory map against
 the threaded reads of ``FileRows`` (the sampler kernel's ``gnnpar_pread_rows``), through the
-page cache and around it (O_DIRECT).
+page cache and around it (O_DIRECT, aligned to the device's logical block size and to a page:
+the bytes each reads from the device are counted too).
 
 What one sampled step does with the rows its feature cache misses: ``--rows`` distinct rows,
 drawn at random (seeded) and sorted, gathered from ``features.npy``. Before every call the
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     a = harness.start(ap, argv, smoke={"reps": 1, "rows": 500})
     import torch
 
-    from gnnpar.data.prepared import FileRows, open_prepared
+    from gnnpar.data.prepared import FileRows, direct_align, open_prepared
     from gnnpar.data.sampling import kernel
     from gnnpar.data.sampling.loader import open_graph_folder
 
@@ -84,14 +85,26 @@ def main(argv: list[str] | None = None) -> int:
 
             sides[f"FileRows {t} threads"] = threaded
 
-        def direct() -> None:  # around the page cache (O_DIRECT), as inside a tight limit
-            reader = FileRows.open(g, direct=True)
-            out = torch.empty_like(want)
-            reader.read(rows, out)
-            reader.close()
-            assert torch.equal(out, want)
+        read_mb: dict[str, list[float]] = {}
 
-        sides["FileRows 64 threads, O_DIRECT"] = direct
+        def io_read_bytes() -> int:  # this process's bytes read from the device
+            with open("/proc/self/io") as fh:
+                return next(int(ln.split()[1]) for ln in fh if ln.startswith("read_bytes:"))
+
+        # around the page cache (O_DIRECT), as inside a tight limit: aligned to the device's
+        # logical block size (gnnpar's choice) and to a page (before)
+        for align in sorted({direct_align(path), FileRows.DIRECT_ALIGN}):
+
+            def direct(align: int = align) -> None:
+                reader = FileRows(path, g["x_file"][1], x.size(1) * x.element_size(), True, align)
+                out = torch.empty_like(want)
+                before = io_read_bytes()
+                reader.read(rows, out)
+                read_mb.setdefault(align, []).append((io_read_bytes() - before) / 1e6)
+                reader.close()
+                assert torch.equal(out, want)
+
+            sides[f"FileRows 64 threads, O_DIRECT, {align} B aligned"] = direct
         drop(path)
         times = harness.alternate(sides, a.reps, warmup=0, after=lambda: drop(path))
         file_bytes = os.path.getsize(path)
@@ -107,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"{name:22s} {med:8.3f} s  {n / med / 1e3:9.1f} K rows/s  "
               f"{n * row_bytes / med / 1e6:8.1f} MB/s of rows")  # fmt: skip
+    for align, mbs in read_mb.items():
+        key = f"FileRows 64 threads, O_DIRECT, {align} B aligned"
+        report["sides"][key]["read_mb"] = statistics.median(mbs)
+        print(f"{key}: {statistics.median(mbs):.0f} MB read from the device a call")
     report["load_after"] = list(harness.load_average())
     report["machine"] = harness.machine()
     if a.out:

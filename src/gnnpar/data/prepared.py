@@ -877,7 +877,8 @@ def direct_align(path: str) -> int:
     disks, else :attr:`FileRows.DIRECT_ALIGN` (a page). A 512-byte row of papers100M's fp32
     features read 4 KiB-aligned costs 8x its bytes (16x for fp16's 256): ~120 GB of reads an
     epoch at scale 0.1 inside 3 GiB (BENCHMARKS.md); aligned to the device's 512 bytes, 250K
-    random rows read 318 MB where 4 KiB alignment read 1,043 MB, in the same time."""
+    random rows read 322 MB from the device where 4 KiB alignment read 1,053 MB, in about the
+    same time (the reads' count, not their bytes, sets it here: benchmarks/memory/feature_reads.py)."""
     try:
         dev = os.stat(path).st_dev
         base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
