@@ -456,14 +456,19 @@ def test_a_batch_is_made_ahead_only_where_the_limit_holds_the_step_and_one_more(
 
 def test_the_default_feature_cache_leaves_the_step_its_memory(tmp_path):
     """The default cache (a quarter of the memory the run may use) never takes what the step
-    needs: shared memory the kernel cannot reclaim would get the run killed."""
+    needs (shared memory the kernel cannot reclaim would get the run killed), nor the page
+    cache's room for the CSR the sampler reads at every hop."""
     from gnnpar.data import prepared
 
     p = prepared.open_prepared(_folder(tmp_path, "cora"))
     row = 4 * p.array("features").shape[1]
+    csr = 2709 * 8 + 10556 * 4  # int64 indptr, int32 indices
+    assert csr == p.array("indptr").nbytes + p.array("indices").nbytes
     free = 100 * row
     assert prepared.cache_rows(p, None, free) == 25
-    assert prepared.cache_rows(p, None, free, reserve=80 * row) == 20
+    assert prepared.cache_rows(p, None, free, reserve=70 * row) == (30 * row - csr) // row == 18
+    assert prepared.cache_rows(p, None, free, reserve=100 * row - csr) == 0  # the CSR's room
+    assert prepared.cache_rows(p, None, free, reserve=100 * row - csr - 3 * row) == 3
     assert prepared.cache_rows(p, None, free, reserve=200 * row) == 0
     assert prepared.cache_rows(p, "50", free, reserve=200 * row) == 50 // row  # asked: as asked
 

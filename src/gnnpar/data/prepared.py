@@ -763,11 +763,16 @@ def cache_rows(p: Prepared, setting: str | None, available: int | None, reserve:
     features; without it, :data:`CACHE_SHARE` of ``available`` (the memory the run may use),
     but never what the training step needs (``reserve`` bytes of ``available``: the cache is
     shared memory, which the kernel cannot reclaim, so a cache that leaves the step too little
-    gets the run killed), or no cache when that is unknown. Never more than the graph's rows."""
+    gets the run killed) nor the page cache's room for the CSR (``indptr`` and ``indices``,
+    which the sampler reads at every hop of every batch: a feature cache that squeezes them out
+    makes each hop fault them in again, at the disk's read-ahead a fault; the full papers100M
+    inside 16 GiB spent 20-30 s a step so, its 4.8 GB cache beside a 7.4 GB CSR), or no cache
+    when that is unknown. Never more than the graph's rows."""
     n, f = p.num_nodes, int(p.manifest["num_features"])
     row = max(1, f * p.array("features").dtype.itemsize)
     if setting is None:
-        budget = min(int(CACHE_SHARE * available), available - reserve) if available else 0
+        csr = p.array("indptr").nbytes + p.array("indices").nbytes
+        budget = min(int(CACHE_SHARE * available), available - reserve - csr) if available else 0
     else:
         size, fraction = parse_cache_size(setting)
         budget = size if size is not None else int(fraction * n * row)
