@@ -150,7 +150,7 @@ def test_gather_rows_with_and_without_cache_is_index_select(tmp_path):
     assert int(deg[held].min()) >= int(deg[~held].max())
     assert torch.equal(gather_rows(x, n_id, c["slot"], c["rows"]), want)
     assert torch.equal(c["rows"], x[held])  # ascending ids, the rows themselves
-    assert prepared.cache_rows(p, None, 16 * x.numel()) == 2708  # a quarter of 4x the bytes
+    assert prepared.cache_rows(p, None, 20 * x.numel()) == 2708  # a quarter of 5x the bytes
     assert prepared.cache_rows(p, None, None) == 0  # memory unknown: no cache
 
 
@@ -464,11 +464,13 @@ def test_the_default_feature_cache_leaves_the_step_its_memory(tmp_path):
     row = 4 * p.array("features").shape[1]
     csr = 2709 * 8 + 10556 * 4  # int64 indptr, int32 indices
     assert csr == p.array("indptr").nbytes + p.array("indices").nbytes
+    slot = 4 * 2708  # the cache's slot array, shared memory too
     free = 100 * row
-    assert prepared.cache_rows(p, None, free) == 25
-    assert prepared.cache_rows(p, None, free, reserve=70 * row) == (30 * row - csr) // row == 18
-    assert prepared.cache_rows(p, None, free, reserve=100 * row - csr) == 0  # the CSR's room
-    assert prepared.cache_rows(p, None, free, reserve=100 * row - csr - 3 * row) == 3
+    assert prepared.cache_rows(p, None, free) == (25 * row - slot) // row == 23
+    assert prepared.cache_rows(p, None, free, reserve=70 * row) == (30 * row - csr - slot) // row
+    assert prepared.cache_rows(p, None, free, reserve=70 * row) == 16
+    assert prepared.cache_rows(p, None, free, reserve=100 * row - csr - slot) == 0  # CSR's room
+    assert prepared.cache_rows(p, None, free, reserve=100 * row - csr - slot - 3 * row) == 3
     assert prepared.cache_rows(p, None, free, reserve=200 * row) == 0
     assert prepared.cache_rows(p, "50", free, reserve=200 * row) == 50 // row  # asked: as asked
 

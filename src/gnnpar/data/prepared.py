@@ -767,12 +767,14 @@ def cache_rows(p: Prepared, setting: str | None, available: int | None, reserve:
     which the sampler reads at every hop of every batch: a feature cache that squeezes them out
     makes each hop fault them in again, at the disk's read-ahead a fault; the full papers100M
     inside 16 GiB spent 20-30 s a step so, its 4.8 GB cache beside a 7.4 GB CSR), or no cache
-    when that is unknown. Never more than the graph's rows."""
+    when that is unknown. The default counts the cache's slot array too (int32 per node, shared
+    memory as well: 444 MB for the full papers100M). Never more than the graph's rows."""
     n, f = p.num_nodes, int(p.manifest["num_features"])
     row = max(1, f * p.array("features").dtype.itemsize)
     if setting is None:
         csr = p.array("indptr").nbytes + p.array("indices").nbytes
         budget = min(int(CACHE_SHARE * available), available - reserve - csr) if available else 0
+        budget -= 4 * n
     else:
         size, fraction = parse_cache_size(setting)
         budget = size if size is not None else int(fraction * n * row)
