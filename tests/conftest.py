@@ -95,3 +95,51 @@ def no_process_in_the_quick_lane(request, monkeypatch):
     yield
     if attempts:
         pytest.fail(f"started a process ({', '.join(attempts)}) in a test not marked slow")
+
+
+# The files that take longest in `make test` (seconds of one xdist worker on the 2-core CI
+# machine, from its --durations), longest first. `make test` hands whole files to its two
+# workers in the order of the collection (--dist loadfile --no-loadscope-reorder): these go
+# first, so that the run does not end with one worker on a long file while the other idles.
+# (xdist's own order, most tests first, put most of them last: they hold few, long tests.)
+# A new file that takes more than ~20 s belongs here, at its place.
+LONGEST_FILES = {
+    "tests/training/test_checkpoint.py": 150,
+    "tests/e2e/test_same_seed_same_loss.py": 120,
+    "tests/e2e/test_two_hosts_outage.py": 105,
+    "tests/benchmark_scripts/test_smoke.py": 100,
+    "tests/advise/test_advise.py": 95,
+    "tests/e2e/test_user_graphs_train.py": 95,
+    "tests/e2e/test_two_hosts.py": 90,
+    "tests/data/test_prepared_train.py": 90,
+    "tests/e2e/test_hostile_input.py": 80,
+    "tests/runtime/test_resources_real.py": 70,
+    "tests/e2e/test_shard_sampled_cgroup.py": 37,
+    "tests/advise/test_sweep.py": 35,
+    "tests/e2e/test_readme_examples.py": 24,
+    "tests/lightning/test_lightning_ranks.py": 22,
+    "tests/e2e/test_user_models.py": 20,
+    "tests/e2e/test_shard_cluster.py": 20,
+    "tests/strategies/test_hybrid.py": 18,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the files in LONGEST_FILES first (longest first), then the files with
+    a test marked slow (processes: seconds each), then the rest (quick: fine-grained work for
+    the end of the run); within each group, files with more tests first, as xdist orders them.
+    A file's tests keep their order. One process alone (no xdist) keeps pytest's order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def key(path: str) -> tuple:
+        tests = files[path]
+        if path in LONGEST_FILES:
+            return (0, -LONGEST_FILES[path])
+        slow = any(t.get_closest_marker("slow") for t in tests)
+        return (1 if slow else 2, -len(tests))
+
+    items[:] = [item for path in sorted(files, key=key) for item in files[path]]

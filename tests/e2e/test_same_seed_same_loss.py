@@ -22,8 +22,10 @@ curve an AVX2-only EPYC printed) and the pinned ones, curves differ by at most 1
 a deliberate change of the maths of the same size, lr x (1 + 1e-4), moves them by only 1e-7 to
 1.6e-6. No tolerance separates the two; exact pinned curves do (test below). The machine's own
 paths are still checked against the pinned curves, at a tolerance (``NATIVE_RTOL``): the pin must
-not hide a real difference. ``.ci/run`` runs this file again as an AVX2 CPU computes
-(``make test-cpu-levels``).
+not hide a real difference, and so are an AVX2 CPU's (``AVX2_ARITHMETIC``: ATen, MKL and
+oneDNN told to go no higher than AVX2), on any CPU. (Until 2026-11-28 CI ran the one-process
+cases a second time in a pytest whose environment held those settings, ``make
+test-cpu-levels``; its pinned runs were this file's own again, since the pin overrides them.)
 
 Multi-rank cases (``--workers`` > 1) are marked slow (``-m "not slow"`` skips them); all of them
 together take a few minutes on two cores.
@@ -48,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PINNED_ARITHMETIC, run_cli
+from helpers import AVX2_ARITHMETIC, PINNED_ARITHMETIC, run_cli
 
 GOLDEN = Path(__file__).parents[1] / "fixtures" / "golden_loss_curves.json"
 CASES = json.loads(GOLDEN.read_text())
@@ -58,19 +60,25 @@ BY_NAME = {c["name"]: c for c in CASES}
 NATIVE_RTOL = 1e-6
 
 
-# (args, pinned) -> (the finished process, its --out): the module's runs, made three at a time
-# before its tests (prefetched below); a run not found here is made when its test asks for it
+# the floating-point paths a run takes: the pinned ones, this CPU's own (whatever the
+# environment selects), an AVX2 CPU's
+ARITHMETIC = {"pinned": PINNED_ARITHMETIC, "own": {}, "avx2": AVX2_ARITHMETIC}
+
+# (args, arithmetic) -> (the finished process, its --out): the module's runs, made three at a
+# time before its tests (prefetched below); a run not found here is made when its test asks
 _RUNS: dict[tuple, tuple] = {}
 
 
-def _train(args: list[str], data_root: Path, out: Path, pinned: bool):
-    env = {"GNNPAR_DATA": str(data_root), **(PINNED_ARITHMETIC if pinned else {})}
+def _train(args: list[str], data_root: Path, out: Path, arithmetic: str):
+    env = {"GNNPAR_DATA": str(data_root), **ARITHMETIC[arithmetic]}
     return run_cli("train", *args, "--out", str(out), timeout=600, env=env), out
 
 
-def _loss_curve(args: list[str], data_root: Path, out: Path, pinned: bool = True):
-    """``gnnpar train ARGS``'s loss curve, with the pinned arithmetic or the machine's own."""
-    proc, out = _RUNS.pop((tuple(args), pinned), None) or _train(args, data_root, out, pinned)
+def _loss_curve(args: list[str], data_root: Path, out: Path, arithmetic: str = "pinned"):
+    """``gnnpar train ARGS``'s loss curve, with the pinned arithmetic, the machine's own or an
+    AVX2 CPU's."""
+    key = (tuple(args), arithmetic)
+    proc, out = _RUNS.pop(key, None) or _train(args, data_root, out, arithmetic)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return json.loads((out / "result.json").read_text())["loss_curve"]
 
@@ -115,7 +123,7 @@ def _workers(args: list[str]) -> int:
 
 
 # every case is `gnnpar train` in a fresh process (the pinned arithmetic is read when torch
-# starts): the slow lane; `make test-cpu-levels` reruns the one-process cases (not multirank)
+# starts): the slow lane
 pytestmark = pytest.mark.slow
 
 
@@ -125,20 +133,22 @@ def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("gnnpar-data")
 
 
-def _run_of(item) -> tuple[list[str], bool] | None:
-    """The run (args, pinned) a selected test of this module asks for."""
+def _run_of(item) -> tuple[list[str], str] | None:
+    """The run (args, arithmetic) a selected test of this module asks for."""
     params = getattr(item, "callspec", None) and item.callspec.params
     if not params:
         return None
     name = item.originalname
     if name == "test_same_seed_same_loss":
-        return params["case"]["args"], True
+        return params["case"]["args"], "pinned"
     if name == "test_recompute_gives_the_same_loss":
-        return [*params["case"]["args"], "--recompute"], True
+        return [*params["case"]["args"], "--recompute"], "pinned"
     if name == "test_this_cpus_own_arithmetic_agrees_with_the_pinned_curve":
-        return params["case"]["args"], False
+        return params["case"]["args"], "own"
+    if name == "test_an_avx2_cpus_arithmetic_agrees_with_the_pinned_curve":
+        return params["case"]["args"], "avx2"
     if name == "test_a_small_change_of_the_maths_fails_the_pinned_curve":
-        return _with(BY_NAME[params["name"]]["args"], params["flag"], params["value"]), True
+        return _with(BY_NAME[params["name"]]["args"], params["flag"], params["value"]), "pinned"
     return None
 
 
@@ -154,8 +164,8 @@ def prefetched(request, data_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {
-            (tuple(args), pinned): pool.submit(_train, args, data_root, tmp / str(i), pinned)
-            for i, (args, pinned) in enumerate(runs)
+            (tuple(args), how): pool.submit(_train, args, data_root, tmp / str(i), how)
+            for i, (args, how) in enumerate(runs)
         }
     _RUNS.update({key: f.result() for key, f in futures.items()})
     yield
@@ -208,9 +218,25 @@ def test_this_cpus_own_arithmetic_agrees_with_the_pinned_curve(
 ) -> None:
     """Without the pin, this CPU's own paths (AVX-512, AVX2, ... or what ``ATEN_CPU_CAPABILITY``
     and friends in the environment select) give the pinned curve to float32 rounding."""
-    curve = _loss_curve(case["args"], data_root, tmp_path / "out", pinned=False)
+    curve = _loss_curve(case["args"], data_root, tmp_path / "out", "own")
     assert _largest_relative_difference(curve, case["loss_curve"]) <= NATIVE_RTOL, (
         f"{case['name']}: this CPU's curve is not the pinned one to rounding\n"
+        f"got:    {curve}\nwanted: {case['loss_curve']}"
+    )
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c["name"]) for c in CASES if _workers(c["args"]) == 1]
+)
+def test_an_avx2_cpus_arithmetic_agrees_with_the_pinned_curve(
+    case: dict, data_root: Path, tmp_path: Path
+) -> None:
+    """As an AVX2 CPU without AVX-512 computes (``AVX2_ARITHMETIC``; a CPU without AVX2 computes
+    at its own highest level), the pinned curve to float32 rounding: the paths of the other
+    common x86-64 level than the machine's own, checked on any machine."""
+    curve = _loss_curve(case["args"], data_root, tmp_path / "out", "avx2")
+    assert _largest_relative_difference(curve, case["loss_curve"]) <= NATIVE_RTOL, (
+        f"{case['name']}: an AVX2 CPU's curve is not the pinned one to rounding\n"
         f"got:    {curve}\nwanted: {case['loss_curve']}"
     )
 
