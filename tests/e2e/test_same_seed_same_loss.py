@@ -231,9 +231,9 @@ def test_this_cpus_own_arithmetic_agrees_with_the_pinned_curve(
 def test_an_avx2_cpus_arithmetic_agrees_with_the_pinned_curve(
     case: dict, data_root: Path, tmp_path: Path
 ) -> None:
-    """As an AVX2 CPU without AVX-512 computes (``AVX2_ARITHMETIC``; a CPU without AVX2 computes
-    at its own highest level), the pinned curve to float32 rounding: the paths of the other
-    common x86-64 level than the machine's own, checked on any machine."""
+    """As an AVX2 CPU without AVX-512 computes (``AVX2_ARITHMETIC``: ATen, MKL and oneDNN told to
+    go no higher; a CPU without AVX2 computes at its own highest level), the pinned curve to
+    float32 rounding: a machine with AVX-512 checks an AVX2-only CPU's paths too."""
     curve = _loss_curve(case["args"], data_root, tmp_path / "out", "avx2")
     assert _largest_relative_difference(curve, case["loss_curve"]) <= NATIVE_RTOL, (
         f"{case['name']}: an AVX2 CPU's curve is not the pinned one to rounding\n"
