@@ -114,6 +114,7 @@ LONGEST_FILES = {
     "tests/data/test_prepared_train.py": 90,
     "tests/e2e/test_hostile_input.py": 80,
     "tests/runtime/test_resources_real.py": 70,
+    "tests/strategies/test_gossip.py": 40,
     "tests/e2e/test_shard_sampled_cgroup.py": 37,
     "tests/advise/test_sweep.py": 35,
     "tests/e2e/test_readme_examples.py": 24,
