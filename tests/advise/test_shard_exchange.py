@@ -60,3 +60,43 @@ def test_a_runs_exchange_is_every_ranks_steps_of_it():
     t = sx.traffic([10.0, 30.0], [40.0], 16, 2, 2, 0.5)
     assert sx.run_bytes(t, steps=5, epochs=3, world=4) == pytest.approx(t.bytes_sent * 60)
     assert sx.run_bytes(sx.traffic([10.0, 30.0], [40.0], 16, 1, 4, 0.5), 5, 3, 4) == 0
+
+
+def test_each_hops_cut_is_what_turns_one_measured_share_into_the_next():
+    for hosts in (2, 3, 8):
+        cuts = [0.1, 0.3, 0.05]
+        shares = sx.remote_shares(3, hosts, cuts, local_first=1.0)
+        assert sx.hop_cuts(shares, hosts) == pytest.approx(cuts)
+    # at the fixed point (seeds dealt regardless of their owner) nothing is left to tell
+    assert sx.hop_cuts([0.5, 0.5], 2) == [0.5]
+
+
+def test_a_host_short_of_training_nodes_borrows_them_from_the_others():
+    # 140 training nodes on 2 hosts of 1 rank: 70 each; shard 0 owns 56, so 14 are borrowed
+    assert sx.borrowed_share([56, 84], 2, 1) == pytest.approx(14 / 140)
+    assert sx.borrowed_share([70, 70], 2, 1) == 0.0
+    assert sx.borrowed_share([56, 84], 4, 1) == 0.0  # another host count: taken as balanced
+    batch = {"nodes_per_hop": [10.0, 30.0], "edges_per_hop": [40.0]}
+    shards = {"hosts": 2, "edge_cut_share": 0.2, "train_per_shard": [56, 84]}
+    # a profile without the local record: the folder's cut, the borrowed seeds remote
+    shares = sx.seed_deal(batch, shards, 2, 1, "local")[0]
+    assert shares == pytest.approx([0.1, 0.1 * 0.8 + 0.9 * 0.2])
+
+
+def test_the_measured_local_shares_hold_on_their_hosts_and_scale_to_others():
+    local = {"hosts": 2, "remote_per_hop": [0.0, 0.1, 0.25],
+             "nodes_per_hop": [5.0, 20.0, 60.0], "edges_per_hop": [25.0, 80.0]}  # fmt: skip
+    batch = {"nodes_per_hop": [10.0, 50.0, 200.0], "edges_per_hop": [50.0, 200.0]} | {
+        "local": local
+    }
+    shards = {"hosts": 2, "edge_cut_share": 0.3, "train_per_shard": [100, 100]}
+    shares, nodes, edges = sx.seed_deal(batch, shards, 2, 1, "local")
+    assert shares == pytest.approx([0.0, 0.1, 0.25])
+    assert nodes == [10.0, 40.0, 120.0] and edges == [50.0, 160.0]  # the profile's 10 seeds
+    c = sx.hop_cuts([0.0, 0.1, 0.25], 2)
+    four = [x * 0.75 / 0.5 for x in c]  # each hop's cut, scaled as a random partition's
+    assert sx.seed_deal(batch, shards, 4, 1, "local")[0] == pytest.approx(
+        sx.remote_shares(2, 4, four, local_first=1.0)
+    )
+    with pytest.raises(ValueError, match="--seeds"):
+        sx.seed_deal(batch, shards, 2, 1, "mine")

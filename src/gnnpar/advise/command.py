@@ -47,7 +47,7 @@ from gnnpar.strategies.spec import SIM_GOSSIP, SIM_LOCKSTEP, SIM_PIPELINE
 # train flags that advise does not take: it chooses the strategy, and runs nothing to resume
 # train flags that fix one axis of the grid (else the grid varies them)
 AXES = ("partitions", "sync-every", "average", "stages", "chunks", "schedule")
-AXES += ("batch-size", "loader-workers")
+AXES += ("batch-size", "loader-workers", "seeds")
 
 _BANDWIDTH = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _LATENCY = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -291,7 +291,8 @@ def checked_grid(req: Request) -> list[Candidate]:
     from gnnpar.configure import build_config
     from gnnpar.strategies import registry
 
-    grid = build_grid(req.strategies, req.cluster.world, req.layers, req.fixed, req.images)
+    cl = req.cluster
+    grid = build_grid(req.strategies, cl.world, req.layers, req.fixed, req.images, cl.hosts)
     kept = []
     refused: dict[str, str] = {}
     for c in grid:
@@ -620,7 +621,8 @@ def read_profile(req: Request):
             f"{str(e)[:120]}); give such a file, or leave --profile out to profile here."
         ) from None
     again = _AGAIN
-    if (prof.dataset, prof.model) != (req.dataset, req.model):
+    other_shards = prof.model == req.model and same_graph_sharded(prof.dataset, req.dataset)
+    if (prof.dataset, prof.model) != (req.dataset, req.model) and not other_shards:
         raise UsageError(
             f"--profile {path} was taken for --dataset {prof.dataset} --model {prof.model}, "
             f"not {req.dataset} {req.model}: {again}."
@@ -639,7 +641,44 @@ def read_profile(req: Request):
         isinstance(prof.num_nodes, int) and isinstance(prof.num_train, int)
     ):
         raise UsageError(f"--profile {path}: its num_nodes and num_train are not counts: {again}.")
+    from gnnpar.advise.profile.seed_deals import lacks_shard_record
+
+    if other_shards or lacks_shard_record(prof):
+        _measure_shards(prof, req.dataset, other_shards)
     return prof
+
+
+def same_graph_sharded(profiled: str, asked: str) -> bool:
+    """Are ``profiled`` and ``asked`` two sharded folders of the same graph (the same counts
+    and origin, in any partition or shard count)? The profile's timings hold for either; its
+    shard record is measured again (:func:`_measure_shards`)."""
+    from gnnpar.data import prepared, shards
+
+    try:
+        a, b = (prepared.read_manifest(Path(f).expanduser()) for f in (profiled, asked))
+    except Exception:  # noqa: BLE001 (not a folder, or not one gnnpar reads: not the same)
+        return False
+    if not (shards.is_sharded(a) and shards.is_sharded(b)):
+        return False
+    keys = ("name", "num_nodes", "num_edges", "num_features", "num_classes", "splits")
+    made = [{k: v for k, v in m.get("made", {}).items() if k != "created"} for m in (a, b)]
+    return made[0] == made[1] and all(a.get(k) == b.get(k) for k in keys)
+
+
+def _measure_shards(prof, folder: str, other: bool) -> None:
+    """A saved profile used for the sharded ``folder``: its shard record (the shards, the cut,
+    each host's own seeds' batches) measured from ``folder``'s shards, bounded memory."""
+    from gnnpar.advise.profile.seed_deals import add_shard_record, shards_of_folder
+
+    if other:
+        print(
+            f"gnnpar advise: the profile of {prof.dataset} for --dataset {folder} (the same "
+            "graph, other shards): its timings, and this folder's shards measured here",
+            flush=True,
+        )
+        prof.shards = shards_of_folder(folder)
+        prof.dataset = folder
+    add_shard_record(prof, folder)
 
 
 _AGAIN = "run gnnpar advise without --profile (it profiles again)"

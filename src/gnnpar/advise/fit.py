@@ -59,6 +59,7 @@ class Facts:
     known: tuple[int, ...] = ()
     microbatch: str = "exact"
     from_profile: bool = False  # a saved profile's: what it lacks is said where it is read
+    shards: int = 0  # a folder prepared with --shards H: H (--seeds applies across them)
     _seen: dict[int, Split] = field(default_factory=dict)
 
     def parts(self, p: int) -> Split:
@@ -92,7 +93,8 @@ def graph_facts(base: dict[str, Any], ds) -> Facts:
         return Split(True, lacking=int((held == 0).sum()))
 
     cfg = _config(base)
-    return Facts(n, int(train_mask.sum()), split, microbatch=cfg.strategy.microbatch)
+    shards = int((getattr(ds, "info", None) or {}).get("sharded") or 0)
+    return Facts(n, int(train_mask.sum()), split, microbatch=cfg.strategy.microbatch, shards=shards)
 
 
 def profile_facts(base: dict[str, Any], prof) -> Facts:
@@ -105,7 +107,10 @@ def profile_facts(base: dict[str, Any], prof) -> Facts:
         return Split(False, why=f"--profile holds no {p} subgraphs")
 
     cfg = _config(base)
-    return Facts(prof.num_nodes, prof.num_train, split, known, cfg.strategy.microbatch, True)
+    shards = int(prof.shards.get("hosts") or 0)
+    return Facts(
+        prof.num_nodes, prof.num_train, split, known, cfg.strategy.microbatch, True, shards
+    )
 
 
 def _config(base: dict[str, Any]):
@@ -163,6 +168,8 @@ def fit_grid(req, facts: Facts) -> list[str]:
         if "partitions" in s and not fit.partitions(c, s):
             continue
         if _simulation(c.strategy) == SIM_SAMPLED and not fit.sampled(c, s):
+            continue
+        if "seeds" in s and not fit.seeds(s):
             continue
         if _simulation(c.strategy) == SIM_PIPELINE and not req.images and not fit.pipeline(c, s):
             continue
@@ -246,6 +253,22 @@ class _GridFit:
                 )
                 return False
         return True
+
+    def seeds(self, s: dict) -> bool:
+        """--seeds deals the seeds of a run across shards: on a graph not prepared with
+        --shards it means nothing (dropped; local refused where the user asked for it, as
+        gnnpar train refuses it)."""
+        if self.facts.shards >= 2:
+            return True
+        if s.pop("seeds") == "global":
+            return True
+        if self.fixed.get("seeds") == "local":
+            raise UsageError(
+                "--seeds local deals each host its own shard's training nodes: the dataset is "
+                "not a folder prepared with --shards. Use --seeds global, or prepare the graph "
+                "with gnnpar prepare --shards H."
+            )
+        return False
 
     def pipeline(self, c, s: dict) -> bool:
         """A pipeline over a graph: a node (a training node, exact micro-batches) for each of

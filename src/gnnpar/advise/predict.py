@@ -80,6 +80,7 @@ CHUNKS = (2, 4)
 IMAGE_CHUNKS = (2, 4, 5, 10)  # ViG: study 000's 5 and 10 too (those that divide --batch-size)
 BATCH_SIZES = (512, 1024)
 LOADER_WORKERS = (0, 2)
+SEED_DEALS = shard_exchange.SEED_DEALS  # --seeds, where the strategy reads it, across shards
 
 
 def advised() -> tuple[str, ...]:
@@ -191,20 +192,26 @@ class Prediction:
     result: sim.SimResult = field(repr=False)
     # training from a prepared folder: a step's reads (advise/profile/disk.io_per_step)
     disk: dict[str, float] | None = None
+    # across shards: a step's exchange with the other hosts (:func:`exchange_of`)
+    exchange: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.candidate
-        return {
-            "strategy": c.strategy,
-            "settings": dict(c.settings),
-            "epoch_s": self.epoch_s,
-            "train_time_s": self.train_time_s,
-            "speedup": self.speedup,
-            "peak_bytes_per_rank": self.peak_bytes_per_rank,
-            "workers": c.world,
-            "bytes_on_network": self.bytes_on_network,
-            "wait_share": self.wait_share,
-        } | ({"disk": dict(self.disk)} if self.disk else {})
+        return (
+            {
+                "strategy": c.strategy,
+                "settings": dict(c.settings),
+                "epoch_s": self.epoch_s,
+                "train_time_s": self.train_time_s,
+                "speedup": self.speedup,
+                "peak_bytes_per_rank": self.peak_bytes_per_rank,
+                "workers": c.world,
+                "bytes_on_network": self.bytes_on_network,
+                "wait_share": self.wait_share,
+            }
+            | ({"disk": dict(self.disk)} if self.disk else {})
+            | ({"exchange": dict(self.exchange)} if self.exchange else {})
+        )
 
 
 def build_grid(
@@ -213,12 +220,14 @@ def build_grid(
     layers: int,
     fixed: dict[str, Any],
     images: int = 0,
+    hosts: int = 1,
 ) -> list[Candidate]:
-    """Every configuration of ``strategies`` on ``world`` ranks; ``fixed``: settings the user
-    gave (flag names with underscores), which replace that setting's grid. ``images``: ViG's
-    ``--batch-size`` (0: a graph), whose chunks must divide it (equal micro-batches). Each
-    strategy's grid is its simulation's (:data:`GRIDS`) over the settings it reads."""
-    g = GridAxes(world, layers, images, fixed)
+    """Every configuration of ``strategies`` on ``world`` ranks of ``hosts`` hosts; ``fixed``:
+    settings the user gave (flag names with underscores), which replace that setting's grid.
+    ``images``: ViG's ``--batch-size`` (0: a graph), whose chunks must divide it (equal
+    micro-batches). Each strategy's grid is its simulation's (:data:`GRIDS`) over the settings
+    it reads."""
+    g = GridAxes(world, layers, images, fixed, hosts)
     out: list[Candidate] = []
     for name in strategies:
         spec = registry.get(name)
@@ -232,12 +241,13 @@ def build_grid(
 @dataclass(frozen=True)
 class GridAxes:
     """What a strategy's grid is made from: the cluster's ranks, the model's layers, ViG's
-    ``--batch-size`` (0: a graph) and the settings the user gave (``fixed``)."""
+    ``--batch-size`` (0: a graph), the settings the user gave (``fixed``) and the hosts."""
 
     world: int
     layers: int
     images: int
     fixed: dict[str, Any]
+    hosts: int = 1
 
     def axis(self, name: str, default) -> tuple:
         """The user's value of setting ``name`` alone, or the default grid."""
@@ -303,11 +313,19 @@ def _pipeline_grid(spec: StrategySpec, g: GridAxes) -> list[Candidate]:
 
 
 def _sampled_grid(spec: StrategySpec, g: GridAxes) -> list[Candidate]:
-    """--batch-size x --loader-workers."""
+    """--batch-size x --loader-workers; x --seeds (each deal) on several hosts where the
+    strategy reads it (the graph must be sharded: :func:`gnnpar.advise.fit.fit_grid` keeps
+    the setting only then)."""
+    deals = g.axis("seeds", SEED_DEALS) if g.hosts > 1 and "seeds" in spec.reads else (None,)
     return [
-        Candidate(spec.name, {"batch_size": bs, "loader_workers": w}, g.world)
+        Candidate(
+            spec.name,
+            {"batch_size": bs, "loader_workers": w} | ({"seeds": d} if d else {}),
+            g.world,
+        )
         for bs in g.axis("batch_size", BATCH_SIZES)
         for w in g.axis("loader_workers", LOADER_WORKERS)
+        for d in deals
     ]
 
 
@@ -356,6 +374,7 @@ def predict(
     cluster = make_cluster(spec, prof, c.world)
     moved = res.bytes_between_hosts if cluster.hosts > 1 else res.bytes_moved
     moved += _shard_bytes(c, prof, cluster, epochs)
+    exchange = exchange_of(c, prof, cluster)
     return Prediction(
         c,
         res.mean_epoch_s,
@@ -366,20 +385,50 @@ def predict(
         wait / (busy + wait) if busy + wait > 0 else 0.0,
         res,
         _disk_of(c, prof),
+        exchange,
     )
+
+
+def _across(c: Candidate, prof: Profile, cluster: sim.Cluster) -> bool:
+    """A sampled run across the shards of several hosts (the spec says it trains so)."""
+    return bool(
+        advice_of(c.strategy).across_shards
+        and prof.shards
+        and cluster.hosts > 1
+        and simulation_of(c.strategy) == SIM_SAMPLED
+    )
+
+
+def _step_traffic(c: Candidate, prof: Profile, cluster: sim.Cluster) -> shard_exchange.Traffic:
+    """A step's exchange across shards, its seeds dealt as the candidate's ``--seeds``."""
+    key = sampled_key(prof, c.settings["batch_size"], c.world)
+    seeds = c.settings.get("seeds", "global")
+    return shard_exchange.step_traffic(prof, key, cluster, seeds)
+
+
+def exchange_of(c: Candidate, prof: Profile, cluster: sim.Cluster) -> dict[str, Any] | None:
+    """advice.json's ``exchange`` of a sampled run across shards (None otherwise): the deal of
+    seeds, each hop's share of new nodes owned by another host, the bytes one rank sends per
+    step (what result.json's ``exchange_bytes_per_step`` measures) and the seconds a step
+    spends in the exchanges on the cluster's link."""
+    if not _across(c, prof, cluster):
+        return None
+    t = _step_traffic(c, prof, cluster)
+    return {
+        "seeds": c.settings.get("seeds", "global"),
+        "remote_share_per_hop": list(t.remote_shares),
+        "bytes_per_step": t.bytes_sent,
+        "seconds_per_step": shard_exchange.exchange_s(cluster, t),
+    }
 
 
 def _shard_bytes(c: Candidate, prof: Profile, cluster: sim.Cluster, epochs: int) -> float:
     """A sampled run across shards: its frontiers' and rows' exchange over the whole run (the
     simulation's bytes are the gradients' alone)."""
-    if not (advice_of(c.strategy).across_shards and prof.shards and cluster.hosts > 1):
+    if not _across(c, prof, cluster):
         return 0.0
-    if simulation_of(c.strategy) != SIM_SAMPLED:
-        return 0.0
-    bs = c.settings["batch_size"]
-    t = shard_exchange.step_traffic(prof, sampled_key(prof, bs, c.world), cluster)
-    steps = shard_plan(prof.num_train, c.world, bs)[1]
-    return shard_exchange.run_bytes(t, steps, epochs, c.world)
+    steps = shard_plan(prof.num_train, c.world, c.settings["batch_size"])[1]
+    return shard_exchange.run_bytes(_step_traffic(c, prof, cluster), steps, epochs, c.world)
 
 
 def _disk_of(c: Candidate, prof: Profile) -> dict[str, float] | None:
@@ -691,12 +740,9 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     s, world, epochs, loop = c.settings, c.world, r.epochs, r.loop
     w = s["loader_workers"]
     exchange = 0.0  # across shards: the frontier's and the rows' exchange, every step
-    if advice_of(c.strategy).across_shards and prof.shards and cluster.hosts > 1:
+    if _across(c, prof, cluster):
         w = 0  # made in the rank: its exchanges are collectives of the group
-        key = sampled_key(prof, s["batch_size"], world)
-        exchange = shard_exchange.exchange_s(
-            cluster, shard_exchange.step_traffic(prof, key, cluster)
-        )
+        exchange = shard_exchange.exchange_s(cluster, _step_traffic(c, prof, cluster))
     steps = shard_plan(prof.num_train, world, s["batch_size"])[1]
     # a rank whose share of the training nodes is smaller than the batch (a small graph on
     # several ranks) makes and trains smaller ones: their own costs, or scaled ones

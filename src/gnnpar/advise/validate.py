@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -83,7 +84,7 @@ def _argv(flags: dict[str, Any]) -> list[str]:
 
 
 def _case(p: Prediction, cmd: list[str]) -> dict[str, Any]:
-    return {
+    case = {
         "strategy": p.candidate.strategy,
         "settings": dict(p.candidate.settings),
         "workers": p.candidate.world,
@@ -92,6 +93,22 @@ def _case(p: Prediction, cmd: list[str]) -> dict[str, Any]:
         "error": None,
         "command": " ".join(cmd),
     }
+    if p.exchange:  # across shards: the bytes a rank sends per step, too
+        case["predicted_exchange_bytes_per_step"] = p.exchange["bytes_per_step"]
+        case["measured_exchange_bytes_per_step"] = None
+        case["exchange_error"] = None
+    return case
+
+
+def _measured_exchange(case: dict[str, Any], r: dict[str, Any]) -> None:
+    """A run across shards: the mean over its ranks of result.json's
+    ``exchange_bytes_per_step`` beside the predicted bytes (``exchange_error`` as ``error``)."""
+    sent = r.get("exchange_bytes_per_step")
+    if "predicted_exchange_bytes_per_step" not in case or not sent:
+        return
+    measured = statistics.fmean(float(b) for b in sent)
+    case["measured_exchange_bytes_per_step"] = measured
+    case["exchange_error"] = (case["predicted_exchange_bytes_per_step"] - measured) / measured
 
 
 def _error(case: dict[str, Any], measured: float) -> float:
@@ -113,6 +130,7 @@ def _measured(case: dict[str, Any], outs: list[str], code: int, output: str) -> 
     measured = r["train_time_s"] / r["epochs"]
     case["measured_epoch_s"] = measured
     case["error"] = _error(case, measured)
+    _measured_exchange(case, r)
     return case
 
 
@@ -134,27 +152,61 @@ def run_one(req, p: Prediction, out: str) -> dict[str, Any]:
     return _measured(case, [out], done.returncode, done.stderr or done.stdout)
 
 
+def host_shard_folder(sharded: str, host: int, into: str) -> str:
+    """``into``: the sharded folder's ``manifest.json`` and ``shard-<host>/`` only (hard links
+    where the disk allows, else copies), as a host of a run across shards holds it."""
+    from gnnpar.data.prepared import read_manifest
+
+    top = os.path.abspath(os.path.expanduser(sharded))
+    rec = read_manifest(top)["shards"][host]
+    shutil.rmtree(into, ignore_errors=True)
+    os.makedirs(into)
+    shutil.copy(os.path.join(top, "manifest.json"), os.path.join(into, "manifest.json"))
+    src, dst = os.path.join(top, rec["folder"]), os.path.join(into, rec["folder"])
+    try:
+        shutil.copytree(src, dst, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst)
+    return into
+
+
 def run_two_hosts(req, p: Prediction, out: str, hosts, port: int) -> dict[str, Any]:
     """One configuration on the two namespace hosts: ``gnnpar torchrun --nnodes 2`` on each,
-    host A holding the rendezvous; each host its own ``--out`` (``out``/a, ``out``/b)."""
+    host A holding the rendezvous; each host its own ``--out`` (``out``/a, ``out``/b). A run
+    across shards (``p.exchange``: a sampled run over a sharded folder) gives host h its own
+    folder holding the manifest and ``shard-<h>/`` only (``out``/data-a, data-b: hard links,
+    removed after the run), and fixes the node ranks (A 0, B 1: torch's static rendezvous), so
+    that each host trains its shard as the run would on two machines; with every shard on
+    every host each would train the whole graph alone."""
     flags = candidate_flags(req, p.candidate)
     flags.pop("workers", None)  # torchrun's --nproc-per-node says it
     timeout = _deadline_s(flags, p)
-    procs, outs, logs = [], [], []
+    procs, outs, logs, data = [], [], [], []
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         env.pop(k, None)
-    for side, ns, dev, addr, conf in (
-        ("a", hosts.a, hosts.if_a, hosts.addr_a, "is_host=true,join_timeout=60"),
-        ("b", hosts.b, hosts.if_b, hosts.addr_b, "join_timeout=60"),
+    for h, (side, ns, dev, addr, conf) in enumerate(
+        (
+            ("a", hosts.a, hosts.if_a, hosts.addr_a, "is_host=true,join_timeout=60"),
+            ("b", hosts.b, hosts.if_b, hosts.addr_b, "join_timeout=60"),
+        )
     ):
         host_out = os.path.join(out, side)
         os.makedirs(host_out, exist_ok=True)
+        host_flags = {**flags, "out": host_out}
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "gnnpar", "torchrun"]
         cmd += ["--nnodes", "2", "--nproc-per-node", str(req.cluster.ranks_per_host)]
-        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addr_a}:{port}"]
-        cmd += ["--rdzv-id", f"validate{port}", "--rdzv-conf", conf, "--local-addr", addr]
-        cmd += ["train", *_argv({**flags, "out": host_out})]
+        if p.exchange:
+            folder = os.path.join(out, f"data-{side}")
+            host_flags["dataset"] = host_shard_folder(flags["dataset"], h, folder)
+            data.append(folder)
+            cmd += ["--node-rank", str(h), "--master-addr", hosts.addr_a]
+            cmd += ["--master-port", str(port)]
+        else:
+            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addr_a}:{port}"]
+            cmd += ["--rdzv-id", f"validate{port}", "--rdzv-conf", conf, "--local-addr", addr]
+        cmd += ["train", *_argv(host_flags)]
         log = open(os.path.join(out, f"host-{side}.log"), "w")  # noqa: SIM115 (closed below)
         logs.append(log)
         procs.append(
@@ -180,6 +232,8 @@ def run_two_hosts(req, p: Prediction, out: str, hosts, port: int) -> dict[str, A
     finally:
         for log in logs:
             log.close()
+        for folder in data:  # hard links (or copies) of the shards: not kept
+            shutil.rmtree(folder, ignore_errors=True)
     output = "\n".join(
         open(os.path.join(out, f"host-{side}.log")).read()
         for side in "ab"  # noqa: SIM115
@@ -230,6 +284,12 @@ def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
     case["speed_factors"] = [
         c.get("speed_factor") for c in runs if c["measured_epoch_s"] is not None
     ]
+    sent = [c.get("measured_exchange_bytes_per_step") for c in runs]
+    sent = [b for b in sent if b is not None]
+    if sent:  # the bytes do not drift with the machine's speed: their median
+        b = statistics.median(sent)
+        case["measured_exchange_bytes_per_step"] = b
+        case["exchange_error"] = (case["predicted_exchange_bytes_per_step"] - b) / b
     case.pop("speed_factor", None)
     at = [c.get("measured_at_profile_speed_epoch_s") for c in runs]
     at = [t for t in at if t is not None]
@@ -347,8 +407,19 @@ def _print_case(p, case: dict[str, Any], r: int, repeats: int) -> None:
     print(
         f"  {shown}: predicted {p.epoch_s * 1e3:.1f} ms/epoch, measured "
         f"{case['measured_epoch_s'] * 1e3:.1f} ms/epoch, error {case['error']:+.0%}"
-        + ("" if factor is None else f" (machine at {1 / factor:.2f}x its speed)"),
+        + ("" if factor is None else f" (machine at {1 / factor:.2f}x its speed)")
+        + _exchange_note(case),
         flush=True,
+    )
+
+
+def _exchange_note(case: dict[str, Any]) -> str:
+    if case.get("exchange_error") is None:
+        return ""
+    return (
+        f"; bytes sent per step {case['predicted_exchange_bytes_per_step'] / 1e6:.2f} MB "
+        f"predicted, {case['measured_exchange_bytes_per_step'] / 1e6:.2f} MB measured, error "
+        f"{case['exchange_error']:+.0%}"
     )
 
 

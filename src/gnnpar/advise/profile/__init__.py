@@ -89,6 +89,7 @@ from gnnpar.advise.profile.sampled import (
     sampled_key,
     seed_batch_sizes,
 )
+from gnnpar.advise.profile.seed_deals import add_shard_record
 from gnnpar.advise.profile.steps import loop_overhead_s, profile_graph_batches, real_loop_factor
 from gnnpar.advise.speed import reference_s
 from gnnpar.configure import build_config
@@ -179,6 +180,8 @@ def take_profile(
     elif comm:
         probe = (straggle, corun_partitions)
         _two_rank_probes(base, needs, shapes, prof, probe, timeout_s, threads)
+    if prof.shards and prof.sampled:  # --seeds local: each host's own seeds, from its shard
+        add_shard_record(prof, ds.info["source"])
     prof.speed_ref_s.append(reference_s())
     prof.peak_rss_bytes = peak_memory(None)["peak_rss_bytes"]
     prof.profile_s = time.perf_counter() - t_start
