@@ -48,7 +48,15 @@ def check_contract(advice: dict) -> None:
             "schedule",
             "batch_size",
             "loader_workers",
+            "seeds",
         }
+        if "exchange" in p:  # a sampled run across shards (tests/advise/test_shard_exchange.py)
+            assert set(p["exchange"]) == {
+                "seeds",
+                "remote_share_per_hop",
+                "bytes_per_step",
+                "seconds_per_step",
+            }
 
 
 def test_advise_on_cora_with_a_tiny_grid_in_process(tmp_path, capsys):

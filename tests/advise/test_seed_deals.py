@@ -100,5 +100,6 @@ def test_a_profile_gets_the_shard_record_of_every_batch_size(tmp_path):
     for key in ("8", "16"):
         local = prof.sampled[key]["local"]
         assert local["hosts"] == 2 and local["remote_per_hop"][0] == 0.0  # own seeds
-        assert local["nodes_per_hop"][0] == min(int(key), 10)  # 20 training nodes: 10 a shard on average
+        # 20 training nodes, 10 a shard on average
+        assert local["nodes_per_hop"][0] == min(int(key), 10)
         assert all(0.0 <= r <= 1.0 for r in local["remote_per_hop"])

@@ -5,10 +5,17 @@ test_shard_sampled.py."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 
+from gnnpar import UsageError
 from gnnpar.advise import shard_exchange as sx
-from gnnpar.advise.simulate import Cluster, Link
+from gnnpar.advise.fit import Facts, Split, fit_grid
+from gnnpar.advise.predict import Candidate, ClusterSpec, build_grid, make_cluster, predict
+from gnnpar.advise.profile import Profile
+from gnnpar.advise.simulate import NONE, Cluster, Link
 
 
 def test_seeds_dealt_regardless_of_owner_make_every_hop_remote_by_the_hosts_alone():
@@ -100,3 +107,85 @@ def test_the_measured_local_shares_hold_on_their_hosts_and_scale_to_others():
     )
     with pytest.raises(ValueError, match="--seeds"):
         sx.seed_deal(batch, shards, 2, 1, "mine")
+
+
+STEP = {"compute_s": 0.010, "main_sample_s": 0.002, "sample_s": 0.002, "first_batch_s": 0.0}
+
+
+def _sharded_profile() -> Profile:
+    local = {"hosts": 2, "batches": 6, "remote_per_hop": [0.0, 0.2, 0.3],
+             "nodes_per_hop": [1024.0, 3000.0, 7000.0], "edges_per_hop": [5000.0, 20000.0]}  # fmt: skip
+    batch = STEP | {"fanouts": [5, 5], "nodes_per_hop": [1024.0, 4000.0, 9000.0],
+                    "edges_per_hop": [5000.0, 20000.0], "local": local}  # fmt: skip
+    return Profile(
+        machine="test", cores=2, threads=1, dataset="f", model="sage", epochs=1, seed=0,
+        num_nodes=10**6, num_train=4096, param_bytes=1000, base_rss_bytes=100 << 20,
+        sampled={"1024": batch},
+        shards={"hosts": 2, "edge_cut_share": 0.3, "row_bytes": 512,
+                "train_per_shard": [2048, 2048]},
+    )  # fmt: skip
+
+
+def test_advice_json_carries_the_exchange_of_each_deal_of_seeds():
+    prof = _sharded_profile()
+    spec = ClusterSpec(2, 1, Link(1e-3, 125e6))
+    got = {}
+    for deal in ("global", "local"):
+        c = Candidate("sampled", {"batch_size": 1024, "loader_workers": 0, "seeds": deal}, 2)
+        got[deal] = predict(c, prof, spec, NONE, 1)
+        ex = got[deal].to_json()["exchange"]
+        shares, nodes, edges = sx.seed_deal(prof.sampled["1024"], prof.shards, 2, 1, deal)
+        t = sx.traffic(nodes, edges, 512, 2, 1, 0.3, shares)
+        assert ex["seeds"] == deal and ex["remote_share_per_hop"] == pytest.approx(shares)
+        assert ex["bytes_per_step"] == pytest.approx(t.bytes_sent)
+        assert ex["seconds_per_step"] == pytest.approx(
+            sx.exchange_s(make_cluster(spec, prof, 2), t)
+        )
+        # the network column: every rank's exchange over the run (2 steps of 1024 a rank)
+        assert got[deal].bytes_on_network >= ex["bytes_per_step"] * 2 * 2
+    assert got["global"].exchange["remote_share_per_hop"] == pytest.approx([0.5] * 3)
+    assert got["local"].exchange["remote_share_per_hop"] == pytest.approx([0.0, 0.2, 0.3])
+    assert got["local"].exchange["bytes_per_step"] < 0.5 * got["global"].exchange["bytes_per_step"]
+    assert got["local"].epoch_s < got["global"].epoch_s  # less to send over the same link
+    # one host: nothing crosses a link, no exchange in advice.json
+    c = Candidate("sampled", {"batch_size": 1024, "loader_workers": 0}, 2)
+    assert "exchange" not in predict(c, prof, ClusterSpec(1, 2), NONE, 1).to_json()
+
+
+def test_the_grid_deals_seeds_both_ways_only_on_several_hosts_of_a_sharded_graph():
+    two = build_grid(("sampled",), 2, 2, {}, hosts=2)
+    assert sorted(c.settings["seeds"] for c in two if c.settings["batch_size"] == 512
+                  and c.settings["loader_workers"] == 0) == ["global", "local"]  # fmt: skip
+    assert all("seeds" not in c.settings for c in build_grid(("sampled",), 2, 2, {}, hosts=1))
+    fixed = build_grid(("sampled",), 2, 2, {"seeds": "local"}, hosts=2)
+    assert {c.settings["seeds"] for c in fixed} == {"local"}
+
+    def fitted(grid, fixed, shards):
+        req = SimpleNamespace(grid=list(grid), fixed=fixed, omitted={}, images=0)
+        fit_grid(req, Facts(10**4, 4096, lambda p: Split(True), shards=shards))
+        return [c.settings for c in req.grid]
+
+    assert all(s["seeds"] in ("global", "local") for s in fitted(two, {}, 2))
+    # not sharded: --seeds means nothing; the local configurations left out
+    plain = fitted(two, {}, 0)
+    assert plain and all("seeds" not in s for s in plain) and len(plain) == len(two) // 2
+    with pytest.raises(UsageError, match="--seeds local"):
+        fitted(fixed, {"seeds": "local"}, 0)
+
+
+def test_validate_compares_the_predicted_bytes_with_what_the_ranks_sent(tmp_path):
+    from gnnpar.advise.validate import _case, _combined, _measured
+
+    c = Candidate("sampled", {"batch_size": 1024, "loader_workers": 0, "seeds": "local"}, 2)
+    p = predict(c, _sharded_profile(), ClusterSpec(2, 1, Link(1e-3, 125e6)), NONE, 1)
+    predicted = p.exchange["bytes_per_step"]
+    result = {"train_time_s": 4.0, "epochs": 2, "exchange_bytes_per_step": [1e6, 3e6]}
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    case = _measured(_case(p, ["train"]), [str(tmp_path)], 0, "")
+    assert case["measured_epoch_s"] == 2.0
+    assert case["predicted_exchange_bytes_per_step"] == predicted
+    assert case["measured_exchange_bytes_per_step"] == 2e6  # the ranks' mean
+    assert case["exchange_error"] == pytest.approx((predicted - 2e6) / 2e6)
+    again = dict(case, measured_exchange_bytes_per_step=4e6)
+    both = _combined([case, again])  # repetitions: the median
+    assert both["measured_exchange_bytes_per_step"] == 3e6
