@@ -103,3 +103,19 @@ def test_a_profile_gets_the_shard_record_of_every_batch_size(tmp_path):
         # 20 training nodes, 10 a shard on average
         assert local["nodes_per_hop"][0] == min(int(key), 10)
         assert all(0.0 <= r <= 1.0 for r in local["remote_per_hop"])
+
+
+def test_a_saved_profile_serves_another_sharding_of_the_same_graph_only(tmp_path):
+    from gnnpar.advise.command import same_graph_sharded
+
+    folder = _graph(tmp_path)
+    two, _ = write_shards(folder, tmp_path / "s2", 2, "random", 0)
+    three, _ = write_shards(folder, tmp_path / "s3", 3, "stream", 0)
+    assert same_graph_sharded(str(two), str(three))
+    assert not same_graph_sharded(str(two), str(folder))  # unsharded: its own profile
+    (tmp_path / "o").mkdir()
+    other = _graph(tmp_path / "o", n=61)
+    assert not same_graph_sharded(
+        str(two), str(write_shards(other, tmp_path / "o2", 2, "random", 0)[0])
+    )
+    assert not same_graph_sharded(str(two), "cora")  # not a folder
