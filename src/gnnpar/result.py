@@ -132,6 +132,10 @@ RANK_INFO: dict[str, str] = {
     "in each kind of collective ({kind: s}; the split sizes apart)",
     "exchange_collectives_per_step": "sampled across shards, per rank: collectives a training "
     "step ran, by kind",
+    "exchange_ahead": "sampled across shards, per rank: whether batch i+1 was made (its "
+    "sampling and feature exchanges) on a thread while the model trained on batch i",
+    "batch_make_s_per_step": "sampled across shards, per rank: seconds making a batch took "
+    "(sampling, exchanges, feature rows; on the thread where made ahead)",
     "remote_rows_cached": "sampled across shards, per rank: other hosts' feature rows held "
     "(--feature-cache: the most sampled ones, fetched once before training)",
     "feature_cache": "sampled from a prepared folder (SampledSource), per rank: the feature "

@@ -419,6 +419,49 @@ def test_batches_made_ahead_on_a_thread_are_the_loaders_in_order():
         next(it)
 
 
+def test_collective_batches_made_ahead_start_when_asked_and_finish_before_stopping():
+    """With ``collective`` (every rank must make the same items: sampling across shards),
+    Ahead makes nothing before the first item is asked for, makes the next while the caller
+    works, settles (the item in the making finished and kept) before a checkpoint, raises an
+    item's error where that item comes, and on close finishes the item in the making instead
+    of cancelling it (a cancel that won on one rank only would leave its peers waiting)."""
+    import threading
+
+    from gnnpar.data.sampling.loader import Ahead
+
+    made, gate = [], threading.Event()
+
+    def items():
+        for i in range(4):
+            if i == 2:
+                gate.wait(10)  # item 2 is still in the making when close is called
+            made.append(i)
+            yield i
+
+    it = Ahead(items(), collective=True)
+    assert made == []  # nothing made before asked: a resumed run replaces the iterator
+    assert next(it) == 0
+    it.settle()
+    assert made == [0, 1]  # item 1 made ahead, kept
+    assert next(it) == 1
+    threading.Timer(0.2, gate.set).start()
+    it.close()  # waits for item 2 (the gate opens), drops it
+    assert made == [0, 1, 2]
+    with pytest.raises(StopIteration):
+        next(it)
+
+    def failing():
+        yield 1
+        raise RuntimeError("/gloo/ peer gone")
+
+    it = Ahead(failing(), collective=True)
+    assert next(it) == 1
+    it.settle()  # the error is kept for its item's place, not raised here
+    with pytest.raises(RuntimeError, match="peer gone"):
+        next(it)
+    it.close()
+
+
 def test_loader_workers_that_do_not_fit_a_memory_limit_are_dropped(monkeypatch):
     """Inside a memory limit, a loader worker that needs more than half of what is free is not
     started (one line says why); without a limit the workers are as asked."""

@@ -21,6 +21,7 @@ pool), for the progress bar.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import sys
@@ -297,8 +298,9 @@ class SampledSource(BaseSource):
             workers, why = loader_workers_that_fit(workers, batch)
             if why and ctx.is_main:
                 print(f"gnnpar: {why}", file=sys.stderr, flush=True)
-        self.ahead = self.on_disk and workers == 0 and batch_ahead_fits(batch)
-        if self.on_disk and workers == 0 and not self.ahead and ctx.is_main:
+        in_line = self.on_disk and workers == 0 and batch_ahead_allowed()
+        self.ahead = in_line and batch_ahead_fits(batch)
+        if in_line and not self.ahead and ctx.is_main:
             from gnnpar.runtime.resources import size_words
 
             print(
@@ -328,12 +330,15 @@ class SampledSource(BaseSource):
         self._stop_ahead()
         self._it = iter(self.loader)
         if self.ahead:
-            self._it = Ahead(self._it)
+            self._it = self._ahead(self._it)
         self.start_s = time.perf_counter() - t0
 
     def _stop_ahead(self) -> None:
         if isinstance(self._it, Ahead):
             self._it.close()
+
+    def _ahead(self, it: Iterator) -> Ahead:
+        return Ahead(it)
 
     def _next_batch(self):  # noqa: ANN202 (a SampledBatch)
         try:
@@ -432,8 +437,17 @@ class SampledSource(BaseSource):
 class ShardSampledSource(SampledSource):
     """:class:`SampledSource` across shards (gnnpar.data.sampling.distributed): each host maps
     only its shard; the batches are sampled with the owners of the frontier's nodes and their
-    features fetched from them, in this rank's own process (the exchanges are collectives of
-    the group: no loader workers). The same batches as one host over the unsharded graph."""
+    features fetched from them, in this rank's own process (the exchanges are collectives: no
+    loader workers). The same batches as one host over the unsharded graph.
+
+    Batch i+1 (its sampling and feature exchanges) is made on a thread while the model trains
+    on batch i (:class:`~gnnpar.data.sampling.loader.Ahead`), where the memory the run may use
+    holds it (:func:`batch_ahead_fits`). The exchanges run on a gloo process group of their
+    own, made here by every rank, so the thread's collectives never interleave with the main
+    thread's on the default group (the gradient all-reduce, a checkpoint's barrier); every rank
+    makes the same batches in the same order, so each enters the same exchanges. The thread is
+    idle while a checkpoint is written (:meth:`pause`) and stopped, its batch in the making
+    finished, before the final evaluation (which uses the same exchange) and on resume."""
 
     def __init__(self, cfg: Config, ds, ctx: DistContext) -> None:
         import sys
@@ -448,7 +462,8 @@ class ShardSampledSource(SampledSource):
         # features come from the owners (exchanges), not a folder's reads: no feature_cache entry
         self.on_disk, self.feature_io, self.cache_bytes = False, {}, 0
         graph = shard.ShardGraph.open(ds.info["source"], ds.info["host"])
-        self.exchange = shard.Exchange(graph.bounds, ds.info["host"])
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=s.timeout_s))
+        self.exchange = shard.Exchange(graph.bounds, ds.info["host"], group)
         sampler = shard.ShardSampler(graph, self.exchange, s.fanouts)
         train_idx, train_y = shard.gather_train(graph)
         # inside a memory limit (a cgroup's, or GNNPAR_MEMORY_LIMIT) the feature exchange runs
@@ -490,9 +505,15 @@ class ShardSampledSource(SampledSource):
             self.steps, s.seeds,
         )  # fmt: skip
         self.epochs, self.workers = r.epochs, 0
-        # no batch made ahead on a thread: its exchanges are collectives of the group, which
-        # must run in the same order on every rank (and not beside the gradient all-reduce)
-        self.ahead = False
+        batch = batch_bytes(ds, s)
+        self.ahead = batch_ahead_allowed() and batch_ahead_fits(batch)
+        if not self.ahead and batch_ahead_allowed() and ctx.is_main:
+            print(
+                f"gnnpar: the next batch (up to {size_words(batch)} of features) is not made "
+                "on a thread while the model trains: the memory the run may use holds only "
+                "the step's own",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
         self.features = None
         self.timeout_s = s.timeout_s
         self.loader = build_loader(self.batches, r.epochs, 0, s.timeout_s)
@@ -502,6 +523,15 @@ class ShardSampledSource(SampledSource):
         self.sampled_steps = 0
         self.train_bytes: tuple[int, int] | None = None
         self.train_waits: tuple[dict, dict] | None = None
+
+    def _ahead(self, it: Iterator) -> Ahead:
+        return Ahead(it, collective=True)
+
+    def pause(self) -> None:
+        """Before a checkpoint: the batch in the making is finished (kept), and no exchange
+        runs until the loop asks for it."""
+        if isinstance(self._it, Ahead):
+            self._it.settle()
 
     def epoch(self, epoch: int) -> Iterator:
         for data in super().epoch(epoch):
@@ -518,6 +548,8 @@ class ShardSampledSource(SampledSource):
         waits, calls = self.train_waits or (self.exchange.wait_s, self.exchange.calls)
         return {
             **super().rank_info(),
+            "exchange_ahead": self.ahead,
+            "batch_make_s_per_step": self.batches.make_s / steps,
             "exchange_bytes_per_step": sent / steps,
             "exchange_needed_bytes_per_step": needed / steps,
             "remote_rows_cached": self.cached_rows,
@@ -554,6 +586,15 @@ def batch_bytes(ds, s) -> int:
     for f in s.fanouts:
         rows = rows * (1 + f) if f >= 0 else ds.num_nodes
     return min(rows, ds.num_nodes) * ds.num_features * 4
+
+
+# set to 0: no batch is made on a thread while the model trains (to measure what it brings)
+BATCH_AHEAD_ENV = "GNNPAR_BATCH_AHEAD"
+
+
+def batch_ahead_allowed() -> bool:
+    """Whether batches may be made ahead on a thread at all (:data:`BATCH_AHEAD_ENV` not 0)."""
+    return os.environ.get(BATCH_AHEAD_ENV, "1").strip() != "0"
 
 
 def batch_ahead_fits(batch: int) -> bool:

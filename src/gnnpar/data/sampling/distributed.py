@@ -25,7 +25,10 @@ exchange of the split sizes (one int64 per peer), but the feature rows' answer, 
 asker knows (how many rows it asked each owner for): 4 collectives per hop, 3 for the
 features; every rank takes part in every exchange, even
 with nothing to ask, and every rank runs the same number of steps (the sampled strategy's
-equal-steps plan), so no rank waits on a collective another never enters. The collectives run
+equal-steps plan), so no rank waits on a collective another never enters. A training run
+gives the exchange a gloo group of its own (``Exchange(..., group)``), so that the next batch
+can be made on a thread while the model trains without its collectives interleaving with the
+gradient all-reduce of the default group. The collectives run
 under the process group's timeout (``--timeout``); a rank that stops answering is named by the
 run's heartbeat watch (gnnpar.runtime.dist.peer_failure). Where a host runs several ranks, each
 answers for its host's shard: requester r asks, on every host, the rank of the same place among
@@ -508,7 +511,9 @@ class ShardBatches(torch.utils.data.Dataset):
     """Mini-batch ``i`` of a run across shards: epoch ``i // steps``, step ``i % steps`` of this
     rank, the seeds and generator of :class:`gnnpar.data.sampling.loader.SampledBatches` (the
     same batches, ids renumbered). Sampled in the rank's own process (its collectives): no
-    loader workers."""
+    loader workers; the training source makes the next one on a thread
+    (:class:`gnnpar.training.sources.ShardSampledSource`). ``make_s``: the seconds spent making
+    batches (sampling, exchanges, feature rows), wherever they were made."""
 
     def __init__(
         self,
@@ -529,6 +534,7 @@ class ShardBatches(torch.utils.data.Dataset):
         by_id = torch.argsort(train_idx)
         self.train_ids, self.train_y = train_idx[by_id], train_y[by_id]
         self._epoch: tuple[int, list[torch.Tensor]] | None = None
+        self.make_s = 0.0
 
     def __len__(self) -> int:
         return self.steps
@@ -536,6 +542,7 @@ class ShardBatches(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> SampledBatch:
         from gnnpar.data.sampling.loader import step_seeds
 
+        t0 = time.perf_counter()
         if self.local:
             seeds, gen = self._local_seeds(i)
         else:
@@ -543,6 +550,7 @@ class ShardBatches(torch.utils.data.Dataset):
         b = self.sampler.sample(seeds, gen)
         b.x = self.sampler.features(b.n_id)
         b.y = self.train_y[torch.searchsorted(self.train_ids, seeds)]
+        self.make_s += time.perf_counter() - t0
         return b
 
     def _local_seeds(self, i: int) -> tuple[torch.Tensor, torch.Generator]:

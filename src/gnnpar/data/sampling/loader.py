@@ -338,19 +338,32 @@ class Ahead:
     a loader worker process (no second interpreter, sampler and batch queue inside a memory
     limit). The items are ``it``'s, in its order (batch i is made from (seed, epoch, rank, step)
     alone, whichever thread makes it); at most one is made ahead. An error is raised where its
-    item would have been."""
+    item would have been.
 
-    def __init__(self, it: Iterator) -> None:
+    ``collective``: making an item runs collectives that every rank enters in the same order
+    (sampling across shards, :class:`~gnnpar.data.sampling.distributed.ShardBatches`), so every
+    rank must make exactly the items the others make. The first item is then made when it is
+    first asked for (not at once: a run that resumes replaces the iterator before its first
+    batch), and :meth:`close` waits for the item in the making instead of cancelling it (a
+    cancel succeeds only where the thread had not picked it up yet, which differs between
+    ranks: a rank whose peer cancelled would wait in that item's collectives)."""
+
+    def __init__(self, it: Iterator, collective: bool = False) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self._it = it
+        self._collective = collective
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gnnpar-ahead")
-        self._next = self._pool.submit(next, it)
+        self._next = None if collective else self._pool.submit(next, it)
+        self._started = not collective
 
     def __iter__(self) -> Ahead:
         return self
 
     def __next__(self):  # noqa: ANN204 (the wrapped iterator's item)
+        if not self._started:
+            self._started = True
+            self._next = self._pool.submit(next, self._it)
         if self._next is None:
             raise StopIteration
         try:
@@ -361,11 +374,25 @@ class Ahead:
         self._next = self._pool.submit(next, self._it)
         return item
 
-    def close(self) -> None:
-        """Wait for the item in the making (its reads finish) and stop the thread."""
+    def settle(self) -> None:
+        """Wait until the item in the making is made (kept for the next ``next``; its error, if
+        any, raised there): the thread is idle, and stays so until the next item is asked for
+        (e.g. while the loop writes a checkpoint)."""
         if self._next is not None:
-            self._next.cancel()
+            from concurrent.futures import wait
+
+            wait([self._next])
+
+    def close(self) -> None:
+        """Stop the thread: the item in the making is cancelled, or, for a ``collective``
+        iterator, waited for (its collectives finish on every rank) and dropped."""
+        if self._next is not None:
+            if self._collective:
+                self.settle()
+            else:
+                self._next.cancel()
             self._next = None
+        self._started = True  # nothing more is made
         self._pool.shutdown(wait=True)
 
 
