@@ -166,8 +166,8 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
         if s.loader_workers and ctx.is_main:
             print(
                 "gnnpar: training across shards samples in each rank's own process (its "
-                f"exchanges with the other hosts are collectives): --loader-workers "
-                f"{s.loader_workers} is not used",
+                "exchanges with the other hosts are collectives; the next batch is made on a "
+                f"thread while the model trains): --loader-workers {s.loader_workers} is not used",
                 file=sys.stderr,
             )
         source = ShardSampledSource(cfg, ds, ctx)

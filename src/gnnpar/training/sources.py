@@ -562,6 +562,7 @@ class ShardSampledSource(SampledSource):
         return self.exchange.bytes_sent, self.exchange.bytes_needed
 
     def close(self) -> None:
+        self._stop_ahead()  # the batch in the making finished: its exchanges are counted
         self.train_bytes = self._bytes()
         self.train_waits = (dict(self.exchange.wait_s), dict(self.exchange.calls))
         super().close()
