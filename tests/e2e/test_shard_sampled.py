@@ -14,6 +14,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import traceback
 
 import pytest
@@ -380,3 +381,62 @@ def test_seeds_local_trains_the_same_curve_twice_and_sends_fewer_bytes(tmp_path,
     assert a["loss_curve"] != g["loss_curve"]  # other batches
     # METIS shards: most of a host's seeds and their neighbours are its own
     assert sum(a["exchange_bytes_per_step"]) < sum(g["exchange_bytes_per_step"])
+
+
+STALL_TIMEOUT = 6  # --timeout of the stalled run: its heartbeat names a peer after 0.9 x that
+
+
+def _stallable(h: int, world: int, port: int, folder: str, out: str, err: str) -> None:
+    """A forked rank training across shards for many epochs (batches made ahead on a thread);
+    its stderr to ``err``."""
+    fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    sys.stderr = os.fdopen(2, "w", buffering=1)  # not pytest's capture, inherited by the fork
+    try:
+        _env(h, world, port, 1)
+        _train(h, world, folder, out, None, {"epochs": "5000", "timeout": str(STALL_TIMEOUT)})
+    except BaseException:  # noqa: BLE001 (said to the test)
+        traceback.print_exc()
+        os._exit(3)
+    os._exit(0)
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_host_is_named_within_the_timeout_while_batches_are_made_ahead(tmp_path, sharded):
+    """Host 1 is stopped (SIGSTOP) while both train across shards, host 0's thread making its
+    next batch in the exchange (on a group of its own): host 0's heartbeat names rank 1 within
+    1.2 x --timeout and the run ends with exit 1, no wait in the thread's collectives."""
+    import signal
+    import time
+
+    _, folders = sharded[2]
+    ctx = mp.get_context("fork")
+    port = free_port()
+    out, errs = str(tmp_path / "s"), [str(tmp_path / f"err-{h}") for h in range(2)]
+    procs = [
+        ctx.Process(target=_stallable, args=(h, 2, port, str(folders[h]), out, errs[h]))
+        for h in range(2)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        metrics, t0 = tmp_path / "s-0" / "metrics.jsonl", time.monotonic()
+        while time.monotonic() - t0 < 60:  # until it trains
+            steps = metrics.read_text().count('"event": "step"') if metrics.exists() else 0
+            if steps >= 4 or not procs[0].is_alive():
+                break
+            time.sleep(0.05)
+        assert procs[0].is_alive(), open(errs[0]).read()[-2000:]
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        procs[0].join(4 * STALL_TIMEOUT)
+        took = time.monotonic() - stopped
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+    err = open(errs[0]).read()
+    assert procs[0].exitcode == 1, err[-2000:]
+    assert "rank 1 (host" in err and "stopped answering" in err, err[-2000:]
+    assert took <= 1.2 * STALL_TIMEOUT + 2, took  # + the exit itself on a loaded machine
