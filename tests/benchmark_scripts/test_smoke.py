@@ -68,6 +68,7 @@ HEAVY = (
     "benchmarks.robustness.checkpoint_cost",
     "benchmarks.comm.shard_sampled_two_hosts",
     "benchmarks.comm.shard_sampled_scaling",  # the same two hosts, and one rank beside them
+    "benchmarks.comm.shard_sampled_ahead",  # the same two hosts, twice (in line, ahead)
     "benchmarks.comm.shard_cluster_two_hosts",
     # 20-25 s each at their smallest (Lightning's start-up; three prepares and an epoch), their
     # paths run by tests/lightning and tests/data/test_prepared*.py
