@@ -203,11 +203,9 @@ WATCHED_ENV = "GNNPAR_WATCHED"  # set in the child of _watched: it trains, nobod
 def _one_rank_under_a_memory_limit(cfg) -> bool:
     """One rank, not started by torchrun, in a memory cgroup whose limit is tighter than the
     machine's available memory (several ranks are watched by their launcher already)."""
-    from gnnpar.runtime import dist, launch, resources
+    from gnnpar.runtime import launch, resources  # not torch: the child imports it
 
-    if os.environ.get(WATCHED_ENV) == "1" or dist.launched_by_torchrun():
-        return False
-    if launch.started_as_rank():
+    if os.environ.get(WATCHED_ENV) == "1" or launch.started_as_rank():  # torchrun's, srun's
         return False
     if registry.get(cfg.strategy.name).parallel_dims(cfg, None).world > 1:
         return False
@@ -317,9 +315,15 @@ def _command(args: argparse.Namespace) -> int:
             if _one_rank_under_a_memory_limit(cfg):
                 return _watched(args)
             _start_ranks_server(cfg)
-            from gnnpar.run import run
+            from gnnpar.data import cache_writer
 
-            result = run(cfg)
+            cache_writer.start(cfg)  # its reads wait on the disk while torch is imported
+            try:
+                from gnnpar.run import run
+
+                result = run(cfg)
+            finally:  # a run that ended before its source took the cache
+                cache_writer.discard()
             if result is not None:
                 if not cfg.run.quiet:
                     _print_summary(result)

@@ -204,6 +204,11 @@ def dataset_kind(name: str) -> tuple[str, bool]:
     ``module:function`` can be found); UsageError for those and for unknown names."""
     if name in DATASETS:
         return kind_of(name), DATASETS[name].generated
+    from gnnpar.data import prepared  # numpy only
+
+    if prepared.is_prepared(name) and not prepared.is_sharded(name):
+        prepared.open_prepared(name)  # damaged or of another version: said before any rank
+        return "graph", False  # checked without importing torch (gnnpar train's start-up)
     from gnnpar.data import user  # only for a name that is no dataset of gnnpar's (torch)
 
     if user.is_user_source(name):

@@ -848,15 +848,22 @@ class FileRows:
         x = g["x"]
         return cls(*g["x_file"], x.size(1) * x.element_size(), direct)
 
-    def read(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+    def read(self, rows: torch.Tensor | np.ndarray, out: torch.Tensor | np.ndarray) -> None:
         """``out[i] = row rows[i]`` for ascending int64 ``rows``, ``out`` contiguous in the
-        file's dtype; OSError naming the file when a read fails."""
+        file's dtype (torch tensors, or numpy arrays: the feature cache is written before torch
+        is imported); OSError naming the file when a read fails."""
         from gnnpar.data.sampling import kernel
 
-        rows = rows.contiguous()
+        if isinstance(rows, np.ndarray):
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            rows_at, count = rows.ctypes.data, rows.size
+        else:
+            rows = rows.contiguous()
+            rows_at, count = rows.data_ptr(), rows.numel()
+        out_at = out.ctypes.data if isinstance(out, np.ndarray) else out.data_ptr()
         err = kernel.load().gnnpar_pread_rows(
-            self.fd, self.offset, self.row_bytes, rows.data_ptr(), rows.numel(),
-            out.data_ptr(), self.THREADS, self.align, self.GAP,
+            self.fd, self.offset, self.row_bytes, rows_at, count,
+            out_at, self.THREADS, self.align, self.GAP,
         )  # fmt: skip
         if err == errno.EINVAL and 1 < self.align < self.DIRECT_ALIGN:  # a finer alignment
             self.close()  # than the file system's refused: the page's
@@ -920,18 +927,17 @@ def write_feature_cache(p: Prepared, k: int, path: str, direct: bool = False) ->
     slot[nodes] = np.arange(k, dtype=np.int32)
     slot.flush()
     del slot
-    if k:
-        import torch
+    if k:  # numpy only (no torch): gnnpar train writes it while it imports torch
+        from gnnpar.data.sampling import kernel
 
         rows = np.memmap(f"{path}.tmp", dtype=x.dtype, mode="r+", offset=head, shape=(k, f))
         step = max(1, CHUNK_BYTES // max(1, f * x.dtype.itemsize))
-        g = {"x": p.tensor("features"), "x_file": (x.filename, x.offset)}
-        reader = FileRows.open(g, direct)
+        reader = None
+        if kernel.load() is not None:  # else the gather reads through the map: the same rows
+            reader = FileRows(x.filename, x.offset, f * x.dtype.itemsize, direct)
         for i in range(0, k, step):  # ascending ids: the folder's file is read front to back
             if reader is not None:  # many reads at once, straight into the cache file
-                reader.read(
-                    torch.from_numpy(nodes[i : i + step]), torch.from_numpy(rows[i : i + step])
-                )
+                reader.read(nodes[i : i + step], rows[i : i + step])
             else:
                 rows[i : i + step] = x[nodes[i : i + step]]
         if reader is not None:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from gnnpar.config.schema import Config
+from gnnpar.data import cache_writer
 from gnnpar.errors import UsageError
 from gnnpar.models.memory import estimate_bytes
 from gnnpar.runtime.resources import MemoryBudget, available_memory
@@ -85,6 +86,9 @@ def check_memory(
     if budget is None:
         return
     free = budget.free
+    early = cache_writer.started()
+    if early is not None and device.type != "cuda":  # the feature cache, written before this
+        free += early.held_bytes()  # check where gnnpar train started it early, is sized after it
     replicas = 1 if device.type == "cuda" else max(1, local_world // stages)
     need = estimate_bytes(cfg, ds, replicas, step_rows=step_rows)
     total = sum(need.values())

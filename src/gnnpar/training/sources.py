@@ -36,6 +36,8 @@ from torch_geometric.data import Data
 
 from gnnpar.config.schema import Config
 from gnnpar.csr import mark_rows
+from gnnpar.data import cache_writer
+from gnnpar.data.cache_writer import STEP_BATCHES, batch_feature_bytes, shm_file
 from gnnpar.data.sampling.loader import (
     Ahead,
     SampledBatches,
@@ -572,21 +574,12 @@ class ShardSampledSource(SampledSource):
 # is imported (measured, torch 2.13 CPU)
 WORKER_BYTES = 300 << 20
 PREFETCH = 2  # batches each worker holds made ahead (build_loader's prefetch_factor)
-# what one training step holds, in batches' feature bytes (batch_bytes' bound): its batch, and
-# its activations and gradients, larger still (GraphSAGE 3 x 256 on papers100m at scale 0.05,
-# fan-outs 15-10-5, batch 1024, no batch made ahead: the cgroup's anonymous memory reached
-# 1.52 GB, ~1.27 GB of it beside the interpreter, against a bound of 553 MB)
-STEP_BATCHES = 3
 
 
 def batch_bytes(ds, s) -> int:
     """The most bytes of float32 feature rows one batch of ``s`` (a strategy's settings: batch
-    size, fan-outs) gathers: ``batch * prod(1 + fanout)`` rows, at most every node (a fan-out
-    of -1, every neighbour, may reach them all)."""
-    rows = s.batch_size
-    for f in s.fanouts:
-        rows = rows * (1 + f) if f >= 0 else ds.num_nodes
-    return min(rows, ds.num_nodes) * ds.num_features * 4
+    size, fan-outs) gathers (:func:`gnnpar.data.cache_writer.batch_feature_bytes`)."""
+    return batch_feature_bytes(ds.num_nodes, ds.num_features, s.batch_size, s.fanouts)
 
 
 # set to 0: no batch is made on a thread while the model trains (to measure what it brings)
@@ -637,11 +630,6 @@ def loader_workers_that_fit(workers: int, batch: int) -> tuple[int, str | None]:
     )  # fmt: skip
 
 
-def _shm_file(tag: str) -> str:
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    return os.path.join(folder, f"gnnpar-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}.pt")
-
-
 def feature_cache_info(cache_bytes: int, io: dict[int, list[int]]) -> dict:
     """result.json's ``feature_cache`` of one rank from its per-epoch counts ``{epoch: [rows
     gathered, rows the cache served, bytes read from the folder, steps]}``: the cache's size,
@@ -679,18 +667,19 @@ def share_feature_cache(
     if not ds.info.get("prepared"):
         return None, None, 0, False
     path, fd, size, direct = None, None, 0, False
-    if ctx.local_rank == 0:
-        from gnnpar.data.prepared import cache_rows, open_prepared, write_feature_cache
+    early = cache_writer.take(ds.info["prepared"], setting) if ctx.local_rank == 0 else None
+    if early is not None:  # started by gnnpar train before it imported torch
+        path, fd, size, direct = early.wait()
+    elif ctx.local_rank == 0:
+        from gnnpar.data.prepared import open_prepared, write_feature_cache
         from gnnpar.runtime.footprint import available_bytes
 
         p = open_prepared(ds.info["prepared"])
-        free = available_bytes(torch.device("cpu"))
-        k = cache_rows(p, setting, free, reserve)
-        x = p.array("features")
-        size = k * int(p.manifest["num_features"]) * x.dtype.itemsize
-        direct = free is not None and x.nbytes > free - size
+        k, size, direct = cache_writer.plan(
+            p, setting, available_bytes(torch.device("cpu")), reserve
+        )
         if k > 0:
-            name = _shm_file("features")
+            name = shm_file("features")
             write_feature_cache(p, k, name, direct)
             fd = os.open(name, os.O_RDONLY)
             os.unlink(name)
