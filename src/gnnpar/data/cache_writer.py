@@ -32,10 +32,11 @@ import uuid
 from pathlib import Path
 
 # Memory the process will hold once it has imported torch, PyG and gnnpar, and which a cache
-# sized before those imports must leave to them: what the cache's sizing used to see taken by
-# then (the interpreter's anonymous memory and the libraries' pages charged to a memory cgroup:
-# 2 GiB cgroup, papers100m 0.02, torch 2.13 CPU).
-IMPORTS_BYTES = 200 << 20
+# sized before those imports must leave to them. Measured inside a 2 GiB cgroup (papers100m
+# 0.02, torch 2.13 CPU): 2,030 MiB free once the flags are checked, 1,799 MiB once the imports
+# are done and the folder is open, and ~1,770 MiB where the cache used to be sized (its 464 MB
+# were a quarter of that): 256 MiB keeps the size it had.
+IMPORTS_BYTES = 256 << 20
 # what one training step holds, in batches' feature bytes (batch_feature_bytes' bound): its
 # batch, and its activations and gradients, larger still (GraphSAGE 3 x 256 on papers100m at
 # scale 0.05, fan-outs 15-10-5, batch 1024, no batch made ahead: the cgroup's anonymous memory
