@@ -117,3 +117,33 @@ def test_a_folder_damaged_after_the_check_is_named_where_the_cache_is_taken(tmp_
     with pytest.raises(prepared.Damaged, match="labels.npy differs"):
         w.wait()
     assert _ours() == set()
+
+
+@pytest.mark.slow
+def test_train_reaches_the_cache_thread_without_importing_torch(folder, tmp_path):
+    """What makes the overlap: from the flags to the thread's start, `gnnpar train` on a
+    prepared folder imports neither torch nor PyG (a fresh interpreter; ~1 s)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from gnnpar.cli import _one_rank_under_a_memory_limit, build_parser
+from gnnpar.configure import build_config
+from gnnpar.data import cache_writer
+args = build_parser().parse_args(
+    ["train", "--dataset", {str(folder)!r}, "--strategy", "sampled", "--model", "sage",
+     "--fanouts", "5,5", "--batch-size", "32", "--out", {str(tmp_path / "o")!r}])
+cfg = build_config(args.config, {{k: v for k, v in vars(args).items()
+                                 if k not in ("command", "config")}})
+_one_rank_under_a_memory_limit(cfg)
+w = cache_writer.start(cfg)
+print(w is not None, "torch" in sys.modules, "torch_geometric" in sys.modules)
+cache_writer.discard()
+"""
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.split() == ["True", "False", "False"], out.stderr
