@@ -307,28 +307,35 @@ def main(argv: list[str] | None = None) -> int:
             discard_unused_out(keep=code == 0)
 
 
+def _train(args: argparse.Namespace) -> int:
+    """``gnnpar train``: checked flags, then (in a watched child inside a memory limit) the
+    run. Nothing before ``gnnpar.run`` imports torch: a prepared folder's feature cache is
+    written on a thread meanwhile (gnnpar.data.cache_writer)."""
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    cfg = build_config(args.config, flags)
+    if _one_rank_under_a_memory_limit(cfg):
+        return _watched(args)
+    _start_ranks_server(cfg)
+    from gnnpar.data import cache_writer
+
+    cache_writer.start(cfg)  # its reads wait on the disk while torch is imported
+    try:
+        from gnnpar.run import run
+
+        result = run(cfg)
+    finally:  # a run that ended before its source took the cache
+        cache_writer.discard()
+    if result is not None:
+        if not cfg.run.quiet:
+            _print_summary(result)
+        print(f"gnnpar: result.json, model.pt and metrics.jsonl in {cfg.run.out}")
+    return 0
+
+
 def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "train":
-            flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
-            cfg = build_config(args.config, flags)
-            if _one_rank_under_a_memory_limit(cfg):
-                return _watched(args)
-            _start_ranks_server(cfg)
-            from gnnpar.data import cache_writer
-
-            cache_writer.start(cfg)  # its reads wait on the disk while torch is imported
-            try:
-                from gnnpar.run import run
-
-                result = run(cfg)
-            finally:  # a run that ended before its source took the cache
-                cache_writer.discard()
-            if result is not None:
-                if not cfg.run.quiet:
-                    _print_summary(result)
-                print(f"gnnpar: result.json, model.pt and metrics.jsonl in {cfg.run.out}")
-            return 0
+            return _train(args)
         if args.command == "advise":
             from gnnpar.advise.command import run_advise
 
