@@ -225,8 +225,9 @@ def _n_ids(folder, steps, epochs):
 
 def test_feature_cache_hit_rate_and_bytes_are_exact(tmp_path):
     """result.json's feature_cache: every row cached -> hit rate 1.0 and nothing read; no
-    cache -> 0.0 and every gathered row read; a known hot set -> the fraction of gathered rows
-    in it, counted again here from the same batches, per epoch and in all."""
+    cache -> 0.0 and every gathered row read; a known hot set (the rows of most expected
+    visits at the run's fan-outs) -> the fraction of gathered rows in it, counted again here
+    from the same batches, per epoch and in all, above a degree-ranked cache's."""
     from gnnpar.data import prepared
 
     folder = _folder(tmp_path, "cora")
@@ -251,8 +252,12 @@ def test_feature_cache_hit_rate_and_bytes_are_exact(tmp_path):
 
     k = 300
     hot = torch.zeros(2708, dtype=torch.bool)
-    hot[torch.from_numpy(prepared.hot_rows(p, k))] = True
+    hot[torch.from_numpy(prepared.hot_rows(p, k, [5, 5], 32))] = True  # the run's: by visits
     hits = [sum(int(hot[n].sum()) for n in ep) for ep in n_ids]
+    by_degree = torch.zeros(2708, dtype=torch.bool)
+    by_degree[torch.from_numpy(prepared.hot_rows(p, k))] = True
+    # the 140 training nodes' neighbourhoods, not the highest degrees: more of the rows served
+    assert sum(hits) > sum(sum(int(by_degree[n].sum()) for n in ep) for ep in n_ids)
     part = _sampled_result(tmp_path, folder, "part", str(k * row))["feature_cache"][0]
     assert part["bytes"] == k * row
     assert [e["cache_hits"] for e in part["per_epoch"]] == hits

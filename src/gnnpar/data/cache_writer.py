@@ -10,7 +10,7 @@ flags are checked, before it imports torch, and the sampled source takes the fin
     gnnpar train --dataset FOLDER --strategy sampled --model sage      # a prepared folder
 
 What is written does not change: :func:`gnnpar.data.prepared.write_feature_cache` (its ranking,
-``hot_rows``, as it is) into a file in ``/dev/shm``, opened and unlinked once written, so the
+``hot_rows`` by expected visits at the run's fan-outs and batch size, as it is) into a file in ``/dev/shm``, opened and unlinked once written, so the
 batches, their rows and the loss are those of a cache written in line. Its size is the one rule
 of :func:`plan` for both: ``--feature-cache``, or a share of the memory the run may use that
 leaves the training step its own. Measured this early, that memory does not yet hold the
@@ -79,9 +79,18 @@ class CacheWriter:
     ``share_feature_cache`` gives: (the ``/proc/<pid>/fd`` path or None, the fd to close or
     None, the cache's bytes of features, direct)."""
 
-    def __init__(self, folder: str, setting: str | None, free: int | None, reserve: int) -> None:
+    def __init__(
+        self,
+        folder: str,
+        setting: str | None,
+        free: int | None,
+        reserve: int,
+        fanouts: list[int] | None = None,
+        batch_size: int | None = None,
+    ) -> None:
         self.folder, self.setting = _key(folder), setting
         self.free, self.reserve = free, reserve
+        self.fanouts, self.batch_size = fanouts, batch_size  # the ranking's (hot_rows)
         self.name: str | None = None
         self.result: tuple[str | None, int | None, int, bool] | None = None
         self.error: BaseException | None = None
@@ -97,7 +106,7 @@ class CacheWriter:
             path, fd = None, None
             if k > 0:
                 self.name = shm_file("features")
-                write_feature_cache(p, k, self.name, direct)
+                write_feature_cache(p, k, self.name, direct, self.fanouts, self.batch_size)
                 fd = os.open(self.name, os.O_RDONLY)
                 os.unlink(self.name)
                 self.name = None
@@ -163,7 +172,9 @@ def start(cfg) -> CacheWriter | None:  # noqa: ANN001 (a Config)
     budget = resources.available_memory()
     free = None if budget is None else max(0, budget.free - IMPORTS_BYTES)
     batch = batch_feature_bytes(m["num_nodes"], m["num_features"], s.batch_size, s.fanouts)
-    _STARTED = CacheWriter(d.dataset, s.feature_cache, free, STEP_BATCHES * batch)
+    _STARTED = CacheWriter(
+        d.dataset, s.feature_cache, free, STEP_BATCHES * batch, s.fanouts, s.batch_size
+    )
     return _STARTED
 
 

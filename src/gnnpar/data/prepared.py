@@ -781,12 +781,25 @@ def cache_rows(p: Prepared, setting: str | None, available: int | None, reserve:
     return max(0, min(n, budget // row))
 
 
-def hot_rows(p: Prepared, k: int) -> np.ndarray:
-    """The ``k`` nodes a neighbour sampler reaches most: the most frequent sources in the CSR
-    (out-degree; ties by node id). An undirected graph's CSR is symmetric, so its sources'
-    counts are its rows' lengths (``indptr``'s differences: O(nodes) reads); a directed one's
-    are counted over ``indices`` chunk by chunk (O(nodes) memory)."""
+def hot_rows(
+    p: Prepared, k: int, fanouts: list[int] | None = None, batch_size: int | None = None
+) -> np.ndarray:
+    """The ``k`` nodes a neighbour sampler reaches most, ascending, ties to the lower id. With
+    the run's ``fanouts`` and ``batch_size``: the most expected visits per batch from the
+    training nodes (gnnpar.data.visits: one pass over ``indices`` per hop); without them (or
+    without training nodes): the most frequent sources in the CSR (out-degree). An undirected
+    graph's CSR is symmetric, so its sources' counts are its rows' lengths (``indptr``'s
+    differences: O(nodes) reads); a directed one's are counted over ``indices`` chunk by chunk
+    (O(nodes) memory)."""
+    from gnnpar.data.visits import expected_visits, top_rows
+
     n = p.num_nodes
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    train = p.array("train") if fanouts and batch_size else None
+    if train is not None and len(train):
+        score = expected_visits(p.array("indptr"), p.array("indices"), train, fanouts, batch_size)
+        return top_rows(score, k)
     if not p.manifest.get("directed", False):
         counts = np.diff(np.asarray(p.array("indptr"), dtype=np.int64))
     else:
@@ -795,10 +808,7 @@ def hot_rows(p: Prepared, k: int) -> np.ndarray:
         step = CHUNK_BYTES // idx.dtype.itemsize
         for i in range(0, len(idx), step):
             counts += np.bincount(idx[i : i + step], minlength=n)
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
-    top = np.argpartition(-counts, k - 1)[:k] if k else np.empty(0, dtype=np.int64)
-    return np.sort(top)
+    return top_rows(counts, k)
 
 
 class FileRows:
@@ -907,17 +917,25 @@ def direct_align(path: str) -> int:
     return FileRows.DIRECT_ALIGN
 
 
-def write_feature_cache(p: Prepared, k: int, path: str, direct: bool = False) -> None:
+def write_feature_cache(
+    p: Prepared,
+    k: int,
+    path: str,
+    direct: bool = False,
+    fanouts: list[int] | None = None,
+    batch_size: int | None = None,
+) -> None:
     """The cache file every local process maps, written in bounded memory (a chunk of rows at a
     time, straight into the file: the cache is never built in the process's own memory, which
     inside a memory cgroup would count twice): ``slot``, int32 [N] (the row's place in the cache,
     -1 when not cached), then ``rows``, [k, F] in the stored dtype (bf16 as its bits), no header
     (N, F and the dtype are the graph's; k follows from the size). Written to ``path + ".tmp"``
     and renamed; read by :func:`open_feature_cache`. The rows are read by :class:`FileRows`
-    (``direct``: around the page cache) where the compiled kernel is built."""
+    (``direct``: around the page cache) where the compiled kernel is built. The rows:
+    :func:`hot_rows` (by expected visits for the run's ``fanouts`` and ``batch_size``)."""
     x = p.array("features")
     n, f = p.num_nodes, int(x.shape[1])
-    nodes = hot_rows(p, k)
+    nodes = hot_rows(p, k, fanouts, batch_size)
     k = len(nodes)
     head = 4 * n
     with open(f"{path}.tmp", "wb") as fh:

@@ -281,7 +281,7 @@ class SampledSource(BaseSource):
         path, self.fd = share_graph(ds, ctx)
         batch = batch_bytes(ds, s)
         cache, self.cache_fd, self.cache_bytes, self.direct = share_feature_cache(
-            ds, ctx, s.feature_cache, STEP_BATCHES * batch
+            ds, ctx, s.feature_cache, STEP_BATCHES * batch, s.fanouts, s.batch_size
         )
         self.on_disk = bool(ds.info.get("prepared"))
         self.feature_io: dict[int, list[int]] = {}  # epoch: [rows gathered, cache hits, bytes read]
@@ -489,7 +489,7 @@ class ShardSampledSource(SampledSource):
                         file=sys.stderr,
                     )
                 budget = free // 4
-            self.cached_rows = sampler.cache_hot_rows(budget // row)
+            self.cached_rows = sampler.cache_hot_rows(budget // row, train_idx, s.batch_size)
         self.exchange.bytes_sent = self.exchange.bytes_needed = 0  # the steps' alone
         self.exchange.wait_s, self.exchange.calls = {}, {}
         self.setup_s = time.perf_counter() - t0
@@ -652,11 +652,17 @@ def feature_cache_info(cache_bytes: int, io: dict[int, list[int]]) -> dict:
 
 
 def share_feature_cache(
-    ds, ctx: DistContext, setting: str | None, reserve: int = 0
+    ds,
+    ctx: DistContext,
+    setting: str | None,
+    reserve: int = 0,
+    fanouts: list[int] | None = None,
+    batch_size: int | None = None,
 ) -> tuple[str | None, int | None, int, bool]:
-    """A prepared graph's hottest feature rows, written once per machine by local rank 0 to
-    shared memory (unlinked at once, reached through ``/proc/<pid>/fd``, as :func:`share_graph`
-    does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
+    """A prepared graph's hottest feature rows (those a batch of ``batch_size`` seeds sampled
+    at ``fanouts`` visits most, gnnpar.data.visits; the highest degrees without them), written
+    once per machine by local rank 0 to shared memory (unlinked at once, reached through
+    ``/proc/<pid>/fd``, as :func:`share_graph` does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
     share of the memory the run may use that leaves ``reserve`` bytes to the training step
     (gnnpar.data.prepared.cache_rows). Whether the rows
     outside it are read around the page cache (``direct``): when the feature file is larger
@@ -680,7 +686,7 @@ def share_feature_cache(
         )
         if k > 0:
             name = shm_file("features")
-            write_feature_cache(p, k, name, direct)
+            write_feature_cache(p, k, name, direct, fanouts, batch_size)
             fd = os.open(name, os.O_RDONLY)
             os.unlink(name)
             path = f"/proc/{os.getpid()}/fd/{fd}"

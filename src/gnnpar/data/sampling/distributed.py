@@ -317,15 +317,56 @@ class ShardSampler:
             edge_index = torch.empty(2, 0, dtype=torch.long)
         return SampledBatch(n_id, edge_index, k, num_nodes, num_edges)
 
-    def cache_hot_rows(self, k: int) -> int:
-        """Hold the feature rows of the ``k`` remote nodes that sampling reaches most (the most
-        frequent sources of the whole graph's in-edges, counted by each host over its shard and
-        summed; ties by id), fetched once from their owners: :meth:`features` then asks the
-        owners only for the others. Every rank calls it (an exchange). The rows held."""
+    def cache_hot_rows(
+        self, k: int, seeds: torch.Tensor | None = None, batch_size: int | None = None
+    ) -> int:
+        """Hold the feature rows of the ``k`` remote nodes that sampling reaches most, fetched
+        once from their owners: :meth:`features` then asks the owners only for the others.
+        With the training nodes (``seeds``, every one, global ids) and ``batch_size``: the most
+        expected visits per batch at this sampler's fan-outs (gnnpar.data.visits, each host
+        propagating over its shard's rows, one all-reduce per hop: the same scores as one
+        process over the unsharded graph); without: the most frequent sources of the whole
+        graph's in-edges, counted by each host over its shard and summed. Ties by id. Every
+        rank calls it (an exchange). The rows held."""
+        g, ex = self.g, self.ex
+        n = g.num_nodes
+        first_of_host = ex.place == 0  # one count per host
+        remote = int(n - (g.end - g.first))
+        k = max(0, min(k, remote))
+        if seeds is not None and batch_size and seeds.numel():  # collectives: every rank
+            from gnnpar.data.visits import expected_visits, top_rows
+
+            rowptr = self.rowptr.numpy() if first_of_host else self.rowptr.numpy()[:1]
+            deg = torch.diff(self.rowptr).max() if self.rowptr.numel() > 1 else torch.tensor(0)
+            most = deg.long().view(1)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=ex.group)
+
+            def reduce(part: np.ndarray) -> np.ndarray:
+                t = torch.from_numpy(part)
+                dist.all_reduce(t, group=ex.group)  # sums of whole units: exact, any order
+                return t.numpy()
+
+            score = expected_visits(
+                rowptr, self.col.numpy(), seeds.numpy(), self.fanouts, batch_size, n,
+                g.first, reduce, int(most),
+            )  # fmt: skip
+            score[g.first : g.end] = -1  # its own rows are read from its shard
+            hot = torch.from_numpy(top_rows(score, k))
+            del score
+        else:
+            hot = self._most_sourced(k, first_of_host)
+        rows = self.features(hot)
+        self.slot = torch.full((n,), -1, dtype=torch.int32)
+        self.slot[hot] = torch.arange(k, dtype=torch.int32)
+        self.cached, self.cache_hits = rows, 0
+        return k
+
+    def _most_sourced(self, k: int, first_of_host: bool) -> torch.Tensor:
+        """The ``k`` remote nodes with the most in-edges' sources over the whole graph (each
+        host counts its shard's; summed), ties by id, ascending."""
         g, ex = self.g, self.ex
         n = g.num_nodes
         counts = torch.zeros(n, dtype=torch.long)
-        first_of_host = ex.place == 0  # one count per host
         if first_of_host and k > 0:
             step = 1 << 20  # 8 MiB of int64 ids at a time, no bincount of n per chunk
             ones = torch.ones(step, dtype=torch.long)
@@ -334,19 +375,11 @@ class ShardSampler:
                 counts.index_add_(0, chunk, ones[: chunk.numel()])
         dist.all_reduce(counts, group=ex.group)
         counts[g.first : g.end] = -1  # its own rows are read from its shard
-        remote = int(n - (g.end - g.first))
-        k = max(0, min(k, remote))
         # most reached first, ties by id: one key per node (count, then the lower id), so the
         # k largest keys are those nodes whatever topk's order (no sort of n keys and indices)
         counts.mul_(n).add_(n - 1).sub_(torch.arange(n))
         order = torch.topk(counts, k, sorted=False).indices if k else counts[:0]
-        del counts
-        hot = torch.sort(order).values
-        rows = self.features(hot)
-        self.slot = torch.full((n,), -1, dtype=torch.int32)
-        self.slot[hot] = torch.arange(k, dtype=torch.int32)
-        self.cached, self.cache_hits = rows, 0
-        return k
+        return torch.sort(order).values
 
     def features(self, n_id: torch.Tensor) -> torch.Tensor:
         """``x[n_id]`` as float32, every row from its owner (one request and one answer); the
