@@ -118,7 +118,7 @@ def _sharded_batches(h: int, world: int, folder: str, cache: int, block: int | N
     sampler = shard.ShardSampler(graph, ex, FANOUTS)
     sampler.block_rows = block
     if cache:  # the remote rows sampled most, held: the same batches, fewer rows asked for
-        assert sampler.cache_hot_rows(cache) == cache
+        assert sampler.cache_hot_rows(cache, train_idx, BATCH) == cache
         ex.bytes_sent = ex.bytes_needed = 0
     batches = shard.ShardBatches(sampler, train_idx, train_y, BATCH, h, world, SEED, steps)
     # the original id of every node, gathered (for the comparison only: training never needs it)
@@ -133,10 +133,12 @@ def _sharded_batches(h: int, world: int, folder: str, cache: int, block: int | N
         out.append((orig[b.n_id], b.edge_index, b.x, b.y, b.batch_size))
     sent, needed = ex.bytes_sent, ex.bytes_needed
     hits = getattr(sampler, "cache_hits", 0)
+    held = orig[sampler.slot >= 0] if cache else orig[:0]
+    own = graph.orig_ids.long().clone()
     model = _model().eval()
     scores = shard.evaluate_across(lambda b: model(b.x, b.edge_index), sampler, EVAL_BATCH, False)
     dist.destroy_process_group()
-    return out, sent, needed, hits, scores
+    return out, sent, needed, hits, scores, held, own
 
 
 def _model():  # noqa: ANN202
@@ -176,7 +178,7 @@ def _reference_scores(full, hosts: int, per_host: int, d) -> dict:  # noqa: ANN0
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("hosts", "per_host", "cache", "block"), [(2, 1, 0, None), (3, 1, 300, 50), (2, 2, 0, 7)]
+    ("hosts", "per_host", "cache", "block"), [(2, 1, 0, None), (3, 1, 300, 50), (2, 2, 200, 7)]
 )
 def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
     tmp_path, sharded, hosts, per_host, cache, block
@@ -197,7 +199,7 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
     _, steps = shard_plan(train_idx.numel(), world, BATCH)
     for r in range(world):
         ref = SampledBatches(path, train_idx, FANOUTS, BATCH, r, world, SEED, steps)
-        batches, sent, needed, hits, scores = got[r]
+        batches, sent, needed, hits, scores, held, own = got[r]
         assert scores == got[0][4]  # every rank returns the summed scores
         assert len(batches) == EPOCHS * steps and sent > 0
         assert (hits > 0) == (cache > 0)  # held rows were used, not asked for
@@ -207,6 +209,19 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
             assert torch.equal(n_id, want.n_id), (r, i)
             assert torch.equal(edge_index, want.edge_index), (r, i)
             assert torch.equal(x, want.x) and torch.equal(y, want.y), (r, i)
+    if cache:  # the remote rows held: those of most expected visits over the whole graph
+        from gnnpar.data.sampling.sampler import CSRGraph as Csr
+        from gnnpar.data.visits import expected_visits
+
+        csr = Csr.from_edge_index(d.edge_index, d.num_nodes)
+        score = expected_visits(csr.rowptr.numpy(), csr.col.numpy(), train_idx.numpy(),
+                                FANOUTS, BATCH)  # fmt: skip
+        for r in range(world):
+            held, own = got[r][5], got[r][6]
+            other = torch.ones(d.num_nodes, dtype=torch.bool)
+            other[held] = other[own] = False
+            assert held.numel() == cache and not bool(torch.isin(held, own).any())
+            assert score[held.numpy()].min() >= score[other.numpy()].max()
     # the final evaluation across shards: sampled inference, the batches of one host
     want = _reference_scores(full, hosts, per_host, d)
     assert got[0][4] == {"val": want["val"], "test": want["test"], "train": None}
