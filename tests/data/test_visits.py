@@ -63,6 +63,22 @@ def test_one_hop_is_the_exact_expected_count_of_draws():
         assert np.allclose(score / unit, [float(w) for w in want], rtol=0, atol=1e-9), fanout
 
 
+def test_the_walk_straight_back_is_not_a_visit():
+    """A star's centre, the only seed, reaches its leaves at hop 1 and nothing new at hop 2
+    (each leaf can only draw the centre, already in the batch): every node is visited once per
+    batch. Counting the way back would give the centre one more visit per leaf (a directed
+    CSR, where no way back is known, keeps them)."""
+    leaves = 5
+    edges = [(c, 0) for c in range(1, leaves + 1)] + [(0, c) for c in range(1, leaves + 1)]
+    indptr, indices = _csr(edges, leaves + 1)
+    for fanouts in ([-1, -1], [leaves, 1]):
+        unit = visit_unit(1, fanouts, leaves)
+        score = expected_visits(indptr, indices, np.array([0]), fanouts, 1, symmetric=True)
+        assert (score / unit).tolist() == [1.0] * (leaves + 1)
+        walk = expected_visits(indptr, indices, np.array([0]), fanouts, 1, symmetric=False)
+        assert (walk / unit).tolist() == [1.0 + leaves] + [1.0] * leaves
+
+
 def test_sampled_batches_rank_nodes_like_the_estimate():
     """Over 400 real sampled batches (the training sampler, fan-outs 5-5, 40 training nodes of
     3000), the nodes the estimate ranks highest are those the batches gather most: a cache of
@@ -73,7 +89,7 @@ def test_sampled_batches_rank_nodes_like_the_estimate():
     n, batch, fanouts = 3000, 16, [5, 5]
     indptr, indices = _skewed_graph(n, 12000, 0)
     train = np.sort(np.random.default_rng(1).choice(n, 40, replace=False))
-    score = expected_visits(indptr, indices, train, fanouts, batch)
+    score = expected_visits(indptr, indices, train, fanouts, batch, symmetric=True)
     sampler = NeighborSampler(
         CSRGraph(torch.from_numpy(indptr), torch.from_numpy(indices)), fanouts
     )
@@ -96,15 +112,18 @@ def test_sampled_batches_rank_nodes_like_the_estimate():
     assert (score[counts > 0] > 0).all()  # nothing a batch reached is estimated unreachable
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("fanouts", [[5, 5], [3, -1, 2], [15, 10, 5]])
-def test_any_block_size_gives_the_same_scores_bit_for_bit(fanouts):
+def test_any_block_size_gives_the_same_scores_bit_for_bit(fanouts, symmetric):
     """Counted in whole units, the sums do not depend on how the edges are cut into blocks
     (one edge at a time, odd sizes, one block)."""
     indptr, indices = _skewed_graph(1500, 6000, 2)
     train = np.arange(0, 1500, 37)
-    whole = expected_visits(indptr, indices, train, fanouts, 8)
+    whole = expected_visits(indptr, indices, train, fanouts, 8, symmetric=symmetric)
     for chunk in (1, 7, 100, 10**9):
-        got = expected_visits(indptr, indices, train, fanouts, 8, chunk_edges=chunk)
+        got = expected_visits(
+            indptr, indices, train, fanouts, 8, symmetric=symmetric, chunk_edges=chunk
+        )
         assert np.array_equal(got, whole), chunk
         assert np.array_equal(top_rows(got, 150), top_rows(whole, 150))
 
@@ -115,7 +134,7 @@ def test_shards_summed_each_hop_give_the_unsharded_scores():
     n = 2000
     indptr, indices = _skewed_graph(n, 8000, 3)
     train, fanouts, batch = np.arange(5, n, 23), [10, 5, 5], 32
-    want = expected_visits(indptr, indices, train, fanouts, batch)
+    want = expected_visits(indptr, indices, train, fanouts, batch, symmetric=True)
     bounds = [0, 700, 1300, n]
     most = int(np.diff(indptr).max())
     parts: list = [None] * 3
@@ -140,7 +159,7 @@ def test_shards_summed_each_hop_give_the_unsharded_scores():
         ptr = indptr[a : b + 1]
         rows = indices[ptr[0] : ptr[-1]]
         results[h] = expected_visits(
-            ptr - ptr[0], rows, train, fanouts, batch, n, a, reduce_of(h), most
+            ptr - ptr[0], rows, train, fanouts, batch, n, a, reduce_of(h), most, True
         )
 
     threads = [threading.Thread(target=shard, args=(h,)) for h in range(3)]

@@ -798,7 +798,10 @@ def hot_rows(
         return np.arange(n, dtype=np.int64)
     train = p.array("train") if fanouts and batch_size else None
     if train is not None and len(train):
-        score = expected_visits(p.array("indptr"), p.array("indices"), train, fanouts, batch_size)
+        symmetric = not p.manifest.get("directed", False)
+        score = expected_visits(
+            p.array("indptr"), p.array("indices"), train, fanouts, batch_size, symmetric=symmetric
+        )
         return top_rows(score, k)
     if not p.manifest.get("directed", False):
         counts = np.diff(np.asarray(p.array("indptr"), dtype=np.int64))

@@ -69,6 +69,7 @@ class ShardGraph:
     first: int
     end: int
     bounds: torch.Tensor  # int64 [H + 1]: shard h owns [bounds[h], bounds[h+1])
+    directed: bool = False  # the graph's (an undirected one's CSR holds both ways of an edge)
 
     def split(self, name: str) -> torch.Tensor:
         return self.splits[name]
@@ -96,7 +97,7 @@ class ShardGraph:
         splits = {name: t(name) for name in ("train", "val", "test")}
         return cls(
             t("indptr"), t("indices"), t("orig_ids"), x, t("labels"), splits["train"], splits,
-            s.first, s.end, bounds,
+            s.first, s.end, bounds, bool(m.get("directed", False)),
         )  # fmt: skip
 
 
@@ -348,7 +349,7 @@ class ShardSampler:
 
             score = expected_visits(
                 rowptr, self.col.numpy(), seeds.numpy(), self.fanouts, batch_size, n,
-                g.first, reduce, int(most),
+                g.first, reduce, int(most), not g.directed,
             )  # fmt: skip
             score[g.first : g.end] = -1  # its own rows are read from its shard
             hot = torch.from_numpy(top_rows(score, k))
