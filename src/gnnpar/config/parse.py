@@ -117,7 +117,8 @@ KEYS: dict[str, Key] = {
     "feature-cache": Key(
         "strategy",
         "feature_cache",
-        "a prepared graph's hottest feature rows kept in shared memory for every "
+        "a prepared graph's hottest feature rows (most expected visits per batch from the "
+        "training nodes at --fanouts) kept in shared memory for every "
         "local rank and loader worker: bytes (512M, 2G) or a fraction of the features (0.25); "
         "default: a quarter of the memory the run may use (an in-memory graph's features are all "
         "shared already)",
