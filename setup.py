@@ -6,7 +6,8 @@ with setuptools (everything else is in pyproject.toml).
 ``gnnpar.data.sampling.kernel`` loads with ctypes. Building it as an extension module is only the
 ordinary way to get it compiled by ``pip install .``, ``pip install -e .`` and wheel builds, with
 the interpreter's compiler and flags; it is never imported. ``-O3`` matches scripts/setup.sh's
-old ``gcc -O3``: the kernel is integer-only, so flags change its speed, never its output.
+old ``gcc -O3``: the kernel is integer-only but for the feature cache's ranking, built without
+FMA contraction, so flags change its speed, never its output.
 
 Without a working C compiler the build only warns and the install goes on: sampling then falls
 back to vectorised torch (slower, other random stream) with a warning that says how to get the
@@ -69,9 +70,12 @@ setup(
         Extension(
             "gnnpar.data.sampling._sampler_kernel",
             ["src/gnnpar/data/sampling/sampler_kernel.c"],
-            # -pthread: gnnpar_pread_rows reads a batch's feature rows with several threads
-            extra_compile_args=["-O3", "-pthread"] if sys.platform != "win32" else ["/O2"],
-            extra_link_args=["-pthread"] if sys.platform != "win32" else [],
+            # -pthread: gnnpar_pread_rows reads a batch's feature rows with several threads;
+            # no FMA contraction: gnnpar_visit_hop gives numpy's bits
+            extra_compile_args=["-O3", "-pthread", "-ffp-contract=off"]
+            if sys.platform != "win32"
+            else ["/O2", "/fp:strict"],
+            extra_link_args=["-pthread", "-lm"] if sys.platform != "win32" else [],
             optional=True,  # a missing library is tolerated where setuptools copies outputs
         ),
         # GAT's fused edge softmax: OpenMP, and no FMA contraction (its results must equal

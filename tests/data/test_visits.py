@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from gnnpar.data.sampling.kernel import kernel_available
 from gnnpar.data.visits import expected_visits, top_rows, visit_unit
 
 
@@ -122,10 +123,28 @@ def test_any_block_size_gives_the_same_scores_bit_for_bit(fanouts, symmetric):
     whole = expected_visits(indptr, indices, train, fanouts, 8, symmetric=symmetric)
     for chunk in (1, 7, 100, 10**9):
         got = expected_visits(
-            indptr, indices, train, fanouts, 8, symmetric=symmetric, chunk_edges=chunk
-        )
+            indptr, indices, train, fanouts, 8, symmetric=symmetric, chunk_edges=chunk,
+            compiled=False,
+        )  # fmt: skip
         assert np.array_equal(got, whole), chunk
         assert np.array_equal(top_rows(got, 150), top_rows(whole, 150))
+
+
+@pytest.mark.skipif(not kernel_available(), reason="the compiled sampler kernel is not built")
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_the_compiled_hop_gives_numpys_bits(dtype):
+    """The kernel's one pass over the rows (gnnpar_visit_hop) and numpy's blocks: the same
+    scores to the bit, int32 and int64 sources, with and without the way back, fan-outs
+    below and above the degrees and -1."""
+    indptr, indices = _skewed_graph(2500, 10000, 4)
+    indices = indices.astype(dtype)
+    train = np.arange(3, 2500, 41)
+    for symmetric in (False, True):
+        for fanouts in ([15, 10, 5], [2, -1], [0, 3]):
+            args = (indptr, indices, train, fanouts, 64)
+            c = expected_visits(*args, symmetric=symmetric, compiled=True)
+            py = expected_visits(*args, symmetric=symmetric, compiled=False, chunk_edges=999)
+            assert np.array_equal(c, py), (symmetric, fanouts)
 
 
 def test_shards_summed_each_hop_give_the_unsharded_scores():

@@ -77,6 +77,7 @@ def expected_visits(
     max_degree: int | None = None,
     symmetric: bool = False,
     chunk_edges: int = CHUNK_EDGES,
+    compiled: bool = True,
 ) -> np.ndarray:
     """Every node's expected visits per batch (the module's ``score``), float64 [num_nodes], in
     units of :func:`visit_unit` (only the ranking matters).
@@ -86,8 +87,10 @@ def expected_visits(
     graph (global ids, on every shard). ``symmetric``: the CSR holds every edge both ways (an
     undirected graph), so the walk's way straight back is known and left out (see
     :func:`_propagate`). ``reduce``: sums an array over the shards (an all-reduce; every shard
-    calls it the same number of times, and ``max_degree`` must be the whole graph's). Memory:
-    five float64 arrays of ``num_nodes`` and a block's temporaries."""
+    calls it the same number of times, and ``max_degree`` must be the whole graph's).
+    ``compiled``: each hop in the sampler's compiled kernel where it is built (one pass over
+    the rows, ~30x faster than numpy's blocks at papers100M's scale; the same bits). Memory:
+    five float64 arrays of ``num_nodes`` and, in numpy, a block's temporaries."""
     n = int(num_nodes if num_nodes is not None else len(indptr) - 1)
     rows = len(indptr) - 1
     ptr = np.asarray(indptr)
@@ -107,7 +110,8 @@ def expected_visits(
     sent = None  # per edge, what each of this shard's nodes sent its in-neighbours last hop
     for fanout in fanouts:
         back = sent is not None and symmetric
-        nxt, went, share = _propagate(ptr, indices, v, first, fanout, blocks, n, back)
+        hop = _compiled_hop if compiled and _kernel_takes(ptr, indices) else _propagate
+        nxt, went, share = hop(ptr, indices, v, first, fanout, blocks, n, back)
         if back:  # v_{k+1}[u] -= sent[u] * sum of its neighbours' draw shares
             share = reduce(share) if reduce is not None else share
             own = slice(first, first + rows)
@@ -122,6 +126,46 @@ def expected_visits(
 
 
 SHARE_UNIT = 2.0**24  # draw probabilities in whole units of 2**-24: exact sums
+
+
+def _kernel_takes(ptr: np.ndarray, indices: np.ndarray):  # noqa: ANN202
+    """The compiled kernel where it is built and takes these arrays (contiguous int64 row
+    starts, int32 or int64 sources), else None."""
+    from gnnpar.data.sampling import kernel
+
+    lib = kernel.load()
+    if lib is None or not hasattr(lib, "gnnpar_visit_hop"):
+        return None
+    ok_ptr = ptr.dtype == np.int64 and ptr.flags.c_contiguous
+    ok_idx = indices.dtype in (np.int32, np.int64) and indices.flags.c_contiguous
+    return lib if ok_ptr and ok_idx else None
+
+
+def _compiled_hop(
+    ptr: np.ndarray,
+    indices: np.ndarray,
+    v: np.ndarray,
+    first: int,
+    fanout: int,
+    blocks: list[tuple[int, int]],
+    n: int,
+    back: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`_propagate` in the compiled kernel (``gnnpar_visit_hop``): one pass over the rows,
+    no block temporaries, the same bits."""
+    lib = _kernel_takes(ptr, indices)
+    rows = len(ptr) - 1
+    nxt = np.zeros(n, dtype=np.float64)
+    went = np.zeros(n, dtype=np.float64)
+    share = np.zeros(n, dtype=np.float64) if back else None
+    here = np.ascontiguousarray(v[first : first + rows])
+    out = went[first : first + rows]
+    lib.gnnpar_visit_hop(
+        ptr.ctypes.data, indices.ctypes.data, int(indices.dtype == np.int32), rows,
+        here.ctypes.data, fanout, SHARE_UNIT, nxt.ctypes.data, out.ctypes.data,
+        share.ctypes.data if share is not None else None,
+    )  # fmt: skip
+    return nxt, went, share
 
 
 def _propagate(

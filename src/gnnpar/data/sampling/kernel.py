@@ -15,7 +15,7 @@ import ctypes
 import importlib.machinery
 from pathlib import Path
 
-_KERNEL_VERSION = 3  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
+_KERNEL_VERSION = 4  # must equal GNNPAR_KERNEL_VERSION in sampler_kernel.c
 _KERNEL_DIR = Path(__file__).parent
 _KERNEL_STEM = "_sampler_kernel"
 HINT = (
@@ -91,6 +91,11 @@ def load() -> ctypes.CDLL | None:
                 # prepared folder's file: gnnpar.data.prepared.FileRows)
                 lib.gnnpar_pread_rows.restype = i64
                 lib.gnnpar_pread_rows.argtypes = [i64, i64, i64, ptr, i64, ptr, i64, i64, i64]
+                # rowptr, col, col32, rows, v, fanout, share_unit, nxt, went, share (one hop of
+                # the feature cache's ranking: gnnpar.data.visits)
+                lib.gnnpar_visit_hop.restype = i64
+                lib.gnnpar_visit_hop.argtypes = [ptr, ptr, i64, i64, ptr, i64, ctypes.c_double]
+                lib.gnnpar_visit_hop.argtypes += [ptr, ptr, ptr]
             except (OSError, AttributeError):  # not loadable here, or not the kernel
                 continue
             _kernel_lib, _kernel_file = lib, path

@@ -19,15 +19,20 @@
  * Without replacement: Floyd's algorithm (Bentley and Floyd, CACM 1987): for j = d-k .. d-1 draw
  * t in [0, j]; keep t unless already kept, else keep j. Each k-subset has probability 1/C(d, k),
  * with exactly k draws. Membership: a linear scan for k <= 32, else an open-addressing table.
+ *
+ * gnnpar_visit_hop (the feature cache's ranking, gnnpar/data/visits.py) is the one part in
+ * floating point: a multiply, a division and floor per row, then sums of whole numbers below
+ * 2^53 (exact in any order); built without FMA contraction (setup.py), it gives numpy's bits.
  */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define GNNPAR_KERNEL_VERSION 3
+#define GNNPAR_KERNEL_VERSION 4
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 #define SCAN_MAX 32
 #define PREFETCH 16 /* edges ahead */
@@ -334,4 +339,32 @@ int64_t gnnpar_pread_rows(int64_t fd, int64_t base, int64_t row_bytes, const int
     pread_worker(&j); /* the calling thread takes rows too */
     for (int64_t t = 1; t <= started; t++) pthread_join(tid[t], NULL);
     return j.err;
+}
+
+/* One hop of the expected-visits estimate over CSR rows [0, rows) (gnnpar.data.visits._propagate,
+ * the same arithmetic): each row t, of degree d, sends w = floor(v[t] * p) to each of its sources,
+ * p = fanout / max(d, max(fanout, 1)) (1 for fanout < 0); went[t] = w; with share non-NULL, each
+ * source also gets floor(p * share_unit). nxt and share are over the whole graph's ids (col's),
+ * v and went over the rows. */
+int64_t gnnpar_visit_hop(const int64_t *rowptr, const void *col, int64_t col32, int64_t rows,
+                         const double *v, int64_t fanout, double share_unit, double *nxt,
+                         double *went, double *share) {
+    const int32_t *c32 = (const int32_t *)col;
+    const int64_t *c64 = (const int64_t *)col;
+    int64_t least = fanout > 1 ? fanout : 1;
+    for (int64_t t = 0; t < rows; t++) {
+        int64_t lo = rowptr[t], hi = rowptr[t + 1], d = hi - lo;
+        double p = fanout < 0 ? 1.0 : (double)fanout / (double)(d > least ? d : least);
+        double w = floor(v[t] * p);
+        went[t] = w;
+        if (share != NULL) {
+            double sp = floor(p * share_unit);
+            for (int64_t e = lo; e < hi; e++)
+                share[col32 ? (int64_t)c32[e] : c64[e]] += sp;
+        }
+        if (w > 0)
+            for (int64_t e = lo; e < hi; e++)
+                nxt[col32 ? (int64_t)c32[e] : c64[e]] += w;
+    }
+    return 0;
 }
