@@ -214,8 +214,8 @@ def test_shards_sample_the_batches_of_one_host_over_the_whole_graph(
         from gnnpar.data.visits import expected_visits
 
         csr = Csr.from_edge_index(d.edge_index, d.num_nodes)
-        score = expected_visits(csr.rowptr.numpy(), csr.col.numpy(), train_idx.numpy(),
-                                FANOUTS, BATCH)  # fmt: skip
+        ptr, col = csr.rowptr.numpy(), csr.col.numpy()  # cora: undirected, a symmetric CSR
+        score = expected_visits(ptr, col, train_idx.numpy(), FANOUTS, BATCH, symmetric=True)
         for r in range(world):
             held, own = got[r][5], got[r][6]
             other = torch.ones(d.num_nodes, dtype=torch.bool)
