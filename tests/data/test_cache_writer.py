@@ -56,7 +56,8 @@ def test_the_cache_written_early_is_the_cache_written_in_line(folder, tmp_path, 
     k, want_size, want_direct = cache_writer.plan(p, None, w.free, w.reserve)
     assert k > 0 and (size, direct) == (want_size, want_direct)
     in_line = tmp_path / "cache"
-    prepared.write_feature_cache(p, k, str(in_line))
+    assert (w.fanouts, w.batch_size) == ([5, 5], 32)  # ranked by expected visits at the run's
+    prepared.write_feature_cache(p, k, str(in_line), False, [5, 5], 32)
     assert Path(path).read_bytes() == in_line.read_bytes()
     assert w.held_bytes() == in_line.stat().st_size
     assert cache_writer.take(str(folder), None) is w  # handed over once

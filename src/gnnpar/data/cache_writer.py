@@ -10,8 +10,9 @@ flags are checked, before it imports torch, and the sampled source takes the fin
     gnnpar train --dataset FOLDER --strategy sampled --model sage      # a prepared folder
 
 What is written does not change: :func:`gnnpar.data.prepared.write_feature_cache` (its ranking,
-``hot_rows`` by expected visits at the run's fan-outs and batch size, as it is) into a file in ``/dev/shm``, opened and unlinked once written, so the
-batches, their rows and the loss are those of a cache written in line. Its size is the one rule
+``hot_rows`` by expected visits at the run's fan-outs and batch size, as it is) into a file in
+``/dev/shm``, opened and unlinked once written, so the batches, their rows and the loss are
+those of a cache written in line. Its size is the one rule
 of :func:`plan` for both: ``--feature-cache``, or a share of the memory the run may use that
 leaves the training step its own. Measured this early, that memory does not yet hold the
 interpreter's torch and PyG, so :data:`IMPORTS_BYTES` of it is set aside for them.

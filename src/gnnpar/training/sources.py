@@ -662,9 +662,9 @@ def share_feature_cache(
     """A prepared graph's hottest feature rows (those a batch of ``batch_size`` seeds sampled
     at ``fanouts`` visits most, gnnpar.data.visits; the highest degrees without them), written
     once per machine by local rank 0 to shared memory (unlinked at once, reached through
-    ``/proc/<pid>/fd``, as :func:`share_graph` does) and mapped by every local rank and loader worker. Its size: ``--feature-cache``, or a
-    share of the memory the run may use that leaves ``reserve`` bytes to the training step
-    (gnnpar.data.prepared.cache_rows). Whether the rows
+    ``/proc/<pid>/fd``, as :func:`share_graph` does) and mapped by every local rank and loader
+    worker. Its size: ``--feature-cache``, or a share of the memory the run may use that leaves
+    ``reserve`` bytes to the training step (gnnpar.data.prepared.cache_rows). Whether the rows
     outside it are read around the page cache (``direct``): when the feature file is larger
     than what the memory the run may use leaves beside the cache (it could not stay in the page
     cache anyway, and inside a memory cgroup every page read through it must first be reclaimed).
