@@ -307,6 +307,38 @@ def main(argv: list[str] | None = None) -> int:
             discard_unused_out(keep=code == 0)
 
 
+def start_cache_writer(cfg):  # noqa: ANN001, ANN201 (a Config; a CacheWriter or None)
+    """Start writing the feature cache of ``cfg``'s run on a thread now
+    (gnnpar.data.cache_writer), where one process trains sampled from an unsharded prepared
+    folder; None elsewhere (torchrun's or srun's ranks, several local ranks, other strategies).
+    Imports neither torch nor PyG."""
+    from gnnpar.data import cache_writer
+    from gnnpar.data.prepared import is_prepared, is_sharded, read_manifest
+    from gnnpar.runtime import launch, resources
+    from gnnpar.strategies import registry
+
+    s, d = cfg.strategy, cfg.data
+    if s.name != "sampled" or not d.dataset or not is_prepared(d.dataset):
+        return None
+    if is_sharded(d.dataset) or launch.started_as_rank():  # torchrun's or srun's ranks
+        return None
+    if registry.get(s.name).parallel_dims(cfg, None).world != 1 or not s.fanouts:
+        return None
+    try:
+        m = read_manifest(d.dataset)
+    except Exception:  # noqa: BLE001 (the main thread's own check names it)
+        return None
+    budget = resources.available_memory()
+    free = None if budget is None else max(0, budget.free - cache_writer.IMPORTS_BYTES)
+    batch = cache_writer.batch_feature_bytes(
+        m["num_nodes"], m["num_features"], s.batch_size, s.fanouts
+    )
+    return cache_writer.start(
+        d.dataset, s.feature_cache, free, cache_writer.STEP_BATCHES * batch, s.fanouts,
+        s.batch_size,
+    )  # fmt: skip
+
+
 def _train(args: argparse.Namespace) -> int:
     """``gnnpar train``: checked flags, then (in a watched child inside a memory limit) the
     run. Nothing before ``gnnpar.run`` imports torch: a prepared folder's feature cache is
@@ -318,7 +350,7 @@ def _train(args: argparse.Namespace) -> int:
     _start_ranks_server(cfg)
     from gnnpar.data import cache_writer
 
-    cache_writer.start(cfg)  # its reads wait on the disk while torch is imported
+    start_cache_writer(cfg)  # its reads wait on the disk while torch is imported
     try:
         from gnnpar.run import run
 

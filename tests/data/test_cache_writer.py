@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gnnpar.cli import start_cache_writer
 from gnnpar.configure import build_config
 from gnnpar.data import cache_writer, prepared
 from gnnpar.data.prepare_command import run_prepare
@@ -49,7 +50,7 @@ def test_the_cache_written_early_is_the_cache_written_in_line(folder, tmp_path, 
     """Sized by the one rule (the memory the run may use, less the imports to come and the
     step's reserve), its bytes are write_feature_cache's for that many rows."""
     monkeypatch.setenv(resources.FORCED_LIMIT_ENV, str(2 << 30))
-    w = cache_writer.start(_cfg(folder, tmp_path))
+    w = start_cache_writer(_cfg(folder, tmp_path))
     assert w is not None and w.free is not None
     path, fd, size, direct = w.wait()
     p = prepared.open_prepared(folder)
@@ -66,7 +67,7 @@ def test_the_cache_written_early_is_the_cache_written_in_line(folder, tmp_path, 
 
 
 def test_the_reserve_is_the_steps_batches(folder, tmp_path):
-    w = cache_writer.start(_cfg(folder, tmp_path))
+    w = start_cache_writer(_cfg(folder, tmp_path))
     m = prepared.read_manifest(folder)
     batch = cache_writer.batch_feature_bytes(m["num_nodes"], m["num_features"], 32, [5, 5])
     assert batch == min(32 * 6 * 6, m["num_nodes"]) * m["num_features"] * 4
@@ -74,7 +75,7 @@ def test_the_reserve_is_the_steps_batches(folder, tmp_path):
 
 
 def test_another_setting_or_folder_is_not_taken(folder, tmp_path):
-    cache_writer.start(_cfg(folder, tmp_path, **{"feature-cache": "0.5"}))
+    start_cache_writer(_cfg(folder, tmp_path, **{"feature-cache": "0.5"}))
     assert cache_writer.take(str(folder), None) is None
     assert cache_writer.take(str(tmp_path), "0.5") is None
     w = cache_writer.take(str(folder), "0.5")
@@ -92,17 +93,17 @@ def test_another_setting_or_folder_is_not_taken(folder, tmp_path):
 def test_started_only_where_one_process_writes_a_cache_for_itself(folder, tmp_path, flags):
     given = {k: v for k, v in {**FLAGS, **flags}.items() if v is not None}
     cfg = build_config(None, {**given, "dataset": str(folder), "out": str(tmp_path / "o")})
-    assert cache_writer.start(cfg) is None
+    assert start_cache_writer(cfg) is None
 
 
 def test_no_cache_asked_writes_none(folder, tmp_path):
-    w = cache_writer.start(_cfg(folder, tmp_path, **{"feature-cache": "0"}))
+    w = start_cache_writer(_cfg(folder, tmp_path, **{"feature-cache": "0"}))
     assert w.wait()[:3] == (None, None, 0) and _ours() == set()
 
 
 def test_a_run_that_ends_before_taking_it_leaves_nothing(folder, tmp_path):
     before = _ours()
-    cache_writer.start(_cfg(folder, tmp_path))
+    start_cache_writer(_cfg(folder, tmp_path))
     cache_writer.discard()
     assert _ours() == before and cache_writer.started() is None
 
@@ -114,7 +115,7 @@ def test_a_folder_damaged_after_the_check_is_named_where_the_cache_is_taken(tmp_
     with open(out / "labels.npy", "r+b") as fh:  # then its end overwritten
         fh.seek(-8, os.SEEK_END)
         fh.write(b"\xff" * 8)
-    w = cache_writer.start(cfg)
+    w = start_cache_writer(cfg)
     with pytest.raises(prepared.Damaged, match="labels.npy differs"):
         w.wait()
     assert _ours() == set()
@@ -129,7 +130,7 @@ def test_train_reaches_the_cache_thread_without_importing_torch(folder, tmp_path
 
     code = f"""
 import sys
-from gnnpar.cli import _one_rank_under_a_memory_limit, build_parser
+from gnnpar.cli import _one_rank_under_a_memory_limit, build_parser, start_cache_writer
 from gnnpar.configure import build_config
 from gnnpar.data import cache_writer
 args = build_parser().parse_args(
@@ -138,7 +139,7 @@ args = build_parser().parse_args(
 cfg = build_config(args.config, {{k: v for k, v in vars(args).items()
                                  if k not in ("command", "config")}})
 _one_rank_under_a_memory_limit(cfg)
-w = cache_writer.start(cfg)
+w = start_cache_writer(cfg)
 print(w is not None, "torch" in sys.modules, "torch_geometric" in sys.modules)
 cache_writer.discard()
 """

@@ -3,7 +3,8 @@
 A one-rank sampled run from a prepared folder spends its start-up importing torch and PyG (CPU
 work that holds the interpreter) and writing its feature cache (mostly waiting on the disk:
 :class:`~gnnpar.data.prepared.FileRows`' reads run in C, without the interpreter's lock).
-Neither needs the other, so ``gnnpar train`` starts the cache (:func:`start`) as soon as its
+Neither needs the other, so ``gnnpar train`` starts the cache (:func:`start`, decided by
+``gnnpar.cli.start_cache_writer``, which may ask the layers above this one) as soon as its
 flags are checked, before it imports torch, and the sampled source takes the finished file
 (:func:`take`) where it would otherwise write it (``training.sources.share_feature_cache``).
 
@@ -149,33 +150,20 @@ def _key(folder: str) -> str:
     return str(Path(folder).expanduser().absolute())
 
 
-def start(cfg) -> CacheWriter | None:  # noqa: ANN001 (a Config)
-    """Start writing the cache of ``cfg``'s run now, where one process trains sampled from a
-    prepared folder (see the module); None elsewhere. Imports neither torch nor PyG."""
+def start(
+    folder: str,
+    setting: str | None,
+    free: int | None,
+    reserve: int,
+    fanouts: list[int],
+    batch_size: int,
+) -> CacheWriter:
+    """Start writing ``folder``'s cache now (``free``: the memory the run may use, the imports
+    to come already set aside; ``reserve``: the step's): what ``gnnpar train`` decides where one
+    process trains sampled from a prepared folder (gnnpar.cli.start_cache_writer). Imports
+    neither torch nor PyG."""
     global _STARTED
-    from gnnpar.data.prepared import is_prepared, is_sharded
-    from gnnpar.runtime import launch, resources
-    from gnnpar.strategies import registry
-
-    s, d = cfg.strategy, cfg.data
-    if s.name != "sampled" or not d.dataset or not is_prepared(d.dataset):
-        return None
-    if is_sharded(d.dataset) or launch.started_as_rank():  # torchrun's or srun's ranks
-        return None
-    if registry.get(s.name).parallel_dims(cfg, None).world != 1 or not s.fanouts:
-        return None
-    from gnnpar.data.prepared import read_manifest
-
-    try:
-        m = read_manifest(d.dataset)
-    except Exception:  # noqa: BLE001 (the main thread's own check names it)
-        return None
-    budget = resources.available_memory()
-    free = None if budget is None else max(0, budget.free - IMPORTS_BYTES)
-    batch = batch_feature_bytes(m["num_nodes"], m["num_features"], s.batch_size, s.fanouts)
-    _STARTED = CacheWriter(
-        d.dataset, s.feature_cache, free, STEP_BATCHES * batch, s.fanouts, s.batch_size
-    )
+    _STARTED = CacheWriter(folder, setting, free, reserve, fanouts, batch_size)
     return _STARTED
 
 
