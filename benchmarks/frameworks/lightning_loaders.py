@@ -1,10 +1,12 @@
 """Study 002's GraphSAGE under PyTorch Lightning, the same ``LightningModule`` fed by gnnpar's
-``GraphDataModule`` or by PyG's ``NeighborLoader``, on 1 and 2 ranks; and gnnpar's
-``GossipStrategy`` against Lightning's DDP with rank 1 three times slower.
+``GraphDataModule``, by PyG's ``NeighborLoader`` or by DGL's ``DataLoader``, on 1 and 2
+ranks; and gnnpar's ``GossipStrategy`` against Lightning's DDP with rank 1 three times slower.
 
     python benchmarks/frameworks/lightning_loaders.py                       # the figures
     python benchmarks/frameworks/lightning_loaders.py --smoke               # a few seconds
     python benchmarks/frameworks/lightning_loaders.py --peer-path DIR       # where pyg-lib is
+    python benchmarks/frameworks/lightning_loaders.py --dgl-python DGLDIR/bin/python \
+        --dgl-pyg-path PYGDIR                                               # and DGL's loader
 
 What is measured, per run (one ``Trainer.fit`` in fresh processes, Lightning's DDP on CPU with
 gloo, ``torch.set_num_threads(cores // ranks)``):
@@ -31,13 +33,20 @@ loader_workers=W)``; PyG, ``NeighborLoader(data, input_nodes=train_idx, num_neig
 pyg-lib (the anchors' wheels, /work/shared/anchors; never a dependency of gnnpar: ``--peer-path``
 is a folder they are installed in, e.g. ``pip install --no-deps --target DIR wheels/*.whl``, put
 on that side's ``PYTHONPATH`` only; the side is skipped with a message where pyg-lib is missing).
-DGL: ``dgl.dataloading.DataLoader`` with ``NeighborSampler`` and a ``dglnn.SAGEConv`` per block,
-as DGL's Lightning example writes it (``dgl_side``), from its own interpreter (``--dgl-python``:
-the anchors' ``setup.sh dgl DIR``, DGL 2.1.0 on torch 2.2.1, then ``DIR/bin/pip install
-"lightning>=2.2,<2.5" torch==2.2.1``; skipped with a message without it). Its model computes each
-layer on its block only (the destination nodes); the trimmed PyG model also computes the
-outputs of the layer's other kept nodes, which no later layer reads (PyG's ``SAGEConv`` gives a
-row for every input row).
+DGL (``dgl``): the same ``LightningModule`` fed by ``dgl.dataloading.DataLoader`` with
+``NeighborSampler`` as DGL's Lightning example (``examples/pytorch/graphsage/lightning``) writes
+the loader (features and labels prefetched by DGL's loader, ``use_ddp`` under DDP, loader
+workers sampling), with one step added to the sampler in the workers: the blocks made into the
+hop-ordered PyG batch the module takes (``_dgl_hops.blocks_to_hops``; DGL samples each node anew
+in every block, the batch keeps each node's first sample, as NeighborLoader samples once). DGL
+lists fan-outs from the input layer, so it is given ``[10, 10, 25]``: 25 for the seeds, as on
+the other sides. It runs in DGL's own interpreter (``--dgl-python``: the anchors' ``setup.sh dgl
+DIR``, DGL 2.1.0 on torch 2.2.1, then ``DIR/bin/pip install "lightning>=2.2,<2.5"
+torch==2.2.1``) with PyG's Python package for it (``--dgl-pyg-path``: ``DIR/bin/python -m pip
+install --no-deps --target PYGDIR torch_geometric==2.8.1 xxhash``; no pyg-lib: DGL samples);
+skipped with a message without them. ``--dgl-blocks`` adds DGL's own model too (side
+``dgl-blocks``): a ``dglnn.SAGEConv`` per block, as DGL's example writes it, a different
+computation (each layer on its block's destination nodes only).
 
 Straggler: ``Trainer(strategy="ddp")`` and ``GossipStrategy(sync_every=1)`` on gnnpar's data
 module (batches of ``--straggler-batch`` seeds: an epoch of many batches, which gossip's work
@@ -79,6 +88,8 @@ def side_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))
     if args.side == "dgl":
         SAGE, dm = dgl_side(args, pl, torch, F)
+    elif args.side == "dgl-blocks":
+        SAGE, dm = dgl_blocks_side(args, pl, torch, F)
     else:
         SAGE, dm = pyg_model(pl, torch, F, trim=not args.no_trim), None
     _fit(args, pl, torch, dist, SAGE, dm)
@@ -133,18 +144,104 @@ def pyg_model(pl, torch, F, trim: bool = True):
     return SAGE
 
 
-def dgl_side(args, pl, torch, F):
-    """DGL's side as DGL's Lightning example writes it (examples/pytorch/graphsage/lightning):
-    ``dgl.dataloading.NeighborSampler`` with the features and labels prefetched into the
-    blocks, ``dgl.dataloading.DataLoader`` over the training ids (``use_ddp`` under DDP, loader
-    workers for CPU sampling), a ``SAGEConv`` per block. Study 002's sizes and optimiser."""
+def dgl_graph(args, torch):
+    """The saved graph as a DGL graph with its features and labels (both DGL sides)."""
     import dgl
-    import dgl.nn.pytorch as dglnn
 
     graph = torch.load(args.graph, weights_only=True)
     g = dgl.graph((graph["edge_index"][0], graph["edge_index"][1]), num_nodes=graph["x"].size(0))
     g.ndata["feat"], g.ndata["label"] = graph["x"], graph["y"]
-    in_dim, classes = graph["x"].size(1), int(graph["num_classes"])
+    return g, graph["train_idx"], (graph["x"].size(1), int(graph["num_classes"]))
+
+
+def dgl_loader(args, g, train_idx, sampler):
+    """DGL's training loader as DGL's Lightning example writes it (both DGL sides)."""
+    import dgl
+
+    return dgl.dataloading.DataLoader(
+        g,
+        train_idx,
+        sampler,
+        device="cpu",
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=False,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        use_uva=False,
+        use_ddp=args.ranks > 1,
+    )
+
+
+def dgl_side(args, pl, torch, F):
+    """DGL's loader feeding the PyG ``LightningModule`` of the other sides (``dgl``): DGL's
+    ``NeighborSampler`` and ``DataLoader`` as DGL's Lightning example writes them (features and
+    labels prefetched by DGL's loader, ``use_ddp`` under DDP, loader workers sampling), with one
+    step added to the sampler, in the loader workers: the blocks made into the hop-ordered PyG
+    layout (``_dgl_hops.blocks_to_hops``: each node's first sample, re-samples left out), and
+    DGL's prefetch told to gather the features of the kept nodes and the seeds' labels (one
+    block of no edges carries them). The training process makes the PyG ``Data`` of it
+    (``on_after_batch_transfer``, before the step: counted as data wait)."""
+    import dgl
+    from _dgl_hops import blocks_to_hops
+    from dgl.dataloading import set_dst_lazy_features, set_src_lazy_features
+    from torch_geometric.data import Data
+
+    g, train_idx, dims = dgl_graph(args, torch)
+
+    class HopSampler(dgl.dataloading.NeighborSampler):
+        def sample(self, g, seed_nodes, exclude_eids=None):
+            input_nodes, seeds, blocks = self.sample_blocks(g, seed_nodes, exclude_eids)
+            keep, edge_index, nodes, edges = blocks_to_hops(
+                input_nodes.numel(),
+                [b.edges() for b in blocks],
+                [b.num_dst_nodes() for b in blocks],
+            )
+            none = torch.zeros(0, dtype=torch.int64)
+            carrier = dgl.create_block(
+                (none, none), num_src_nodes=keep.numel(), num_dst_nodes=seeds.numel()
+            )
+            carrier.srcdata[dgl.NID], carrier.dstdata[dgl.NID] = input_nodes[keep], seeds
+            set_src_lazy_features(carrier, self.prefetch_node_feats)
+            set_dst_lazy_features(carrier, self.prefetch_labels)
+            return carrier, edge_index, torch.tensor(nodes), torch.tensor(edges)
+
+    class DGLData(pl.LightningDataModule):
+        def train_dataloader(self):
+            # DGL lists fan-outs from the input layer: hop 1 (the seeds') is the last
+            sampler = HopSampler(
+                FANOUTS[::-1], prefetch_node_feats=["feat"], prefetch_labels=["label"]
+            )
+            return dgl_loader(args, g, train_idx, sampler)
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            carrier, edge_index, nodes, edges = batch
+            return Data(
+                x=carrier.srcdata["feat"],
+                y=carrier.dstdata["label"],
+                edge_index=edge_index,
+                n_id=carrier.srcdata[dgl.NID],
+                num_sampled_nodes=nodes.tolist(),
+                num_sampled_edges=edges.tolist(),
+                batch_size=carrier.num_dst_nodes(),
+            )
+
+    dm = DGLData()
+    dm.dims = dims
+    return pyg_model(pl, torch, F, trim=not args.no_trim), dm
+
+
+def dgl_blocks_side(args, pl, torch, F):
+    """DGL's own side as DGL's Lightning example writes it (examples/pytorch/graphsage/lightning,
+    ``dgl-blocks``): ``dgl.dataloading.NeighborSampler`` with the features and labels
+    prefetched into the blocks, ``dgl.dataloading.DataLoader`` over the training ids
+    (``use_ddp`` under DDP, loader workers for CPU sampling), a ``dglnn.SAGEConv`` per block:
+    DGL's model, not the other sides' (each layer on its block's destination nodes only).
+    Study 002's sizes and optimiser."""
+    import dgl
+    import dgl.nn.pytorch as dglnn
+
+    g, train_idx, dims = dgl_graph(args, torch)
 
     class SAGE(pl.LightningModule):
         def __init__(self, in_dim: int, num_classes: int, hidden: int = 256) -> None:
@@ -172,29 +269,15 @@ def dgl_side(args, pl, torch, F):
             return torch.optim.Adam(self.parameters(), lr=5e-3, weight_decay=5e-4)
 
     class DGLData(pl.LightningDataModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sampler = dgl.dataloading.NeighborSampler(
-                FANOUTS, prefetch_node_feats=["feat"], prefetch_labels=["label"]
-            )
-
         def train_dataloader(self):
-            return dgl.dataloading.DataLoader(
-                g,
-                graph["train_idx"],
-                self.sampler,
-                device="cpu",
-                batch_size=args.batch_size,
-                shuffle=True,
-                drop_last=False,
-                num_workers=args.workers,
-                persistent_workers=args.workers > 0,
-                use_uva=False,
-                use_ddp=args.ranks > 1,
+            # DGL lists fan-outs from the input layer: hop 1 (the seeds') is the last
+            sampler = dgl.dataloading.NeighborSampler(
+                FANOUTS[::-1], prefetch_node_feats=["feat"], prefetch_labels=["label"]
             )
+            return dgl_loader(args, g, train_idx, sampler)
 
     dm = DGLData()
-    dm.dims = (in_dim, classes)
+    dm.dims = dims
     return SAGE, dm
 
 
@@ -229,7 +312,7 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
                 }
             )
 
-    if args.side == "dgl":
+    if args.side.startswith("dgl"):
         in_dim, classes = dm.dims
     elif args.side == "gnnpar":
         from gnnpar.lightning import GossipStrategy, GraphDataModule
@@ -301,7 +384,7 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
         limit_val_batches=0,
         callbacks=callbacks,
         # DGL's DataLoader shards the ids itself under DDP (use_ddp)
-        use_distributed_sampler=args.side != "dgl",
+        use_distributed_sampler=not args.side.startswith("dgl"),
     )
     t_fit = time.perf_counter()
     trainer.fit(model, datamodule=dm)
@@ -359,8 +442,9 @@ def run_side(args, side: str, ranks: int, graph: Path, folder: Path, **extra) ->
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     if side == "pyg":
         env["PYTHONPATH"] = os.pathsep.join([args.peer_path, str(ROOT / "src")])
-    if side == "dgl":  # DGL's own interpreter (torch 2.2.1): nothing of gnnpar on its path
-        cmd[0], env["PYTHONPATH"], env["DGLBACKEND"] = args.dgl_python, "", "pytorch"
+    if side.startswith("dgl"):  # DGL's own interpreter (torch 2.2.1): nothing of gnnpar
+        cmd[0], env["DGLBACKEND"] = args.dgl_python, "pytorch"
+        env["PYTHONPATH"] = args.dgl_pyg_path if side == "dgl" else ""
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, cwd=str(folder), timeout=3000
     )
@@ -377,11 +461,11 @@ def peer_ready(path: str) -> bool:
     )
 
 
-def dgl_ready(python: str | None) -> bool:
+def dgl_ready(python: str | None, pyg_path: str | None = None) -> bool:
     if not python:
         return False
-    check = "import dgl, lightning"
-    env = {**os.environ, "PYTHONPATH": "", "DGLBACKEND": "pytorch"}
+    check = "import dgl, lightning" + (", torch_geometric" if pyg_path is not None else "")
+    env = {**os.environ, "PYTHONPATH": pyg_path or "", "DGLBACKEND": "pytorch"}
     try:
         return subprocess.run([python, "-c", check], env=env, capture_output=True).returncode == 0
     except OSError:
@@ -429,10 +513,50 @@ def later(runs: list[dict], key: str) -> float:
     return statistics.median(xs)
 
 
+class LoadWatch:
+    """The machine's load over the run: the 1-minute load average every 30 s, and the CPU busy
+    share of all cores from /proc/stat (1 - idle / total; load counts threads waiting on the
+    disk too, the busy share does not)."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        import threading
+
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self.stat0 = self._stat()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    @staticmethod
+    def _stat() -> tuple[int, int] | None:
+        try:
+            cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        except OSError:
+            return None
+        ticks = [int(t) for t in cpu]
+        return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, total
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self.samples.append(os.getloadavg()[0])
+        end, busy = self._stat(), None
+        if end is not None and self.stat0 is not None and end[1] > self.stat0[1]:
+            busy = 1 - (end[0] - self.stat0[0]) / (end[1] - self.stat0[1])
+        return {
+            "load_1min_samples": self.samples,
+            "load_1min_median": statistics.median(self.samples),
+            "cpu_busy_share": busy,
+        }
+
+
 def driver(args: argparse.Namespace) -> None:
     import tempfile
 
-    load_start = os.getloadavg()
+    load_start, watch = os.getloadavg(), LoadWatch()
     folder = Path(tempfile.mkdtemp(prefix="gnnpar-lightning-bench-"))
     graph = save_graph(args, folder)
     sides = ["gnnpar"]
@@ -440,14 +564,18 @@ def driver(args: argparse.Namespace) -> None:
         sides.append("pyg")
     else:
         print(f"pyg side skipped: pyg-lib not importable from --peer-path {args.peer_path!r}")
-    if dgl_ready(args.dgl_python):
+    if dgl_ready(args.dgl_python, args.dgl_pyg_path):
         sides.append("dgl")
     else:
         print(
             f"dgl side skipped: --dgl-python {args.dgl_python!r} cannot import dgl and "
-            "lightning (build it with /work/shared/anchors/setup.sh dgl DIR, then "
-            '`DIR/bin/python -m pip install "lightning>=2.2,<2.7"`)'
+            f"lightning, or torch_geometric from --dgl-pyg-path {args.dgl_pyg_path!r} (build "
+            "it with /work/shared/anchors/setup.sh dgl DIR, then `DIR/bin/python -m pip "
+            'install "lightning>=2.2,<2.7"` and `DIR/bin/python -m pip install --no-deps '
+            "--target PYGDIR torch_geometric==2.8.1 xxhash`)"
         )
+    if args.dgl_blocks and dgl_ready(args.dgl_python):
+        sides.append("dgl-blocks")
     rank_counts = [1] if args.smoke else [int(r) for r in args.rank_counts.split(",")]
     loaders: dict[str, dict] = {}
     for ranks in rank_counts:
@@ -519,11 +647,18 @@ def driver(args: argparse.Namespace) -> None:
         "cores": os.cpu_count(),
         "load_start": load_start,
         "load_end": os.getloadavg(),
+        **watch.stop(),
         "python": platform.python_version(),
         "settings": vars(args),
         "loaders": loaders,
         "straggler": straggler,
     }
+    busy = record["cpu_busy_share"]
+    print(
+        f"load (1-minute, every 30 s): median {record['load_1min_median']:.1f}, range "
+        f"{min(record['load_1min_samples']):.1f}-{max(record['load_1min_samples']):.1f}; CPU busy "
+        + ("n/a" if busy is None else f"{100 * busy:.0f}%")
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=1))
@@ -628,6 +763,16 @@ def main() -> None:
         default=os.environ.get("GNNPAR_DGL_PYTHON"),
         help="an interpreter with DGL and Lightning (DGL side; skipped without)",
     )
+    p.add_argument(
+        "--dgl-pyg-path",
+        default=os.environ.get("GNNPAR_DGL_PYG_PATH", ""),
+        help="a folder with torch_geometric for --dgl-python (the dgl side feeds the PyG model)",
+    )
+    p.add_argument(
+        "--dgl-blocks",
+        action="store_true",
+        help="also DGL's own model on blocks (dglnn.SAGEConv), side dgl-blocks",
+    )
     p.add_argument("--out", default=None, help="JSON record (default: none)")
     p.add_argument("--no-straggler", action="store_true", help="the loaders' figures only")
     p.add_argument("--rank-counts", default="1,2", help="the loaders' runs: ranks, comma-separated")
@@ -638,7 +783,7 @@ def main() -> None:
     )
     p.add_argument("--step-s", type=float, default=0.5, help="--stream-check's simulated step")
     # one side (internal)
-    p.add_argument("--side", choices=("gnnpar", "pyg", "dgl"))
+    p.add_argument("--side", choices=("gnnpar", "pyg", "dgl", "dgl-blocks"))
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--graph")
     p.add_argument("--result")
