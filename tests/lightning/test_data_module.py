@@ -344,11 +344,11 @@ def test_the_hand_off_thread_gives_every_batch_in_order_and_the_loaders_error_in
     assert "gnnpar-hand-off" not in [t.name for t in threading.enumerate()]
 
 
-def test_a_new_stream_makes_its_head_here_while_the_fork_server_starts(monkeypatch):
-    """While the loader workers' fork server has not answered, a new training stream makes its
-    first batches in this process, one index at a time, until the workers' loader (started on a
-    thread meanwhile) takes its first index; the loader then has every later index, in order.
-    Once the server has answered, no batch is made here."""
+def test_a_new_stream_makes_its_head_here_while_its_workers_start():
+    """A new training stream makes its first batches in this process, one index at a time,
+    until the workers' loader (started on a thread meanwhile: the fork server may still be
+    importing torch, the workers still mapping the graph) takes its first index; the loader then
+    has every later index, in order."""
     import threading
     import time
 
@@ -401,8 +401,7 @@ def test_a_new_stream_makes_its_head_here_while_the_fork_server_starts(monkeypat
     with pytest.raises(RuntimeError, match="fork server is gone"):
         next(stream)
 
+    # made here whether or not the fork server has answered: a ready server still leaves the
+    # worker to start and map the graph before its first batch (0.40 s against PyG's 0.13-0.24 s)
     loader = data.ResumableLoader(Items(), None, str, end=10, head=True)
-    monkeypatch.setattr(data, "_server_ready", threading.Event())
     assert loader._head() and not data.ResumableLoader(Items(), None, str, head=False)._head()
-    data._server_ready.set()
-    assert not loader._head()

@@ -45,9 +45,9 @@ The graph is written once per machine to shared memory (``/dev/shm``, unlinked a
 mapped by every rank and loader worker (:func:`gnnpar.training.sources.share_graph`); workers
 start from a fork server that has no threads, exit with their rank, and a batch that does not
 come within ``timeout`` seconds is an error, not a hang (:mod:`gnnpar.data.sampling.loader`).
-While the fork server is still importing torch, a new training stream makes its first few
-batches in the training process, until the workers start (``ResumableLoader._head``: the
-same batches).
+A new training stream makes its first batches in the training process until its workers'
+loader has started (``ResumableLoader._head``: the same batches), as a forked worker of PyG's
+would have them ready.
 
 Resuming
 --------
@@ -417,14 +417,16 @@ class ResumableLoader(GraphLoader):
     def _head(self) -> bool:
         """Whether a new stream's first batches are made in the training process, one at a
         time as the loop takes them, until the workers' loader has started (:class:`Claims`):
-        where the data module allows it (``head``) and the fork server is still importing torch
-        (:func:`fork_server_ready`).
+        where the data module allows it (``head``: workers, a graph of at most
+        :data:`HEAD_MAX_NODES` nodes).
 
-        Why: a worker's first batch waits for the server's imports, which began when the data
-        module was made (5-8 s on 2 loaded cores, ~1 s of the first epoch on a quiet machine),
-        where PyG's workers fork the training process and start at once. Batch ``i`` is the
-        same in any process, so the stream's batches do not change."""
-        return self.head and not fork_server_ready()
+        Why: a worker's first batch waits for the fork server (its import of torch began when
+        the data module was made: 5-8 s on 2 loaded cores, ~1 s on a quiet machine), then for
+        the worker to start and map the graph; PyG's workers fork the training process and
+        start at once. Even with the server ready, rank 0 of 2 waited 0.40 s for a worker's
+        first batch where PyG's ranks waited 0.13-0.24 s (load 9). Batch ``i`` is the same in
+        any process, so the stream's batches do not change."""
+        return self.head
 
     def close(self) -> None:
         """End the stream (its workers and hand-off thread)."""
@@ -523,24 +525,6 @@ def made_here(dataset, claims: Claims, start: Callable[[], Iterator[Any]]) -> It
 # process's to hold meanwhile (~400 MB at this size).
 HEAD_MAX_NODES = 1 << 24
 
-_server_ready = threading.Event()
-_server_probed = False
-
-
-def fork_server_ready() -> bool:
-    """Whether the fork server has answered (its preloaded imports are done): a probe, one
-    empty process started from it on a thread when :func:`start_fork_server` first runs."""
-    return _server_ready.is_set()
-
-
-def _probe_fork_server(ctx: Any) -> None:
-    try:
-        child = ctx.Process(target=os.getpid, daemon=True)
-        child.start()
-        child.join()
-    finally:  # a failed probe is not a reason to make batches here for good
-        _server_ready.set()
-
 
 def start_fork_server() -> Any:
     """The fork server that loader workers are forked from (``gnnpar train``'s, :func:`gnnpar.
@@ -552,16 +536,10 @@ def start_fork_server() -> Any:
     while the model and the ``Trainer`` are set up instead of inside the first batch's wait."""
     from gnnpar.data.sampling import loader
 
-    global _server_probed
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", loader.__name__])
     with omp.ranks_sleep_at_once():
         multiprocessing.forkserver.ensure_running()
-    if not _server_probed:
-        _server_probed = True
-        threading.Thread(
-            target=_probe_fork_server, args=(ctx,), name="gnnpar-fork-server-probe", daemon=True
-        ).start()
     return ctx
 
 
