@@ -22,8 +22,10 @@ gloo, ``torch.set_num_threads(cores // ranks)``):
   hand-over, less moved by other work on a loaded machine than ``epoch_s``;
 * ``fit_s``: ``Trainer.fit`` end to end (set-up and every epoch), the slowest rank's.
 
-The model of gnnpar's and PyG's sides is written as PyG's hierarchical-sampling example writes
-it (``trim_to_layer`` before each layer: layer ``i`` runs on the nodes and edges the later
+The record also keeps each rank's wait for every batch (``rank_waits``, per epoch).
+
+The model of every side but ``dgl-blocks`` is written as PyG's hierarchical-sampling example
+writes it (``trim_to_layer`` before each layer: layer ``i`` runs on the nodes and edges the later
 layers read, as DGL's blocks do; ``--no-trim``: every layer over the whole sampled subgraph).
 The sides (each as its own Lightning example writes it; the model, optimiser and loss are the
 same code): gnnpar, ``GraphDataModule(dataset, batch_size=1024, fanouts=[25, 10, 10],
@@ -292,10 +294,11 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
         def on_train_epoch_start(self, trainer, pl_module) -> None:
             self.cpu_epoch = time.process_time()
             self.t_epoch = self.t_last = time.perf_counter()
-            self.wait, self.steps = 0.0, 0
+            self.wait, self.steps, self.waits = 0.0, 0, []
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            self.wait += time.perf_counter() - self.t_last
+            self.waits.append(time.perf_counter() - self.t_last)
+            self.wait += self.waits[-1]
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             self.t_last = time.perf_counter()
@@ -309,6 +312,7 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
                     "data_wait_s": self.wait,
                     "cpu_s": cpu,
                     "steps": self.steps,
+                    "waits": self.waits,
                 }
             )
 
@@ -402,7 +406,10 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
     if trainer.global_rank == 0:
         epochs = [
             {k: max(r[e][k] for r in ranks) for k in ("epoch_s", "data_wait_s", "cpu_s")}
-            | {"steps": [r[e]["steps"] for r in ranks]}
+            | {
+                "steps": [r[e]["steps"] for r in ranks],
+                "rank_waits": [r[e]["waits"] for r in ranks],
+            }
             for e in range(min(len(r) for r in ranks))
         ]
         record = {"epochs": epochs, "test_acc": acc, "fit_s": max(fits)}
