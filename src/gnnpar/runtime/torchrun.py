@@ -72,12 +72,20 @@ class _NoTraceback(logging.Formatter):
 
 
 def quiet_agent_logs() -> None:
+    """The agent's log records on stderr, their text without tracebacks. Loggers under
+    :data:`AGENT_LOGGERS` that something disabled (``logging.config.dictConfig`` disables every
+    logger it does not name) are enabled again: a record of why a run ended is never dropped."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_NoTraceback())
     for name in AGENT_LOGGERS:
         log = logging.getLogger(name)
         log.handlers[:] = [handler]
         log.propagate = False
+    for name, log in list(logging.root.manager.loggerDict.items()):
+        if isinstance(log, logging.Logger) and any(
+            name == n or name.startswith(n + ".") for n in AGENT_LOGGERS
+        ):
+            log.disabled = False
 
 
 def rdzv_conf(text: str) -> dict[str, str]:
