@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--heap-block-mb", type=int, default=512, help="reuse_large_blocks' limit (a run's: 512)"
     )
+    p.add_argument(
+        "--trim", action="store_true", help="malloc_trim(0) with each batch made, before its step"
+    )
     p.add_argument("--profile", action="store_true", help="torch.profiler's largest allocations")
     args = start(p, argv, smoke={"steps": 2, "batch_size": 64, "fanouts": "5,5,5"})
     torch.set_num_threads(args.threads)
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     from gnnpar.config.schema import ModelConfig
     from gnnpar.data.sampling.loader import SampledBatches, open_graph_folder
     from gnnpar.models import build_model
-    from gnnpar.runtime.allocator import reuse_large_blocks
+    from gnnpar.runtime.allocator import release_free_memory, reuse_large_blocks
     from gnnpar.training.losses import seed_loss
 
     reuse_large_blocks(args.heap_block_mb << 20)
@@ -90,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     for i in range(args.steps):
         data = batches[i].to_data()
         nodes, xbytes = data.x.size(0), data.x.numel() * data.x.element_size()
+        if args.trim:
+            release_free_memory()
         _reset_peak()  # the batch made: its file pages are resident, the step touches none
         mapped = _status("VmRSS") - _status("RssAnon")
         t0 = time.perf_counter()

@@ -243,6 +243,7 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
             "loader_workers": source.workers,  # fewer than asked where they did not fit
             "graph_setup_time_s": source.setup_s,
             "seeds": s.seeds,
+            "made_ahead": source.ahead,
         },
     )
 
@@ -270,5 +271,6 @@ SPEC = StrategySpec(
         "loader_workers": "--loader-workers",
         "graph_setup_time_s": "time to write the shared graph",
         "seeds": "--seeds: global or local (each host's own training nodes)",
+        "made_ahead": "what a thread makes while the model trains (batch, sampling or none)",
     },
 )

@@ -300,9 +300,11 @@ class SampledSource(BaseSource):
             workers, why = loader_workers_that_fit(workers, batch)
             if why and ctx.is_main:
                 print(f"gnnpar: {why}", file=sys.stderr, flush=True)
-        in_line = self.on_disk and workers == 0 and batch_ahead_allowed()
-        self.ahead = in_line and batch_ahead_fits(batch)
-        if in_line and not self.ahead and ctx.is_main:
+        in_memory = self.on_disk and self.cache_bytes >= features_bytes(ds.info["prepared"])
+        allowed = batch_ahead_allowed()
+        self.ahead = made_ahead(self.on_disk, workers, in_memory, batch) if allowed else None
+        batches.gather_later = self.ahead == "sampling"
+        if self.on_disk and workers == 0 and allowed and self.ahead is None and ctx.is_main:
             from gnnpar.runtime.resources import size_words
 
             print(
@@ -327,7 +329,8 @@ class SampledSource(BaseSource):
         torch's global generator, so it comes after the model's initialisation. From a prepared
         folder without workers, a thread makes the next batch while the model trains on this
         one (its reads overlap the step: :class:`~gnnpar.data.sampling.loader.Ahead`), where
-        the memory the run may use holds that batch too (:func:`batch_ahead_fits`)."""
+        the memory the run may use holds that batch too (:func:`batch_ahead_fits`); where every
+        feature row is in memory, only the next batch's sampling (:func:`made_ahead`)."""
         t0 = time.perf_counter()
         self._stop_ahead()
         self._it = iter(self.loader)
@@ -364,6 +367,8 @@ class SampledSource(BaseSource):
 
     def _take(self, epoch: int):  # noqa: ANN202 (a Data)
         batch = self._next_batch()
+        if self.ahead == "sampling":  # sampled ahead: its rows copied from memory now
+            self.batches.gather(batch)
         self.position += 1
         if self.on_disk:
             io = self.feature_io.setdefault(epoch, [0, 0, 0, 0])
@@ -589,6 +594,34 @@ BATCH_AHEAD_ENV = "GNNPAR_BATCH_AHEAD"
 def batch_ahead_allowed() -> bool:
     """Whether batches may be made ahead on a thread at all (:data:`BATCH_AHEAD_ENV` not 0)."""
     return os.environ.get(BATCH_AHEAD_ENV, "1").strip() != "0"
+
+
+def features_bytes(folder: str) -> int:
+    """The bytes of a prepared folder's feature array (in its stored dtype)."""
+    from gnnpar.data.prepared import open_prepared
+
+    return int(open_prepared(folder).array("features").nbytes)
+
+
+def made_ahead(on_disk: bool, workers: int, in_memory: bool, batch: int) -> str | None:
+    """What the training process makes on a thread while the model trains on the batch before
+    (:class:`~gnnpar.data.sampling.loader.Ahead`), for a prepared graph's batches made without
+    loader workers: ``"batch"`` (sampled and its feature rows gathered: the rows' reads from
+    the folder overlap the step), ``"sampling"`` (sampled only: the taker gathers the rows), or
+    None (nothing: made in line).
+
+    Where the feature cache holds every row (``in_memory``), gathering is a copy from memory
+    (~0.1 s for 460 MB of rows): overlapping it saves little and a batch made ahead holds a
+    second batch of features beside the step's (synthetic-reddit at scale 1, fan-outs 15-10-5,
+    batch 1024: ~0.46 GB, BENCHMARKS.md "Memory per node and per edge"), so only the sampling is
+    made ahead. Otherwise the whole batch, where the memory the run may use holds it
+    (:func:`batch_ahead_fits`); else nothing. In-memory graphs (not prepared) and loader
+    workers: None. The batches are the same in every case."""
+    if not on_disk or workers:
+        return None
+    if in_memory:
+        return "sampling"
+    return "batch" if batch_ahead_fits(batch) else None
 
 
 def batch_ahead_fits(batch: int) -> bool:
