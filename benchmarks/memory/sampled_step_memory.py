@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
     if not folder:
         p.error("--folder is required (or --smoke)")
 
+    import inspect
+
     from gnnpar.config.schema import ModelConfig
     from gnnpar.data.sampling.loader import SampledBatches, open_graph_folder
     from gnnpar.models import build_model
@@ -77,6 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     from gnnpar.training.losses import seed_loss
 
     reuse_large_blocks(args.heap_block_mb << 20)
+    # the sampled strategy's loss (a revision without free_features: the same loss)
+    free = "free_features" in inspect.signature(seed_loss).parameters
+    kw = {"free_features": True} if free else {}
     torch.manual_seed(0)
     g = open_graph_folder(folder)
     fanouts = [int(f) for f in args.fanouts.split(",")]
@@ -103,11 +108,11 @@ def main(argv: list[str] | None = None) -> dict:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                loss = seed_loss(model, data, False)
+                loss = seed_loss(model, data, False, **kw)
                 loss.backward()
             print(prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=15))
         else:
-            loss = seed_loss(model, data, False)
+            loss = seed_loss(model, data, False, **kw)
             loss.backward()
         opt.step()
         secs = time.perf_counter() - t0
