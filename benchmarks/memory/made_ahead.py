@@ -10,8 +10,9 @@ worker:
 
 * ``batch``: a thread makes batch i+1 whole (sampled, its feature rows gathered) while the
   model trains on batch i (``loader.Ahead``, what a prepared folder's run did for every graph);
-* ``sampling``: the thread only samples batch i+1; its rows are gathered when it is taken
-  (``SampledBatches.gather_later``, what a run does where every feature row is in memory).
+* ``sampling``: the thread samples batch i+1 and gathers its rows only once batch i has let go
+  of its own (before its backward: ``GatherAfterRelease``, what a run does where every feature
+  row is in memory).
 
 The rows come from the folder's memory-mapped features (``--warm``, default: read once first so
 they are in the page cache: a copy from memory, as from the feature cache). Per side: seconds
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -48,7 +50,7 @@ def side(folder: str, mode: str, steps: int, fanouts: str, batch_size: int, thre
     import torch
 
     from gnnpar.config.schema import ModelConfig
-    from gnnpar.data.sampling.loader import Ahead, SampledBatches
+    from gnnpar.data.sampling.loader import Ahead, GatherAfterRelease, SampledBatches
     from gnnpar.models import build_model
     from gnnpar.runtime.allocator import reuse_large_blocks
     from gnnpar.training.losses import seed_loss
@@ -68,14 +70,13 @@ def side(folder: str, mode: str, steps: int, fanouts: str, batch_size: int, thre
     opt = torch.optim.Adam(model.parameters(), lr=5e-3, weight_decay=5e-4)
     batches.gather_later = mode == "sampling"
     base = _status("VmRSS")
-    it = Ahead(batches[i] for i in range(steps))
+    made = (batches[i] for i in range(steps))
+    it = Ahead(GatherAfterRelease(made, batches) if batches.gather_later else made)
     times, losses = [], []
     t_run = time.perf_counter()
     for _ in range(steps):
         t0 = time.perf_counter()
         b = next(it)
-        if batches.gather_later:
-            batches.gather(b)
         data = b.to_data()
         del b
         opt.zero_grad(set_to_none=True)
@@ -87,10 +88,14 @@ def side(folder: str, mode: str, steps: int, fanouts: str, batch_size: int, thre
         times.append(time.perf_counter() - t0)
     run_s = time.perf_counter() - t_run
     it.close()
+    use = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "side": mode,
         "step_s": statistics.median(times[1:]) if len(times) > 1 else times[0],
         "run_s": run_s,
+        # the process's CPU seconds (both threads; the graph's opening included): on a loaded
+        # machine a side with two runnable threads also gets a larger share of the CPUs
+        "cpu_s": use.ru_utime + use.ru_stime,
         "peak_beyond_start_bytes": _status("VmHWM") - base,
         "losses": losses,
     }
@@ -135,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"side {s} failed: {done.stderr[-2000:]}")
             r = json.loads(done.stdout.strip().splitlines()[-1]) | {"rep": rep, "load": load}
             runs[s].append(r)
-            print(f"  rep {rep} {s}: {r['step_s']:.2f} s/step, run {r['run_s']:.1f} s, peak "
+            print(f"  rep {rep} {s}: {r['step_s']:.2f} s/step, run {r['run_s']:.1f} s, "
+                  f"CPU {r['cpu_s']:.1f} s, peak "
                   f"{r['peak_beyond_start_bytes'] / 2**30:.2f} GiB beyond its start, "
                   f"load {load:.1f}", flush=True)  # fmt: skip
     cpu = _cpu_busy(busy, _cpu_times())

@@ -593,3 +593,41 @@ def test_sampled_ahead_or_made_ahead_the_loss_curve_is_the_in_memory_runs(tmp_pa
     curve = runs["mem"]["loss_curve"]
     assert len(curve) == 2
     assert runs["sampling"]["loss_curve"] == curve == runs["batch"]["loss_curve"]
+
+
+def test_the_next_batchs_rows_are_gathered_only_once_the_last_ones_are_freed():
+    """GatherAfterRelease (on Ahead's thread where every row is in memory): batch i+1's rows
+    are gathered only after batch i's features are let go, so two batches' rows are never held
+    together; release() lets a waiting gather go on."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    from gnnpar.data.sampling.loader import Ahead, GatherAfterRelease
+
+    log = []
+
+    class Rows:
+        def gather(self, b):
+            log.append(f"gather {b.i}")
+            b.x = torch.full((4, 2), float(b.i))
+
+    gathered = GatherAfterRelease(iter([SimpleNamespace(i=i) for i in range(3)]), Rows())
+    it = Ahead(gathered)
+    first = next(it)
+    assert first.x[0, 0] == 0
+    threading.Event().wait(0.2)  # the thread has sampled batch 1 and waits
+    assert log == ["gather 0"]
+    x = first.x
+    first.x = None
+    log.append("freed 0")
+    del x
+    second = next(it)
+    assert log == ["gather 0", "freed 0", "gather 1"] and second.x[0, 0] == 1
+    gathered.release()  # batch 1 still held: closing lets the thread's gather of 2 go on
+    it.close()
+    gather = GatherAfterRelease(iter([SimpleNamespace(i=i) for i in range(2)]), Rows())
+    held = next(gather)
+    gather.release()  # the batch is still held: a closing source lets the next gather go on
+    assert next(gather).i == 1 and held.x is not None

@@ -40,6 +40,7 @@ from gnnpar.data import cache_writer
 from gnnpar.data.cache_writer import STEP_BATCHES, batch_feature_bytes, shm_file
 from gnnpar.data.sampling.loader import (
     Ahead,
+    GatherAfterRelease,
     SampledBatches,
     build_loader,
     save_shared_graph,
@@ -322,6 +323,7 @@ class SampledSource(BaseSource):
         self.loader = build_loader(batches, r.epochs, workers, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
         self._it: Iterator | None = None
+        self._gather: GatherAfterRelease | None = None
         self.start_s = 0.0
 
     def start(self) -> None:
@@ -330,16 +332,21 @@ class SampledSource(BaseSource):
         folder without workers, a thread makes the next batch while the model trains on this
         one (its reads overlap the step: :class:`~gnnpar.data.sampling.loader.Ahead`), where
         the memory the run may use holds that batch too (:func:`batch_ahead_fits`); where every
-        feature row is in memory, only the next batch's sampling (:func:`made_ahead`)."""
+        feature row is in memory, its rows once this one's are freed (:func:`made_ahead`)."""
         t0 = time.perf_counter()
         self._stop_ahead()
         self._it = iter(self.loader)
-        if self.ahead:
+        if self.ahead == "sampling":
+            self._gather = GatherAfterRelease(self._it, self.batches)
+            self._it = self._ahead(self._gather)
+        elif self.ahead:
             self._it = self._ahead(self._it)
         self.start_s = time.perf_counter() - t0
 
     def _stop_ahead(self) -> None:
         if isinstance(self._it, Ahead):
+            if self._gather is not None:  # a thread waiting for a batch still held: go on
+                self._gather.release()
             self._it.close()
 
     def _ahead(self, it: Iterator) -> Ahead:
@@ -367,8 +374,6 @@ class SampledSource(BaseSource):
 
     def _take(self, epoch: int):  # noqa: ANN202 (a Data)
         batch = self._next_batch()
-        if self.ahead == "sampling":  # sampled ahead: its rows copied from memory now
-            self.batches.gather(batch)
         self.position += 1
         if self.on_disk:
             io = self.feature_io.setdefault(epoch, [0, 0, 0, 0])
@@ -526,6 +531,7 @@ class ShardSampledSource(SampledSource):
         self.loader = build_loader(self.batches, r.epochs, 0, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
         self._it = None
+        self._gather = None
         self.start_s = 0.0
         self.sampled_steps = 0
         self.train_bytes: tuple[int, int] | None = None
@@ -606,15 +612,15 @@ def features_bytes(folder: str) -> int:
 def made_ahead(on_disk: bool, workers: int, in_memory: bool, batch: int) -> str | None:
     """What the training process makes on a thread while the model trains on the batch before
     (:class:`~gnnpar.data.sampling.loader.Ahead`), for a prepared graph's batches made without
-    loader workers: ``"batch"`` (sampled and its feature rows gathered: the rows' reads from
-    the folder overlap the step), ``"sampling"`` (sampled only: the taker gathers the rows), or
-    None (nothing: made in line).
+    loader workers: ``"batch"`` (sampled and its feature rows gathered while the step runs: the
+    rows' reads from the folder overlap it), ``"sampling"`` (sampled while the step runs, its
+    rows gathered once the step has let go of its own batch's, before its backward:
+    :class:`~gnnpar.data.sampling.loader.GatherAfterRelease`), or None (nothing: made in line).
 
-    Where the feature cache holds every row (``in_memory``), gathering is a copy from memory
-    (~0.1 s for 460 MB of rows): overlapping it saves little and a batch made ahead holds a
-    second batch of features beside the step's (synthetic-reddit at scale 1, fan-outs 15-10-5,
-    batch 1024: ~0.46 GB, BENCHMARKS.md "Memory per node and per edge"), so only the sampling is
-    made ahead. Otherwise the whole batch, where the memory the run may use holds it
+    Where the feature cache holds every row (``in_memory``), gathering is a copy from memory,
+    and a batch made whole ahead holds a second batch of features beside the step's
+    (synthetic-reddit at scale 1, fan-outs 15-10-5, batch 1024: ~0.46 GB, BENCHMARKS.md
+    "Memory per node and per edge"), so its rows wait for the step's to be freed. Otherwise the whole batch, where the memory the run may use holds it
     (:func:`batch_ahead_fits`); else nothing. In-memory graphs (not prepared) and loader
     workers: None. The batches are the same in every case."""
     if not on_disk or workers:

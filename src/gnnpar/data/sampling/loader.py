@@ -14,6 +14,7 @@ import multiprocessing.forkserver
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -406,6 +407,35 @@ class Ahead:
             self._next = None
         self._started = True  # nothing more is made
         self._pool.shutdown(wait=True)
+
+
+class GatherAfterRelease:
+    """``it``'s sampled batches (``batches.gather_later``) with their feature rows, each
+    gathered once the batch before has let go of its own: the sampled strategy's step frees
+    them before its backward (``seed_loss``'s ``free_features``), so on :class:`Ahead`'s thread
+    the copy overlaps the backward, and two batches' features are never held together. A
+    batch whose features are kept to the end of its step only delays the next one's gather
+    (the same batches either way). :meth:`release` lets a waiting gather go on (closing)."""
+
+    def __init__(self, it: Iterator, batches: SampledBatches) -> None:
+        self._it, self._batches = it, batches
+        self._freed: threading.Event | None = None
+
+    def __iter__(self) -> GatherAfterRelease:
+        return self
+
+    def __next__(self) -> SampledBatch:
+        b = next(self._it)
+        if self._freed is not None:
+            self._freed.wait()
+        self._batches.gather(b)
+        self._freed = threading.Event()
+        weakref.finalize(b.x, self._freed.set)
+        return b
+
+    def release(self) -> None:
+        if self._freed is not None:
+            self._freed.set()
 
 
 def build_loader(
