@@ -247,7 +247,8 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
             "loader_workers": source.workers,  # fewer than asked where they did not fit
             "graph_setup_time_s": source.setup_s,
             "seeds": s.seeds,
-            "made_ahead": source.ahead,
+            # across shards the source says only whether the whole batch is made ahead
+            "made_ahead": {True: "batch", False: None}.get(source.ahead, source.ahead),
         },
     )
 
