@@ -45,6 +45,7 @@ def _smoke_folder(root: str) -> str:
     from gnnpar.data.prepare_command import run_prepare
 
     out = os.path.join(root, "step-mem-smoke")
+    os.makedirs(root, exist_ok=True)
     if not os.path.isdir(out):
         run_prepare("synthetic-papers100m", out, "0.0002", "0", None, root, None, True)
     return out
