@@ -51,7 +51,7 @@ def _smoke_folder(root: str) -> str:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, out=True, data_root=True)
     p.add_argument("--folder", default=None, help="a prepared folder (gnnpar prepare)")
     p.add_argument("--fanouts", default="15,10,5")
@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     out["peak_resettable"] = resettable
     if args.out:
         write_json(args.out, out)
-    return out
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
