@@ -549,3 +549,85 @@ def test_a_loader_timeout_from_disk_names_the_rank_the_batch_and_the_folder():
         src._next_batch()
     assert str(e.value).startswith("rank 1 waited --timeout 120 s for batch 7 from its 1 loader")
     assert "/data/papers" in str(e.value) and "raise --timeout" in str(e.value)
+
+
+def test_what_is_made_ahead_follows_where_the_features_are(monkeypatch):
+    """A prepared graph's batches made without loader workers: where every feature row is in
+    the cache only the sampling is made ahead (gathering is a copy from memory); else the whole
+    batch where the limit holds it, nothing where it does not; never for an in-memory graph
+    or with loader workers."""
+    from gnnpar.runtime import resources
+    from gnnpar.training.sources import STEP_BATCHES, made_ahead
+
+    monkeypatch.setattr(resources, "memory_limit", lambda root="/": None)
+    assert made_ahead(True, 0, True, 1 << 40) == "sampling"
+    assert made_ahead(True, 0, False, 1 << 40) == "batch"  # no limit
+    assert made_ahead(False, 0, True, 1) is None
+    assert made_ahead(True, 2, True, 1) is None
+    monkeypatch.setenv(resources.FORCED_LIMIT_ENV, str((STEP_BATCHES + 1) * (100 << 20)))
+    assert made_ahead(True, 0, False, 100 << 20) == "batch"
+    assert made_ahead(True, 0, False, (100 << 20) + 1) is None
+    assert made_ahead(True, 0, True, (100 << 20) + 1) == "sampling"
+
+
+def test_sampled_ahead_or_made_ahead_the_loss_curve_is_the_in_memory_runs(tmp_path):
+    """One rank, no loader workers, from a prepared folder: with every feature row cached the
+    thread only samples and the step's taker gathers the rows; without a cache the thread
+    makes the whole batch. The same loss curve as the in-memory run, bit for bit."""
+    folder = _folder(tmp_path, "cora")
+    flags = {"strategy": "sampled", "epochs": "2", "batch-size": "32", "fanouts": "5,5"}
+    flags |= {"loader-workers": "0", "eval-mode": "layerwise"}
+    runs = {}
+    for name, dataset, extra in (
+        ("mem", "cora", {}),
+        ("sampling", str(folder), {}),  # the default cache holds all of cora
+        ("batch", str(folder), {"feature-cache": "0"}),
+    ):
+        cfg = build_config(None, {**MODEL, "dataset": dataset, **flags, **extra,
+                                  "out": str(tmp_path / name),
+                                  "data-root": str(tmp_path / "root")})  # fmt: skip
+        runs[name] = _result(cfg)
+    assert runs["mem"]["made_ahead"] is None
+    assert runs["sampling"]["made_ahead"] == "sampling"
+    assert runs["batch"]["made_ahead"] == "batch"
+    curve = runs["mem"]["loss_curve"]
+    assert len(curve) == 2
+    assert runs["sampling"]["loss_curve"] == curve == runs["batch"]["loss_curve"]
+
+
+def test_the_next_batchs_rows_are_gathered_only_once_the_last_ones_are_freed():
+    """GatherAfterRelease (on Ahead's thread where every row is in memory): batch i+1's rows
+    are gathered only after batch i's features are let go, so two batches' rows are never held
+    together; release() lets a waiting gather go on."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    from gnnpar.data.sampling.loader import Ahead, GatherAfterRelease
+
+    log = []
+
+    class Rows:
+        def gather(self, b):
+            log.append(f"gather {b.i}")
+            b.x = torch.full((4, 2), float(b.i))
+
+    gathered = GatherAfterRelease(iter([SimpleNamespace(i=i) for i in range(3)]), Rows())
+    it = Ahead(gathered)
+    first = next(it)
+    assert first.x[0, 0] == 0
+    threading.Event().wait(0.2)  # the thread has sampled batch 1 and waits
+    assert log == ["gather 0"]
+    x = first.x
+    first.x = None
+    log.append("freed 0")
+    del x
+    second = next(it)
+    assert log == ["gather 0", "freed 0", "gather 1"] and second.x[0, 0] == 1
+    gathered.release()  # batch 1 still held: closing lets the thread's gather of 2 go on
+    it.close()
+    gather = GatherAfterRelease(iter([SimpleNamespace(i=i) for i in range(2)]), Rows())
+    held = next(gather)
+    gather.release()  # the batch is still held: a closing source lets the next gather go on
+    assert next(gather).i == 1 and held.x is not None

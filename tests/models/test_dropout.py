@@ -158,3 +158,33 @@ def test_the_drop_rate_is_p_at_every_byte_position_and_neighbours_are_independen
     k = keep.reshape(-1)
     both = (k[:-1] & k[1:]).float().mean().item()  # within a block and across blocks
     assert abs(both - (1 - p) ** 2) < 6 * (((1 - p) ** 2 * (1 - (1 - p) ** 2)) / n) ** 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [0.5, 0.0])
+def test_relu_dropout_over_its_input_equals_relu_then_dropout_with_their_gradient(dtype, p):
+    """The in-place, fused ReLU and dropout of a layer's output (sage): the values and the
+    gradient of ``dropout(relu(h))``, and no tensor of the output's size besides ``h``."""
+    w = torch.randn(7, 7, dtype=dtype, requires_grad=True)
+    x = torch.randn(300, 7, dtype=dtype)
+    g = torch.randn(300, 7, dtype=dtype)
+
+    torch.manual_seed(4)
+    ref = d.dropout(torch.relu(x @ w), p, True)
+    ref.backward(g)
+    ref_grad, w.grad = w.grad, None
+
+    torch.manual_seed(4)
+    h = x @ w
+    out = d.relu_dropout(h, p, True)
+    if dtype == torch.float32 and p and gat_kernel.available():
+        assert out.data_ptr() == h.data_ptr()  # written over h
+    assert torch.equal(out.detach(), ref.detach())
+    out.backward(g)
+    assert torch.equal(w.grad, ref_grad)
+
+
+def test_relu_dropout_in_eval_is_relu():
+    h = torch.randn(40, 3)
+    want = torch.relu(h)
+    assert torch.equal(d.relu_dropout(h, 0.5, False), want)

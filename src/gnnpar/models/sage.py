@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from torch_geometric.nn import SAGEConv
 
 from gnnpar.models.base import BlockModel, output_head
-from gnnpar.models.dropout import dropout as fast_dropout
+from gnnpar.models.dropout import relu_dropout
 from gnnpar.models.hops import HopLayer, mean_aggregate
 
 
@@ -58,17 +58,23 @@ class SAGEBlock(nn.Module):
         lin_l, lin_r = self.conv.lin_l, self.conv.lin_r
         adj = layer.mean_adjacency()
         x_dst = x[: layer.n_dst]
+        if torch.is_grad_enabled() and not x.requires_grad and x.size(0) > layer.n_dst:
+            # lin_r's weight gradient reads x_dst: saved as a view, it would keep all of x (the
+            # batch's features, 4.6x x_dst's rows at papers100m 0.05, 15-10-5) for the backward
+            x_dst = x_dst.clone()
         if project_first(x, lin_l.in_channels, lin_l.out_channels):
             # the bias after the mean: a node without neighbours gets lin_l(0) = bias, as in PyG
             agg = mean_aggregate(F.linear(x, lin_l.weight), adj)
             out = torch.add(agg, F.linear(x_dst, lin_r.weight, lin_l.bias))
         else:
-            out = torch.addmm(
-                F.linear(x_dst, lin_r.weight, lin_l.bias), mean_aggregate(x, adj), lin_l.weight.t()
-            )
+            # added into lin_r's output (addmm_: the same product and sum as torch.addmm,
+            # without a second [n_dst, out] tensor; linear's backward does not read its output)
+            out = F.linear(x_dst, lin_r.weight, lin_l.bias)
+            out.addmm_(mean_aggregate(x, adj), lin_l.weight.t())
         if self.last:
             return out
-        return fast_dropout(torch.relu(out), self.dropout, self.training)
+        # over ``out`` (neither add's nor addmm's backward reads it): no ReLU and dropout copies
+        return relu_dropout(out, self.dropout, self.training)
 
 
 def build_sage(mcfg, in_dim: int, num_classes: int, multilabel: bool) -> BlockModel:

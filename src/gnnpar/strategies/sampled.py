@@ -157,10 +157,13 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
                 f"Dataset '{ds.name}' has {train_idx.numel()} training nodes, fewer than the "
                 f"{ctx.world_size} ranks: every rank needs at least one. Use fewer --workers."
             )
-    # every step's large tensors from the same heap memory (no page faults); across shards
-    # inside a memory limit, only blocks up to a 32nd of it (a heap keeping 512 MiB of freed
-    # blocks grew a rank's evaluation to 0.77 GB, against 0.58 GB without, in 0.73 GiB)
-    reuse_large_blocks(heap_block_limit() if across else 512 << 20)
+    # every step's large tensors from the same heap memory (no page faults); inside a memory
+    # limit, only blocks up to a 32nd of it (a heap keeping 512 MiB of freed blocks grew a
+    # rank's evaluation to 0.77 GB, against 0.58 GB without, in 0.73 GiB; and papers100m 0.05's
+    # steps, 15-10-5, batch 1024, from 0.60 GB beyond the model in the first step to 0.99 GB in
+    # the fourth, against 0.51-0.56 GB over six steps with 40 MB blocks: the freed batches and
+    # activations fragment the heap, and each step's new layout grows it)
+    reuse_large_blocks(heap_block_limit())
     seed_everything(r.seed)  # same initial weights on every rank (DDP also broadcasts them)
     if across:
         if s.loader_workers and ctx.is_main:
@@ -232,7 +235,8 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
         model,
         opt,
         source,
-        LocalStep(net, partial(seed_loss, multilabel=ds.multilabel)),
+        # the batch's features freed before the backward (the loop holds the batch until then)
+        LocalStep(net, partial(seed_loss, multilabel=ds.multilabel, free_features=True)),
         finish,
         sync=sync,
         straggler=Straggler.for_rank(s.slowdown, s.jitter, r.seed, ctx.rank),
@@ -243,6 +247,8 @@ def build(cfg: Config, ds: GraphDataset, ctx: DistContext, dims: ParallelDims) -
             "loader_workers": source.workers,  # fewer than asked where they did not fit
             "graph_setup_time_s": source.setup_s,
             "seeds": s.seeds,
+            # across shards the source says only whether the whole batch is made ahead
+            "made_ahead": {True: "batch", False: None}.get(source.ahead, source.ahead),
         },
     )
 
@@ -270,5 +276,6 @@ SPEC = StrategySpec(
         "loader_workers": "--loader-workers",
         "graph_setup_time_s": "time to write the shared graph",
         "seeds": "--seeds: global or local (each host's own training nodes)",
+        "made_ahead": "what a thread makes while the model trains (batch, sampling or none)",
     },
 )

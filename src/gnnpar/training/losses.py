@@ -42,15 +42,25 @@ def graph_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor | NoTr
     return loss_fn(out[mask], batch.y[mask], multilabel)
 
 
-def seed_loss(model: nn.Module, batch, multilabel: bool) -> torch.Tensor:
+def seed_loss(
+    model: nn.Module, batch, multilabel: bool, free_features: bool = False
+) -> torch.Tensor:
     """Loss over the seed nodes of a neighbour-sampled batch (the first ``batch_size`` rows).
 
     A :class:`~gnnpar.models.base.BlockModel` (under DDP or not) whose blocks all trim gets the
     batch's :class:`~gnnpar.models.hops.HopGraph` when the batch says what it sampled per hop,
     and computes each layer only for the nodes the seeds' outputs depend on (the same seed
     outputs; models/hops.py). Any other model, a user's module with its own forward included,
-    gets ``edge_index``."""
-    return loss_fn(seed_logits(model, batch), batch.y, multilabel)
+    gets ``edge_index``.
+
+    ``free_features``: the batch lets go of its features (``batch.x``) once the forward has
+    read them, so that before the backward they are held only where autograd saved them
+    (GraphSAGE: a copy of its first layer's destination rows). The step's caller must not read
+    ``batch.x`` afterwards (the sampled strategy's does not)."""
+    logits = seed_logits(model, batch)
+    if free_features:
+        batch.x = None
+    return loss_fn(logits, batch.y, multilabel)
 
 
 def seed_logits(model: nn.Module, batch) -> torch.Tensor:

@@ -40,6 +40,7 @@ from gnnpar.data import cache_writer
 from gnnpar.data.cache_writer import STEP_BATCHES, batch_feature_bytes, shm_file
 from gnnpar.data.sampling.loader import (
     Ahead,
+    GatherAfterRelease,
     SampledBatches,
     build_loader,
     save_shared_graph,
@@ -300,9 +301,11 @@ class SampledSource(BaseSource):
             workers, why = loader_workers_that_fit(workers, batch)
             if why and ctx.is_main:
                 print(f"gnnpar: {why}", file=sys.stderr, flush=True)
-        in_line = self.on_disk and workers == 0 and batch_ahead_allowed()
-        self.ahead = in_line and batch_ahead_fits(batch)
-        if in_line and not self.ahead and ctx.is_main:
+        in_memory = self.on_disk and self.cache_bytes >= features_bytes(ds.info["prepared"])
+        allowed = batch_ahead_allowed()
+        self.ahead = made_ahead(self.on_disk, workers, in_memory, batch) if allowed else None
+        batches.gather_later = self.ahead == "sampling"
+        if self.on_disk and workers == 0 and allowed and self.ahead is None and ctx.is_main:
             from gnnpar.runtime.resources import size_words
 
             print(
@@ -320,6 +323,7 @@ class SampledSource(BaseSource):
         self.loader = build_loader(batches, r.epochs, workers, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
         self._it: Iterator | None = None
+        self._gather: GatherAfterRelease | None = None
         self.start_s = 0.0
 
     def start(self) -> None:
@@ -327,16 +331,22 @@ class SampledSource(BaseSource):
         torch's global generator, so it comes after the model's initialisation. From a prepared
         folder without workers, a thread makes the next batch while the model trains on this
         one (its reads overlap the step: :class:`~gnnpar.data.sampling.loader.Ahead`), where
-        the memory the run may use holds that batch too (:func:`batch_ahead_fits`)."""
+        the memory the run may use holds that batch too (:func:`batch_ahead_fits`); where every
+        feature row is in memory, its rows once this one's are freed (:func:`made_ahead`)."""
         t0 = time.perf_counter()
         self._stop_ahead()
         self._it = iter(self.loader)
-        if self.ahead:
+        if self.ahead == "sampling":
+            self._gather = GatherAfterRelease(self._it, self.batches)
+            self._it = self._ahead(self._gather)
+        elif self.ahead:
             self._it = self._ahead(self._it)
         self.start_s = time.perf_counter() - t0
 
     def _stop_ahead(self) -> None:
         if isinstance(self._it, Ahead):
+            if self._gather is not None:  # a thread waiting for a batch still held: go on
+                self._gather.release()
             self._it.close()
 
     def _ahead(self, it: Iterator) -> Ahead:
@@ -521,6 +531,7 @@ class ShardSampledSource(SampledSource):
         self.loader = build_loader(self.batches, r.epochs, 0, s.timeout_s)
         self.total_steps, self.position = r.epochs * self.steps, 0
         self._it = None
+        self._gather = None
         self.start_s = 0.0
         self.sampled_steps = 0
         self.train_bytes: tuple[int, int] | None = None
@@ -589,6 +600,34 @@ BATCH_AHEAD_ENV = "GNNPAR_BATCH_AHEAD"
 def batch_ahead_allowed() -> bool:
     """Whether batches may be made ahead on a thread at all (:data:`BATCH_AHEAD_ENV` not 0)."""
     return os.environ.get(BATCH_AHEAD_ENV, "1").strip() != "0"
+
+
+def features_bytes(folder: str) -> int:
+    """The bytes of a prepared folder's feature array (in its stored dtype)."""
+    from gnnpar.data.prepared import open_prepared
+
+    return int(open_prepared(folder).array("features").nbytes)
+
+
+def made_ahead(on_disk: bool, workers: int, in_memory: bool, batch: int) -> str | None:
+    """What the training process makes on a thread while the model trains on the batch before
+    (:class:`~gnnpar.data.sampling.loader.Ahead`), for a prepared graph's batches made without
+    loader workers: ``"batch"`` (sampled and its feature rows gathered while the step runs: the
+    rows' reads from the folder overlap it), ``"sampling"`` (sampled while the step runs, its
+    rows gathered once the step has let go of its own batch's, before its backward:
+    :class:`~gnnpar.data.sampling.loader.GatherAfterRelease`), or None (nothing: made in line).
+
+    Where the feature cache holds every row (``in_memory``), gathering is a copy from memory,
+    and a batch made whole ahead holds a second batch of features beside the step's
+    (synthetic-reddit at scale 1, fan-outs 15-10-5, batch 1024: ~0.46 GB, BENCHMARKS.md
+    "Memory per node and per edge"), so its rows wait for the step's to be freed. Otherwise the whole batch, where the memory the run may use holds it
+    (:func:`batch_ahead_fits`); else nothing. In-memory graphs (not prepared) and loader
+    workers: None. The batches are the same in every case."""
+    if not on_disk or workers:
+        return None
+    if in_memory:
+        return "sampling"
+    return "batch" if batch_ahead_fits(batch) else None
 
 
 def batch_ahead_fits(batch: int) -> bool:
