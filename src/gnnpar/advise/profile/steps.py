@@ -152,8 +152,9 @@ def _fresh_batch_time(plan, data, repeats: int = REPEATS, split: list | None = N
     repetition trains its own copy of the batch (new tensors, copied before the clock), its
     features marked as the graph's rows, as the run's are (SampledSource.mark). ``split``: as
     :func:`_train_step`'s, for the timed steps."""
+    first = plan.source.mark(data.clone())  # a step may let go of its batch's features
     t0 = time.perf_counter()
-    _train_step(plan)(data)()  # warm-up: allocator, autograd graph, lazy initialisation
+    _train_step(plan)(first)()  # warm-up: allocator, autograd graph, lazy initialisation
     # millisecond steps vary by +-30% from one set of 5 to the next: more of them, up to ~0.1 s
     warm = time.perf_counter() - t0
     repeats = max(repeats, min(4 * repeats, int(0.1 / max(warm, 1e-4))))
