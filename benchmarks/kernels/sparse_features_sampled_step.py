@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
             losses.append(float(loss))
         return (time.perf_counter() - t0) / len(bs), losses
 
-    train(batches, 99)  # warm-up: the whole matrix's plan, allocator, autograd
+    # a step lets go of its batch's features (seed_loss's free_features): each trains a shallow
+    # copy (the same tensors, so still marked as the graph's rows)
+    train([copy.copy(b) for b in batches], 99)  # warm-up: the whole matrix's plan, allocator
     train([b.clone() for b in batches], 99)
     times: dict[str, list[float]] = {"gathered": [], "examined": []}
     for rep in range(args.reps):
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             plan.model.load_state_dict(start[0])
             plan.optimizer.load_state_dict(copy.deepcopy(start[1]))  # it keeps the tensors
             # examined: new tensors (copied before the clock), unmarked, as every batch was
-            bs = batches if side == "gathered" else [b.clone() for b in batches]
+            bs = [copy.copy(b) if side == "gathered" else b.clone() for b in batches]
             step_s, seen[side] = train(bs, 1000 + rep)
             times[side].append(step_s)
         # the same start, batches and random numbers: the same losses, to the bit

@@ -230,3 +230,23 @@ def test_gat_attention_csr_puts_each_rows_loop_after_its_edges():
     assert adj.row.tolist() == [0, 0, 0, 1, 1, 1, 2, 3, 3]
     loops = AttentionCSR.of(HopLayer(torch.tensor([[1, 0], [1, 1]]), 2, 2))  # 1 -> 1 removed
     assert loops.col.tolist() == [0, 0, 1] and loops.crow.tolist() == [0, 1, 3]
+
+
+@pytest.mark.parametrize("hidden", [32, 8])  # aggregate first (wide -> narrow) and project first
+def test_a_trimmed_sage_step_runs_under_bf16_autocast_close_to_fp32(hidden):
+    """Under ``--precision bf16`` (CPU autocast) the trimmed layers' products mix bfloat16
+    outputs with float32 weights: the step runs, its parameters' gradients stay float32, and
+    the seeds' outputs are fp32's to bfloat16's precision."""
+    from gnnpar.training.precision import autocast
+
+    x, b = sampled_batch("torch")
+    model = model_of("sage", x.size(1), hidden, 0.0).train()
+    graph = HopGraph(b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+    want = model(x, graph)[: b.batch_size].detach()
+    with autocast("bf16", "cpu"):
+        y = model(x, graph)[: b.batch_size]
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32
+    torch.testing.assert_close(y.float(), want, rtol=5e-2, atol=5e-2)

@@ -70,7 +70,11 @@ class SAGEBlock(nn.Module):
             # added into lin_r's output (addmm_: the same product and sum as torch.addmm,
             # without a second [n_dst, out] tensor; linear's backward does not read its output)
             out = F.linear(x_dst, lin_r.weight, lin_l.bias)
-            out.addmm_(mean_aggregate(x, adj), lin_l.weight.t())
+            agg = mean_aggregate(x, adj)
+            if out.dtype == agg.dtype == lin_l.weight.dtype:
+                out.addmm_(agg, lin_l.weight.t())
+            else:  # under autocast (bf16): torch.addmm casts its arguments, addmm_ does not
+                out = torch.addmm(out, agg, lin_l.weight.t())
         if self.last:
             return out
         # over ``out`` (neither add's nor addmm's backward reads it): no ReLU and dropout copies
