@@ -98,6 +98,31 @@ def _threads(n: int) -> int:
     return gat_kernel.threads_for(n, PARALLEL_MIN)
 
 
+def _masked(
+    x: torch.Tensor, out: torch.Tensor, p40: int, scale: float, keep_mask: bool
+) -> torch.Tensor | None:
+    """``out = (x * scale) * keep`` by the kernel (``out`` may be ``x``: in place), the mask
+    drawn from the next seed; the mask (uint8) where ``keep_mask`` (a backward needs it)."""
+    keep = torch.empty(x.shape, dtype=torch.uint8) if keep_mask else None
+    n = x.numel()
+    gat_kernel.load().gnnpar_dropout(
+        x.data_ptr(), out.data_ptr(), None if keep is None else keep.data_ptr(), n,
+        draw_seed(), p40, scale, _threads(n),
+    )  # fmt: skip
+    return keep
+
+
+def _masked_grad(grad: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+    """``(grad * scale) * keep`` for a float32 ``grad``, by the kernel: a new tensor."""
+    grad = grad.contiguous()
+    out = torch.empty_like(grad)
+    n = grad.numel()
+    gat_kernel.load().gnnpar_dropout_backward_f32(
+        grad.data_ptr(), keep.data_ptr(), out.data_ptr(), n, scale, _threads(n)
+    )
+    return out
+
+
 class _FusedDropout(torch.autograd.Function):
     """float32 on the CPU, with the kernel: ``(x * scale) * keep`` in one pass; the backward
     ``(grad * scale) * keep`` (the same products autograd takes for the unfused path)."""
@@ -106,17 +131,7 @@ class _FusedDropout(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, p40: int, scale: float) -> torch.Tensor:
         x = x.contiguous()
         out = torch.empty_like(x)
-        keep = torch.empty(x.shape, dtype=torch.uint8) if ctx.needs_input_grad[0] else None
-        gat_kernel.load().gnnpar_dropout(
-            x.data_ptr(),
-            out.data_ptr(),
-            None if keep is None else keep.data_ptr(),
-            x.numel(),
-            draw_seed(),
-            p40,
-            scale,
-            _threads(x.numel()),
-        )
+        keep = _masked(x, out, p40, scale, ctx.needs_input_grad[0])
         ctx.scale = scale
         ctx.save_for_backward(keep)
         return out
@@ -126,13 +141,7 @@ class _FusedDropout(torch.autograd.Function):
         (keep,) = ctx.saved_tensors
         if grad.dtype != torch.float32:  # e.g. under autocast
             return grad.mul(ctx.scale).mul_(keep), None, None
-        grad = grad.contiguous()
-        out = torch.empty_like(grad)
-        n = grad.numel()
-        gat_kernel.load().gnnpar_dropout_backward_f32(
-            grad.data_ptr(), keep.data_ptr(), out.data_ptr(), n, ctx.scale, _threads(n)
-        )
-        return out, None, None
+        return _masked_grad(grad, keep, ctx.scale), None, None
 
 
 class _ReluDropoutInPlace(torch.autograd.Function):
@@ -147,18 +156,8 @@ class _ReluDropoutInPlace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, p40: int, scale: float) -> torch.Tensor:
-        keep = torch.empty(x.shape, dtype=torch.uint8) if ctx.needs_input_grad[0] else None
         x.relu_()
-        gat_kernel.load().gnnpar_dropout(
-            x.data_ptr(),
-            x.data_ptr(),
-            None if keep is None else keep.data_ptr(),
-            x.numel(),
-            draw_seed(),
-            p40,
-            scale,
-            _threads(x.numel()),
-        )
+        keep = _masked(x, x, p40, scale, ctx.needs_input_grad[0])
         ctx.mark_dirty(x)
         ctx.scale = scale
         ctx.save_for_backward(x, keep)
@@ -167,13 +166,7 @@ class _ReluDropoutInPlace(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out, keep = ctx.saved_tensors
-        grad = grad.contiguous()
-        g = torch.empty_like(grad)
-        n = grad.numel()
-        gat_kernel.load().gnnpar_dropout_backward_f32(
-            grad.data_ptr(), keep.data_ptr(), g.data_ptr(), n, ctx.scale, _threads(n)
-        )
-        return g.masked_fill_(out <= 0, 0.0), None, None
+        return _masked_grad(grad, keep, ctx.scale).masked_fill_(out <= 0, 0.0), None, None
 
 
 def relu_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
