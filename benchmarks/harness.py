@@ -337,6 +337,17 @@ def smoke_root() -> Path:
     return root
 
 
+def smoke_prepared(out: Path) -> Path:
+    """A tiny prepared folder for --smoke runs (synthetic-papers100m at scale 0.0002, seed 0),
+    written to ``out``."""
+    from gnnpar.data.prepare_command import run_prepare
+
+    run_prepare(
+        "synthetic-papers100m", str(out), 0.0002, 0, None, str(smoke_root()), None, True
+    )  # fmt: skip
+    return out
+
+
 def module_env() -> dict[str, str]:
     """The environment for a child that runs ``python -m benchmarks...`` or ``-m gnnpar``: the
     repository root and its src/ first on PYTHONPATH."""

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from benchmarks import harness
-from benchmarks.comm.shard_sampled_two_hosts import host_folders, run_hosts
+from benchmarks.comm.shard_sampled_two_hosts import add_run_flags, host_folders, run_hosts
 
 SIDES = {"inline": "0", "ahead": "1"}  # GNNPAR_BATCH_AHEAD
 
@@ -115,14 +115,7 @@ def measure(args, folders, work: Path, hosts) -> dict:  # noqa: ANN001
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, reps=2, out=True)
     ap.add_argument("--sharded", type=Path, help="a prepared folder in 2 shards")
-    ap.add_argument("--work", type=Path, help="where the hosts' folders and runs go")
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--delay", default="1ms")
-    ap.add_argument("--fanouts", default="15,10")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--batch-size", type=int, default=512)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--max-steps", type=int, default=0)
+    add_run_flags(ap, "15,10", 512)
     args = harness.start(ap, argv, rank_threads=1)
     if args.smoke:
         return smoke(args)

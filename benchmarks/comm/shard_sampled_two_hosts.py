@@ -170,19 +170,25 @@ def summary(r: dict) -> dict:
     }
 
 
+def add_run_flags(ap, fanouts: str, batch_size: int) -> None:  # noqa: ANN001 (a parser)
+    """The flags every two-host sampled benchmark takes: where the hosts' folders go, the
+    emulated link, and the run's model and batches (read by :func:`train_args`)."""
+    ap.add_argument("--work", type=Path, help="where the hosts' folders and runs go")
+    ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--delay", default="1ms")
+    ap.add_argument("--fanouts", default=fanouts)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=batch_size)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--max-steps", type=int, default=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__)
     ap.add_argument("--whole", type=Path, help="the unsharded prepared folder")
     ap.add_argument("--sharded", type=Path, help="the same graph in 2 shards")
-    ap.add_argument("--work", type=Path, help="where the hosts' folders and runs go")
-    ap.add_argument("--rate", default="1gbit")
-    ap.add_argument("--delay", default="1ms")
     ap.add_argument("--limit-share", type=float, default=0.6)
-    ap.add_argument("--fanouts", default="25,10,10")
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--batch-size", type=int, default=1024)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--max-steps", type=int, default=0)
+    add_run_flags(ap, "25,10,10", 1024)
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     harness.print_header(1)

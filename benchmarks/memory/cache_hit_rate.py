@@ -59,13 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     load = [harness.load_average()[0]]
     with tempfile.TemporaryDirectory(prefix="gnnpar-hit-") as tmp:
         if a.smoke:
-            from gnnpar.data.prepare_command import run_prepare
-
-            a.folder = Path(tmp) / "graph"
-            run_prepare(
-                "synthetic-papers100m", str(a.folder), 0.0002, 0, None,
-                str(harness.smoke_root()), None, True,
-            )  # fmt: skip
+            a.folder = harness.smoke_prepared(Path(tmp) / "graph")
         if a.folder is None:
             ap.error("--folder is required (a gnnpar prepared folder)")
         try:

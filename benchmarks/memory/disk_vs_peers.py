@@ -392,13 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if a.smoke:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gnnpar-dvp-")))
-            a.folder = root / "graph"
-            from gnnpar.data.prepare_command import run_prepare
-
-            run_prepare(
-                "synthetic-papers100m", str(a.folder), 0.0002, 0, None,
-                str(harness.smoke_root()), None, True,
-            )  # fmt: skip
+            a.folder = harness.smoke_prepared(root / "graph")
             a.peer_dir, a.reps, a.fanouts, a.batch_size = root / "peer", 1, "2,2", 64
             a.sides = ",".join(s for s in a.sides.split(",") if s != "gnnpar-nolimit")
             a.max_steps = 2

@@ -48,13 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="gnnpar-reads-") as tmp:
         if a.smoke:
-            from gnnpar.data.prepare_command import run_prepare
-
-            a.folder = Path(tmp) / "graph"
-            run_prepare(
-                "synthetic-papers100m", str(a.folder), 0.0002, 0, None,
-                str(harness.smoke_root()), None, True,
-            )  # fmt: skip
+            a.folder = harness.smoke_prepared(Path(tmp) / "graph")
         if a.folder is None:
             ap.error("--folder is required (a gnnpar prepared folder)")
         if not kernel.kernel_available():
