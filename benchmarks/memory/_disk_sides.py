@@ -13,7 +13,8 @@ GraphBolt, an ``OnDiskDataset`` folder (``gb/metadata.yaml`` over those arrays).
 seeds' hop first (gnnpar's and PyG's order), e.g. ``10,5,5``; ``MAX_STEPS`` (0: all) ends the
 epoch after that many steps, as gnnpar's ``--max-steps`` does. Prints one JSON line when the
 epoch ends: ``epoch_end_unix`` (the parent measures end to end from its own start),
-``epoch_s`` (the epoch alone), ``setup_s``, ``steps``, ``loss`` (mean), ``peak_rss_bytes``.
+``epoch_s`` (the epoch alone), ``setup_s``, ``steps``, ``loss`` (mean), ``peak_rss_bytes``;
+and one stderr line per step, ``step K SECONDS`` (steps done, seconds into the epoch).
 
 * PyG+ (Ginex, VLDB'22; PyG's ``examples/hierarchical_sampling.py`` for the trimming): a
   ``Data`` whose ``x`` is the ``np.memmap`` of features.npy (``NeighborLoader`` gathers its rows
@@ -52,6 +53,12 @@ LR, WD, HIDDEN, DROPOUT = 5e-3, 5e-4, 256, 0.5
 
 def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def progress(t0: float, steps: int) -> None:
+    """One stderr line per step (``step K T``: steps done, seconds since the epoch began): the
+    parent reads the last one when the side does not finish within its timeout."""
+    print(f"step {steps} {time.perf_counter() - t0:.3f}", file=sys.stderr, flush=True)
 
 
 def report(t_setup: float, t0: float, steps: int, loss_sum: float) -> None:
@@ -116,6 +123,7 @@ def pyg(folder: str, peer: str, fanouts: list[int], batch: int, workers: int, ca
         loss.backward()
         opt.step()
         steps, loss_sum = steps + 1, loss_sum + float(loss.detach())
+        progress(t0, steps)
         if steps == cap:
             break
     report(t_setup, t0, steps, loss_sum)
@@ -171,6 +179,7 @@ def graphbolt(
         loss.backward()
         opt.step()
         steps, loss_sum = steps + 1, loss_sum + float(loss.detach())
+        progress(t0, steps)
         if steps == cap:
             break
     report(t_setup, t0, steps, loss_sum)

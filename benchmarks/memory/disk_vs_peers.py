@@ -291,7 +291,8 @@ def run_side(a, side: str, limit: int | None, out: Path) -> dict:
     r["load_before"] = load
     r["load_after"] = list(harness.load_average())
     if "e2e_s" not in r:
-        tail = (out / "stderr.txt").read_text(errors="replace").strip().splitlines()
+        text = (out / "stderr.txt").read_text(errors="replace").strip().splitlines()
+        tail = [x for x in text if not x.startswith("step ")]  # not the peers' progress lines
         r["last_stderr"] = tail[-1][:300] if tail else ""
     return r
 
@@ -303,7 +304,7 @@ def _watch(a, side: str, proc: subprocess.Popen, out: Path, t_start: float) -> d
         try:
             stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            return {"timed_out": True, "timeout_s": a.timeout}
+            return {"timed_out": True, "timeout_s": a.timeout, **_peer_progress(out)}
         lines = [x for x in stdout.splitlines() if x.startswith("{")]
         if proc.returncode != 0 or not lines:
             return {"exit": proc.returncode}
@@ -337,7 +338,22 @@ def _watch(a, side: str, proc: subprocess.Popen, out: Path, t_start: float) -> d
         if proc.poll() is not None:
             return {"exit": proc.returncode}
         time.sleep(0.05)
-    return {"timed_out": True, "timeout_s": a.timeout}
+    steps = 0
+    if metrics.exists():
+        steps = sum('"event": "step"' in x for x in metrics.read_text().splitlines())
+    return {"timed_out": True, "timeout_s": a.timeout, "steps_done": steps}
+
+
+def _peer_progress(out: Path) -> dict:
+    """How far a peer that did not finish got: its last ``step K SECONDS`` line on stderr."""
+    last = None
+    for line in (out / "stderr.txt").read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "step" and parts[1].isdigit():
+            last = parts
+    if last is None:
+        return {"steps_done": 0}
+    return {"steps_done": int(last[1]), "steps_done_s": float(last[2])}
 
 
 # ------------------------------------------------------------------------------ the script
