@@ -185,7 +185,9 @@ def csr_mm_level() -> int:
     return -1 if lib is None else int(lib.gnnpar_csr_mm_level())
 
 
-def csr_mm(a: torch.Tensor, h: torch.Tensor, level: int | None = None) -> torch.Tensor:
+def csr_mm(
+    a: torch.Tensor, h: torch.Tensor, level: int | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """``torch.sparse.mm(a, h)`` for a CSR ``a`` [n, k] and a dense ``h`` [k, m].
 
     float32 on the CPU with the kernel: ``out[i] = sum of a[i, j] * h[j]`` over row i's entries
@@ -195,7 +197,9 @@ def csr_mm(a: torch.Tensor, h: torch.Tensor, level: int | None = None) -> torch.
     the widest this CPU runs). MKL's product, which ``torch.sparse.mm`` calls, rounds otherwise
     and differently by CPU; it is also 1.3-3x slower on one thread at the models' widths
     (``benchmarks/kernels/csr_mm_vs_torch_sparse.py``). Anything else (other dtypes or devices, an ``h`` that
-    records a gradient) is ``torch.sparse.mm``'s."""
+    records a gradient) is ``torch.sparse.mm``'s. ``out``: a contiguous float32 [n, m] tensor
+    the kernel writes the product into instead of a new one (ignored on ``torch.sparse.mm``'s
+    path); the product is returned either way."""
     lib = load()
     if (
         lib is None
@@ -215,7 +219,10 @@ def csr_mm(a: torch.Tensor, h: torch.Tensor, level: int | None = None) -> torch.
     m = h.size(1)
     crow, col = a.crow_indices().long().contiguous(), a.col_indices().long().contiguous()
     val, h = a.values().contiguous(), h.contiguous()
-    out = h.new_empty(n, m)
+    if out is None:
+        out = h.new_empty(n, m)
+    elif out.shape != (n, m) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"csr_mm: out must be a contiguous float32 {n} x {m} tensor")
     if n and m:
         top = csr_mm_level()
         level = top if level is None else level

@@ -29,6 +29,7 @@ import torch
 
 from gnnpar.csr import indptr
 from gnnpar.models import gat_kernel
+from gnnpar.models.reused import ReusedRows
 
 
 def _csr(crow, col, values, shape) -> torch.Tensor:
@@ -74,23 +75,29 @@ class _MeanAggregate(torch.autograd.Function):
     bfloat16 CSR product; under autocast the result goes back to ``h``'s dtype)."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, adj: MeanAdjacency) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor, adj: MeanAdjacency, reuse: ReusedRows | None) -> torch.Tensor:
         ctx.adj, ctx.dtype = adj, h.dtype
+        out = None
+        if reuse is not None and h.dtype == torch.float32 and h.device.type == "cpu":
+            out = reuse.take(adj.n_dst, h.size(1))
         with torch.autocast(h.device.type, enabled=False):
-            return gat_kernel.csr_mm(adj.matrix(), h.float()).to(h.dtype)
+            return gat_kernel.csr_mm(adj.matrix(), h.float(), out=out).to(h.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         if not ctx.needs_input_grad[0]:
-            return None, None
+            return None, None, None
         with torch.autocast(grad.device.type, enabled=False):
             out = gat_kernel.csr_mm(ctx.adj.transposed(), grad.float()).to(ctx.dtype)
-        return out, None
+        return out, None, None
 
 
-def mean_aggregate(h: torch.Tensor, adj: MeanAdjacency) -> torch.Tensor:
-    """Mean of ``h``'s rows over each destination's in-neighbours: [n_dst, features]."""
-    return _MeanAggregate.apply(h, adj)
+def mean_aggregate(
+    h: torch.Tensor, adj: MeanAdjacency, reuse: ReusedRows | None = None
+) -> torch.Tensor:
+    """Mean of ``h``'s rows over each destination's in-neighbours: [n_dst, features]; float32
+    on the CPU, in ``reuse``'s block when given (:class:`~gnnpar.models.reused.ReusedRows`)."""
+    return _MeanAggregate.apply(h, adj, reuse)
 
 
 @dataclass

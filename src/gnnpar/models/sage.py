@@ -25,6 +25,10 @@ from torch_geometric.nn import SAGEConv
 from gnnpar.models.base import BlockModel, output_head
 from gnnpar.models.dropout import relu_dropout
 from gnnpar.models.hops import HopLayer, mean_aggregate
+from gnnpar.models.reused import ReusedRows
+
+# below this, the step's tensors are small blocks that the heap serves well
+REUSE_MIN_BYTES = 1 << 20
 
 
 def project_first(x: torch.Tensor, in_dim: int, out_dim: int) -> bool:
@@ -44,6 +48,25 @@ class SAGEBlock(nn.Module):
         self.conv = SAGEConv(in_dim, out_dim, aggr="mean")
         self.dropout = dropout
         self.last = last
+        # a training step's first-layer tensors of a batch's size, in blocks reused by the
+        # next steps (gnnpar.models.reused: the heap kept growing around them)
+        self._reused = {"x_dst": ReusedRows(), "agg": ReusedRows()}
+
+    def train(self, mode: bool = True) -> SAGEBlock:
+        if not mode:  # evaluation runs without them: their memory goes back
+            for rows in self._reused.values():
+                rows.release()
+        return super().train(mode)
+
+    def _reusing(self, x: torch.Tensor) -> bool:
+        """A training step's float32 input of at least :data:`REUSE_MIN_BYTES` on the CPU."""
+        return (
+            self.training
+            and torch.is_grad_enabled()
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and x.numel() * 4 >= REUSE_MIN_BYTES
+        )
 
     def forward(self, x: torch.Tensor, edge_index) -> torch.Tensor:
         if isinstance(edge_index, HopLayer):
@@ -61,7 +84,10 @@ class SAGEBlock(nn.Module):
         if torch.is_grad_enabled() and not x.requires_grad and x.size(0) > layer.n_dst:
             # lin_r's weight gradient reads x_dst: saved as a view, it would keep all of x (the
             # batch's features, 4.6x x_dst's rows at papers100m 0.05, 15-10-5) for the backward
-            x_dst = x_dst.clone()
+            if self._reusing(x):
+                x_dst = self._reused["x_dst"].take(*x_dst.shape).copy_(x_dst)
+            else:
+                x_dst = x_dst.clone()
         if project_first(x, lin_l.in_channels, lin_l.out_channels):
             # the bias after the mean: a node without neighbours gets lin_l(0) = bias, as in PyG
             agg = mean_aggregate(F.linear(x, lin_l.weight), adj)
@@ -70,7 +96,7 @@ class SAGEBlock(nn.Module):
             # added into lin_r's output (addmm_: the same product and sum as torch.addmm,
             # without a second [n_dst, out] tensor; linear's backward does not read its output)
             out = F.linear(x_dst, lin_r.weight, lin_l.bias)
-            agg = mean_aggregate(x, adj)
+            agg = mean_aggregate(x, adj, self._reused["agg"] if self._reusing(x) else None)
             if out.dtype == agg.dtype == lin_l.weight.dtype:
                 out.addmm_(agg, lin_l.weight.t())
             else:  # under autocast (bf16): torch.addmm casts its arguments, addmm_ does not
