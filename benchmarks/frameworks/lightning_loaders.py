@@ -66,6 +66,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -491,7 +492,7 @@ def run_side(args, side: str, ranks: int, graph: Path, folder: Path, **extra) ->
     record = json.loads(result.read_text())
     if args.trace:
         record["trace"] = trace_summary(watch, record["marks"])
-        record["proc_cpu"] = watch.record()
+        record["procs"] = watch.record()["procs"]  # the samples themselves are not kept
         print(f"{side} x{ranks} trace: {json.dumps(record['trace'])}", flush=True)
     return record
 
@@ -637,6 +638,13 @@ def driver(args: argparse.Namespace) -> None:
 
     load_start, watch = os.getloadavg(), LoadWatch()
     folder = Path(tempfile.mkdtemp(prefix="gnnpar-lightning-bench-"))
+    try:
+        _drive(args, load_start, watch, folder)
+    finally:  # the saved graph and the sides' results
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _drive(args: argparse.Namespace, load_start, watch: LoadWatch, folder: Path) -> None:
     graph = save_graph(args, folder)
     sides = ["gnnpar"]
     if peer_ready(args.peer_path):
