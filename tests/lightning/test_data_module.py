@@ -468,3 +468,21 @@ def test_the_first_batch_is_made_here_then_the_forked_workers_batches():
     items = Items()
     got = list(data.first_here(items, 4, (f"worker {i}" for i in range(5, 8))))
     assert got == ["here 4", "worker 5", "worker 6", "worker 7"] and items.released
+
+
+def test_iter_starts_the_stream_and_the_first_batch_reads_the_sampler(cora):
+    """``iter`` makes the stream for where the sampler will begin (as a DataLoader starts its
+    workers then: Lightning calls it for the first epoch before ``on_train_epoch_start``); the
+    batches still follow the sampler as it is at the first batch: a ``set_epoch`` in between
+    gives that epoch's batches."""
+    loader = cora.train_dataloader()
+    steps = loader.sampler.steps
+    loader.sampler.set_epoch(2)
+    it = iter(loader)
+    assert loader._stream is not None and loader._stream_at == 2 * steps
+    epoch2 = [b.n_id for b in it]
+    loader.sampler.set_epoch(0)
+    it = iter(loader)
+    assert loader._stream_at == 0
+    loader.sampler.set_epoch(2)  # moved before the first batch
+    assert all(torch.equal(a, b.n_id) for a, b in zip(epoch2, it, strict=True))

@@ -385,42 +385,53 @@ class ResumableLoader(GraphLoader):
         self._stream_at = -1  # the index of the stream's next batch
 
     def __iter__(self) -> Iterator[Any]:
+        """The epoch's batches. A stream that does not begin where the sampler will begin is
+        made now, as a DataLoader starts its workers when ``iter`` is called (Lightning calls
+        it for the first epoch while it sets up the fit, before ``on_train_epoch_start``), not
+        at the first batch; the sampler itself is read at the first batch (a ``set_epoch`` in
+        between that moves it makes the stream again there)."""
         self.yielded = self._start()
+        first = self._start() + self.sampler.epoch * self.sampler.steps
+        if self._end is None or first < self._end:
+            self._open(first)
+        return self._batches()
+
+    def _open(self, first: int) -> None:
+        """Make the stream begin at batch ``first`` unless it is there already."""
+        if self._stream is not None and self._stream_at == first:
+            return
+        self.close()  # ends the old stream's workers
+        end = self._end if self._end is not None and self._end > first else 2**62
+        kw = self._stream_kwargs
+        workers = kw.get("num_workers", 0) > 0
+        forked = workers and kw["multiprocessing_context"].get_start_method() == "fork"
+        if forked and self._head() and end - first > 1:
+            # the workers forked now, by this thread (the loop's, between steps: see
+            # worker_start); batch `first` made here meanwhile, on the hand-off thread
+            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first + 1, end), **kw)
+            rest = iter(loader)
+            here = copy.deepcopy(self.dataset)
+            self._stream = HandOff(first_here(here, first, rest), self.convert)
+        elif workers and self._head() and not forked:
+            claims = Claims(first, end)
+            loader = DataLoader(self.dataset, batch_size=None, sampler=claims.for_loader(), **kw)
+            # the head from a copy: starting a worker pickles the dataset, which moves its
+            # tensors' storage into shared memory in place, under the feet of a reader
+            here = copy.deepcopy(self.dataset)
+            self._stream = HandOff(made_here(here, claims, loader.__iter__), self.convert)
+        elif workers:
+            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
+            self._stream = HandOff(iter(loader), self.convert)
+        else:  # sampled in this process, when the loop asks
+            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
+            self._stream = map(self.convert, loader)
+        self._stream_at = first
+
+    def _batches(self) -> Iterator[Any]:
         indices = list(iter(self.sampler))  # consecutive: this epoch's batches still to train
         if not indices:
             return
-        first = indices[0]
-        if self._stream is None or self._stream_at != first:
-            self.close()  # ends the old stream's workers
-            end = self._end if self._end is not None and self._end > first else 2**62
-            kw = self._stream_kwargs
-            workers = kw.get("num_workers", 0) > 0
-            forked = workers and kw["multiprocessing_context"].get_start_method() == "fork"
-            if forked and self._head() and end - first > 1:
-                # the workers forked now, by this thread (the loop's, between steps: see
-                # worker_start); batch `first` made here meanwhile, on the hand-off thread
-                loader = DataLoader(
-                    self.dataset, batch_size=None, sampler=range(first + 1, end), **kw
-                )
-                rest = iter(loader)
-                here = copy.deepcopy(self.dataset)
-                self._stream = HandOff(first_here(here, first, rest), self.convert)
-            elif workers and self._head() and not forked:
-                claims = Claims(first, end)
-                loader = DataLoader(
-                    self.dataset, batch_size=None, sampler=claims.for_loader(), **kw
-                )
-                # the head from a copy: starting a worker pickles the dataset, which moves its
-                # tensors' storage into shared memory in place, under the feet of a reader
-                here = copy.deepcopy(self.dataset)
-                self._stream = HandOff(made_here(here, claims, loader.__iter__), self.convert)
-            elif workers:
-                loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
-                self._stream = HandOff(iter(loader), self.convert)
-            else:  # sampled in this process, when the loop asks
-                loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
-                self._stream = map(self.convert, loader)
-            self._stream_at = first
+        self._open(indices[0])
         for _ in indices:
             batch = next(self._stream)
             self._stream_at += 1
