@@ -23,6 +23,12 @@ gloo, ``torch.set_num_threads(cores // ranks)``):
 * ``fit_s``: ``Trainer.fit`` end to end (set-up and every epoch), the slowest rank's.
 
 The record also keeps each rank's wait for every batch (``rank_waits``, per epoch).
+``--trace`` adds, per run, where each epoch's time went: every rank's step start and end times
+(from rank 0's epoch start) and the CPU seconds of every process of the run in that epoch
+(ranks, their fork servers, loader workers, resource trackers; sampled from ``/proc`` every
+25 ms by the driver, ``_proc_cpu.py``), and the same CPU over the set-up. ``--forkserver-side``
+adds gnnpar with its loader workers from a fork server (``GNNPAR_LOADER_START=forkserver``,
+side ``gnnpar-forkserver``) instead of forks of the training process.
 
 The model of every side but ``dgl-blocks`` is written as PyG's hierarchical-sampling example
 writes it (``trim_to_layer`` before each layer: layer ``i`` runs on the nodes and edges the later

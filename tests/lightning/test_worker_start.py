@@ -5,6 +5,7 @@ end and from a mid-epoch resume."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import sys
@@ -38,15 +39,19 @@ def _workers_parents(workers: int) -> set[int]:
 
 
 def _epochs(workers: int) -> tuple[list[list[torch.Tensor]], list[torch.Tensor], set[int]]:
-    """Three epochs' batches (seeds and features), epoch 1 resumed after its second batch, and
-    the parents of the loader workers that ran."""
+    """Three epochs' batches (seeds and features) with a validation pass in the middle of
+    epoch 1, epoch 1 resumed after its second batch, and the parents of the loader workers."""
     dm = GraphDataModule(dataset="cora", batch_size=32, fanouts=[4, 3], loader_workers=workers)
     dm.setup()
     loader = dm.train_dataloader()
     seen = []
     for epoch in (0, 1, 2):
         loader.sampler.set_epoch(epoch)
-        seen.append([torch.cat([b.n_id, b.x.sum(1)]) for b in loader])
+        batches = iter(loader)
+        seen.append([torch.cat([b.n_id, b.x.sum(1)]) for b in itertools.islice(batches, 2)])
+        if epoch == 1:  # a validation pass midway: its workers start beside the stream's
+            seen.append([torch.cat([b.n_id, b.x.sum(1)]) for b in dm.val_dataloader()])
+        seen[-1 - (epoch == 1)] += [torch.cat([b.n_id, b.x.sum(1)]) for b in batches]
     parents = _workers_parents(workers)
     state = {**loader.state_dict(), "epoch": 1, "done": 2}
     loader.close()
@@ -69,5 +74,5 @@ def test_forked_or_fork_server_workers_give_the_batches_of_no_workers(monkeypatc
     for run, rest in ((forked, forked_rest), (served, served_rest)):
         for a, b in zip(plain, run, strict=True):
             assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
-        assert len(rest) == len(plain[1]) - 2
+        assert len(rest) == len(plain[1]) - 2 and len(plain) == 4  # 3 epochs, 1 validation
         assert all(torch.equal(x, y) for x, y in zip(plain[1][2:], rest, strict=True))
