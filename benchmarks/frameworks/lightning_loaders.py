@@ -23,6 +23,12 @@ gloo, ``torch.set_num_threads(cores // ranks)``):
 * ``fit_s``: ``Trainer.fit`` end to end (set-up and every epoch), the slowest rank's.
 
 The record also keeps each rank's wait for every batch (``rank_waits``, per epoch).
+``--trace`` adds, per run, where each epoch's time went: every rank's step start and end times
+(from rank 0's epoch start) and the CPU seconds of every process of the run in that epoch
+(ranks, their fork servers, loader workers, resource trackers; sampled from ``/proc`` every
+25 ms by the driver, ``_proc_cpu.py``), and the same CPU over the set-up. ``--forkserver-side``
+adds gnnpar with its loader workers from a fork server (``GNNPAR_LOADER_START=forkserver``,
+side ``gnnpar-forkserver``) instead of forks of the training process.
 
 The model of every side but ``dgl-blocks`` is written as PyG's hierarchical-sampling example
 writes it (``trim_to_layer`` before each layer: layer ``i`` runs on the nodes and edges the later
@@ -66,6 +72,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +80,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+STARTED = time.time()  # this process's start (a side's marks count from it)
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
 FANOUTS = [25, 10, 10]
@@ -290,21 +298,33 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
             self.t_last = self.t_epoch = 0.0
             self.wait = 0.0
             self.steps = 0
+            # wall-clock marks (time.time(), comparable across the ranks' processes)
+            self.marks: list[tuple[str, float]] = [("started", STARTED)]
+
+        def setup(self, trainer, pl_module, stage) -> None:
+            self.marks.append(("setup", time.time()))
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.marks.append(("train_start", time.time()))
 
         def on_train_epoch_start(self, trainer, pl_module) -> None:
+            self.marks.append(("epoch_start", time.time()))
             self.cpu_epoch = time.process_time()
             self.t_epoch = self.t_last = time.perf_counter()
             self.wait, self.steps, self.waits = 0.0, 0, []
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.marks.append(("step_start", time.time()))
             self.waits.append(time.perf_counter() - self.t_last)
             self.wait += self.waits[-1]
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.marks.append(("step_end", time.time()))
             self.t_last = time.perf_counter()
             self.steps += 1
 
         def on_train_epoch_end(self, trainer, pl_module) -> None:
+            self.marks.append(("epoch_end", time.time()))
             now, cpu = time.perf_counter(), time.process_time() - self.cpu_epoch
             self.epochs.append(
                 {
@@ -391,18 +411,21 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
         use_distributed_sampler=not args.side.startswith("dgl"),
     )
     t_fit = time.perf_counter()
+    times.marks.append(("fit", time.time()))
     trainer.fit(model, datamodule=dm)
     fit_s = time.perf_counter() - t_fit
     acc = None
     if args.test:
         trainer.test(model, datamodule=dm, verbose=False)
         acc = float(trainer.callback_metrics["test_acc"])
-    ranks, fits = [times.epochs], [fit_s]
+    ranks, fits, marks = [times.epochs], [fit_s], [times.marks]
     if dist.is_initialized():
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, times.epochs)
         fits = [None] * dist.get_world_size()
         dist.all_gather_object(fits, fit_s)
+        marks = [None] * dist.get_world_size()
+        dist.all_gather_object(marks, times.marks)
     if trainer.global_rank == 0:
         epochs = [
             {k: max(r[e][k] for r in ranks) for k in ("epoch_s", "data_wait_s", "cpu_s")}
@@ -412,7 +435,7 @@ def _fit(args, pl, torch, dist, SAGE, dm) -> None:
             }
             for e in range(min(len(r) for r in ranks))
         ]
-        record = {"epochs": epochs, "test_acc": acc, "fit_s": max(fits)}
+        record = {"epochs": epochs, "test_acc": acc, "fit_s": max(fits), "marks": marks}
         Path(args.result).write_text(json.dumps(record))
 
 
@@ -447,17 +470,73 @@ def run_side(args, side: str, ranks: int, graph: Path, folder: Path, **extra) ->
         flag = f"--{key.replace('_', '-')}"
         cmd += [flag] if value is True else [flag, str(value)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if side == "gnnpar-forkserver":  # gnnpar with its loader workers from a fork server
+        cmd[cmd.index(side)] = "gnnpar"
+        env["GNNPAR_LOADER_START"] = "forkserver"
     if side == "pyg":
         env["PYTHONPATH"] = os.pathsep.join([args.peer_path, str(ROOT / "src")])
     if side.startswith("dgl"):  # DGL's own interpreter (torch 2.2.1): nothing of gnnpar
         cmd[0], env["DGLBACKEND"] = args.dgl_python, "pytorch"
         env["PYTHONPATH"] = args.dgl_pyg_path if side == "dgl" else ""
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, cwd=str(folder), timeout=3000
-    )
+    if not args.trace:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, cwd=str(folder), timeout=3000
+        )
+        out, err = proc.stdout, proc.stderr
+    else:  # every process of the run's CPU time over time (ranks, fork servers, workers)
+        from _proc_cpu import ProcCPU
+
+        popen = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=folder
+        )
+        watch = ProcCPU(popen.pid)
+        out, err = popen.communicate(timeout=3000)
+        watch.stop()
+        proc = popen
     if proc.returncode != 0:
-        sys.exit(f"{side} x{ranks} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(result.read_text())
+        sys.exit(f"{side} x{ranks} failed:\n{out[-2000:]}\n{err[-4000:]}")
+    record = json.loads(result.read_text())
+    if args.trace:
+        record["trace"] = trace_summary(watch, record["marks"])
+        record["procs"] = watch.record()["procs"]  # the samples themselves are not kept
+        print(f"{side} x{ranks} trace: {json.dumps(record['trace'])}", flush=True)
+    return record
+
+
+def trace_summary(watch, marks: list[list]) -> dict:
+    """Where each epoch's time went: per epoch (rank 0's epoch start to the last rank's epoch
+    end), each rank's steps (start, end, relative to that epoch start) and every kind of
+    process's CPU seconds in that window; and the same CPU from the first rank's start to the
+    first epoch's start (the set-up)."""
+    starts = [[t for k, t in m if k == "epoch_start"] for m in marks]
+    ends = [[t for k, t in m if k == "epoch_end"] for m in marks]
+    epochs = []
+    for e in range(min(len(s) for s in starts)):
+        t0, t1 = min(s[e] for s in starts), max(x[e] for x in ends)
+        steps = []
+        for m in marks:
+            mine = [t for k, t in m if k in ("step_start", "step_end") and t0 <= t <= t1 + 1e-3]
+            steps.append([round(t - t0, 3) for t in mine])
+        epochs.append(
+            {
+                "wall_s": round(t1 - t0, 3),
+                "steps": steps,
+                "cpu_s": {k: round(v, 3) for k, v in watch.cpu_between(t0, t1).items()},
+            }
+        )
+    first = min(s[0] for s in starts)
+    began = min(t for m in marks for k, t in m if k == "started")
+    marks_rel = [
+        [(k, round(t - began, 3)) for k, t in m if k not in ("step_start", "step_end")]
+        for m in marks
+    ]
+    return {
+        "setup_cpu_s": {
+            k: round(v, 3) for k, v in watch.cpu_between(watch.samples[0][0], first).items()
+        },
+        "marks": marks_rel,
+        "epochs": epochs,
+    }
 
 
 def peer_ready(path: str) -> bool:
@@ -565,6 +644,13 @@ def driver(args: argparse.Namespace) -> None:
 
     load_start, watch = os.getloadavg(), LoadWatch()
     folder = Path(tempfile.mkdtemp(prefix="gnnpar-lightning-bench-"))
+    try:
+        _drive(args, load_start, watch, folder)
+    finally:  # the saved graph and the sides' results
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _drive(args: argparse.Namespace, load_start, watch: LoadWatch, folder: Path) -> None:
     graph = save_graph(args, folder)
     sides = ["gnnpar"]
     if peer_ready(args.peer_path):
@@ -583,6 +669,8 @@ def driver(args: argparse.Namespace) -> None:
         )
     if args.dgl_blocks and dgl_ready(args.dgl_python):
         sides.append("dgl-blocks")
+    if args.forkserver_side:
+        sides.append("gnnpar-forkserver")
     rank_counts = [1] if args.smoke else [int(r) for r in args.rank_counts.split(",")]
     loaders: dict[str, dict] = {}
     for ranks in rank_counts:
@@ -597,6 +685,11 @@ def driver(args: argparse.Namespace) -> None:
                     for a, b in zip(runs["gnnpar"], runs[side], strict=True)
                 )
                 for key in ("data_wait_s", "epoch_s", "cpu_s")
+            } | {
+                "first_epoch_s": statistics.median(
+                    a["epochs"][0]["epoch_s"] / b["epochs"][0]["epoch_s"]
+                    for a, b in zip(runs["gnnpar"], runs[side], strict=True)
+                )
             }
             print(f"gnnpar/{side} x{ranks}: {loaders[f'gnnpar/{side} x{ranks}']}")
         for side in sides:
@@ -787,6 +880,18 @@ def main() -> None:
         "--stream-check",
         action="store_true",
         help="gnnpar's loader alone: a DataLoader pass per epoch against the run-long stream",
+    )
+    p.add_argument(
+        "--forkserver-side",
+        action="store_true",
+        help="also gnnpar with its loader workers from a fork server (GNNPAR_LOADER_START="
+        "forkserver; side gnnpar-forkserver) instead of forks of the training process",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="record every process's CPU time (ranks, fork servers, workers) and each step's "
+        "wall-clock times, per epoch (Linux /proc)",
     )
     p.add_argument("--step-s", type=float, default=0.5, help="--stream-check's simulated step")
     # one side (internal)

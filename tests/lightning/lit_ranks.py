@@ -156,7 +156,7 @@ def main(out: Path) -> None:
     t.fit(m, datamodule=dm, ckpt_path=str(out / "ckpt" / "epoch=0-step=3.ckpt"))
     save(out, "resumed", t, m)
 
-    # 3b. scenarios 2 and 3 with one loader worker per rank (forkserver workers, the hand-off
+    # 3b. scenarios 2 and 3 with one loader worker per rank (forked workers, the hand-off
     # thread): a checkpoint after every step, then resumed from the one after step 3
     workers_dm = GraphDataModule(dataset="cora", loader_workers=1, **DATA)
     m = GnnparSage(0.0, *dims)

@@ -405,3 +405,84 @@ def test_a_new_stream_makes_its_head_here_while_its_workers_start():
     # worker to start and map the graph before its first batch (0.40 s against PyG's 0.13-0.24 s)
     loader = data.ResumableLoader(Items(), None, str, end=10, head=True)
     assert loader._head() and not data.ResumableLoader(Items(), None, str, head=False)._head()
+
+
+def test_loader_workers_are_forks_of_the_training_process_unless_asked_or_unsafe(monkeypatch):
+    """On Linux the data module's loader workers are forks of the training process made by its
+    main thread (as PyG's are), and no fork server is started for them; a fork server where
+    GNNPAR_LOADER_START=forkserver asks, or where a loader is made off the main thread; any
+    other value is a usage error."""
+    import multiprocessing
+    import threading
+
+    from gnnpar.lightning import data
+
+    monkeypatch.delenv(data.LOADER_START, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    started = []
+    monkeypatch.setattr(data, "start_fork_server", lambda: started.append(1) or "server")
+    assert data.worker_start() == "fork"
+    kw = data._worker_kwargs(1, 30.0)
+    assert kw["multiprocessing_context"] is multiprocessing.get_context("fork")
+    dm = GraphDataModule(dataset="cora", batch_size=32, fanouts=[4, 3], loader_workers=1)
+    dm.setup()
+    loader = dm.train_dataloader()  # not iterated: no worker is started in the quick lane
+    assert loader.head and loader.multiprocessing_context.get_start_method() == "fork"
+    assert started == []  # neither the data module nor its loader started a fork server
+
+    off_main: list[str] = []
+    t = threading.Thread(target=lambda: off_main.append(data.worker_start()))
+    t.start()
+    t.join()
+    assert off_main == ["forkserver"]
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert data.worker_start() == "forkserver"
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv(data.LOADER_START, "forkserver")
+    assert (
+        data.worker_start() == "forkserver"
+        and data._worker_kwargs(1, 30.0)["multiprocessing_context"] == "server"
+    )
+    GraphDataModule(dataset="cora", batch_size=32, fanouts=[4, 3], loader_workers=1)
+    assert len(started) == 2  # the data module starts the server early, as before
+    monkeypatch.setenv(data.LOADER_START, "thread")
+    with pytest.raises(UsageError, match="GNNPAR_LOADER_START='thread': use fork"):
+        data.worker_start()
+
+
+def test_the_first_batch_is_made_here_then_the_forked_workers_batches():
+    """With forked workers a new stream's first batch is made in this process (on the hand-off
+    thread) while the workers, started first, make the rest: every index once, in order, and
+    this process's sampler released."""
+    from gnnpar.lightning import data
+
+    class Items:
+        released = False
+
+        def __getitem__(self, i):
+            return f"here {i}"
+
+        def release(self):
+            self.released = True
+
+    items = Items()
+    got = list(data.first_here(items, 4, (f"worker {i}" for i in range(5, 8))))
+    assert got == ["here 4", "worker 5", "worker 6", "worker 7"] and items.released
+
+
+def test_iter_starts_the_stream_and_the_first_batch_reads_the_sampler(cora):
+    """``iter`` makes the stream for where the sampler will begin (as a DataLoader starts its
+    workers then: Lightning calls it for the first epoch before ``on_train_epoch_start``); the
+    batches still follow the sampler as it is at the first batch: a ``set_epoch`` in between
+    gives that epoch's batches."""
+    loader = cora.train_dataloader()
+    steps = loader.sampler.steps
+    loader.sampler.set_epoch(2)
+    it = iter(loader)
+    assert loader._stream is not None and loader._stream_at == 2 * steps
+    epoch2 = [b.n_id for b in it]
+    loader.sampler.set_epoch(0)
+    it = iter(loader)
+    assert loader._stream_at == 0
+    loader.sampler.set_epoch(2)  # moved before the first batch
+    assert all(torch.equal(a, b.n_id) for a, b in zip(epoch2, it, strict=True))

@@ -42,12 +42,14 @@ gnnpar's shared work pool instead: every batch of the epoch once, taken by which
 free, so a faster rank trains more of them.
 
 The graph is written once per machine to shared memory (``/dev/shm``, unlinked at once) and
-mapped by every rank and loader worker (:func:`gnnpar.training.sources.share_graph`); workers
-start from a fork server that has no threads, exit with their rank, and a batch that does not
-come within ``timeout`` seconds is an error, not a hang (:mod:`gnnpar.data.sampling.loader`).
-A new training stream makes its first batches in the training process until its workers'
-loader has started (``ResumableLoader._head``: the same batches), as a forked worker of PyG's
-would have them ready.
+mapped by every rank and loader worker (:func:`gnnpar.training.sources.share_graph`). On Linux
+the loader workers are forks of the training process made by its main thread, as PyG's are
+(:func:`worker_start` says why that is safe here); elsewhere, or with
+``GNNPAR_LOADER_START=forkserver``, they start from a fork server that has no threads, and a new
+training stream then makes its first batches in the training process until its workers' loader
+has started (``ResumableLoader._head``: the same batches). Workers exit with their rank, and a
+batch that does not come within ``timeout`` seconds is an error, not a hang
+(:mod:`gnnpar.data.sampling.loader`).
 
 Resuming
 --------
@@ -64,6 +66,7 @@ import multiprocessing as mp
 import multiprocessing.forkserver
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -382,32 +385,53 @@ class ResumableLoader(GraphLoader):
         self._stream_at = -1  # the index of the stream's next batch
 
     def __iter__(self) -> Iterator[Any]:
+        """The epoch's batches. A stream that does not begin where the sampler will begin is
+        made now, as a DataLoader starts its workers when ``iter`` is called (Lightning calls
+        it for the first epoch while it sets up the fit, before ``on_train_epoch_start``), not
+        at the first batch; the sampler itself is read at the first batch (a ``set_epoch`` in
+        between that moves it makes the stream again there)."""
         self.yielded = self._start()
+        first = self._start() + self.sampler.epoch * self.sampler.steps
+        if self._end is None or first < self._end:
+            self._open(first)
+        return self._batches()
+
+    def _open(self, first: int) -> None:
+        """Make the stream begin at batch ``first`` unless it is there already."""
+        if self._stream is not None and self._stream_at == first:
+            return
+        self.close()  # ends the old stream's workers
+        end = self._end if self._end is not None and self._end > first else 2**62
+        kw = self._stream_kwargs
+        workers = kw.get("num_workers", 0) > 0
+        forked = workers and kw["multiprocessing_context"].get_start_method() == "fork"
+        if forked and self._head() and end - first > 1:
+            # the workers forked now, by this thread (the loop's, between steps: see
+            # worker_start); batch `first` made here meanwhile, on the hand-off thread
+            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first + 1, end), **kw)
+            rest = iter(loader)
+            here = copy.deepcopy(self.dataset)
+            self._stream = HandOff(first_here(here, first, rest), self.convert)
+        elif workers and self._head() and not forked:
+            claims = Claims(first, end)
+            loader = DataLoader(self.dataset, batch_size=None, sampler=claims.for_loader(), **kw)
+            # the head from a copy: starting a worker pickles the dataset, which moves its
+            # tensors' storage into shared memory in place, under the feet of a reader
+            here = copy.deepcopy(self.dataset)
+            self._stream = HandOff(made_here(here, claims, loader.__iter__), self.convert)
+        elif workers:
+            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
+            self._stream = HandOff(iter(loader), self.convert)
+        else:  # sampled in this process, when the loop asks
+            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
+            self._stream = map(self.convert, loader)
+        self._stream_at = first
+
+    def _batches(self) -> Iterator[Any]:
         indices = list(iter(self.sampler))  # consecutive: this epoch's batches still to train
         if not indices:
             return
-        first = indices[0]
-        if self._stream is None or self._stream_at != first:
-            self.close()  # ends the old stream's workers
-            end = self._end if self._end is not None and self._end > first else 2**62
-            kw = self._stream_kwargs
-            workers = kw.get("num_workers", 0) > 0
-            if workers and self._head():
-                claims = Claims(first, end)
-                loader = DataLoader(
-                    self.dataset, batch_size=None, sampler=claims.for_loader(), **kw
-                )
-                # the head from a copy: starting a worker pickles the dataset, which moves its
-                # tensors' storage into shared memory in place, under the feet of a reader
-                here = copy.deepcopy(self.dataset)
-                self._stream = HandOff(made_here(here, claims, loader.__iter__), self.convert)
-            elif workers:
-                loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
-                self._stream = HandOff(iter(loader), self.convert)
-            else:  # sampled in this process, when the loop asks
-                loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
-                self._stream = map(self.convert, loader)
-            self._stream_at = first
+        self._open(indices[0])
         for _ in indices:
             batch = next(self._stream)
             self._stream_at += 1
@@ -415,17 +439,19 @@ class ResumableLoader(GraphLoader):
             yield batch
 
     def _head(self) -> bool:
-        """Whether a new stream's first batches are made in the training process, one at a
-        time as the loop takes them, until the workers' loader has started (:class:`Claims`):
-        where the data module allows it (``head``: workers, a graph of at most
-        :data:`HEAD_MAX_NODES` nodes).
+        """Whether a new stream's first batches are made in the training process: where the
+        data module allows it (``head``: workers, a graph of at most :data:`HEAD_MAX_NODES`
+        nodes). With forked workers (:func:`worker_start`), the first batch, made on the
+        hand-off thread while the workers (forked first) start and make the next ones
+        (:func:`first_here`); with a fork server's, one at a time as the loop takes them, until
+        the workers' loader has started (:class:`Claims`).
 
-        Why: a worker's first batch waits for the fork server (its import of torch began when
-        the data module was made: 5-8 s on 2 loaded cores, ~1 s on a quiet machine), then for
-        the worker to start and map the graph; PyG's workers fork the training process and
-        start at once. Even with the server ready, rank 0 of 2 waited 0.40 s for a worker's
-        first batch where PyG's ranks waited 0.13-0.24 s (load 9). Batch ``i`` is the same in
-        any process, so the stream's batches do not change."""
+        Why: a worker's first batch waits for the worker to start (a fork server's: for the
+        server's import of torch too, begun when the data module was made: 5-8 s on 2 loaded
+        cores, ~1 s on a quiet machine), to map the graph, make its sampler and sample. Even
+        with the server ready, rank 0 of 2 waited 0.40 s for a worker's first batch where PyG's
+        ranks waited 0.13-0.24 s (load 9). Batch ``i`` is the same in any process, so the
+        stream's batches do not change."""
         return self.head
 
     def close(self) -> None:
@@ -520,6 +546,17 @@ def made_here(dataset, claims: Claims, start: Callable[[], Iterator[Any]]) -> It
     yield from started["it"]
 
 
+def first_here(dataset, first: int, rest: Iterator[Any]) -> Iterator[Any]:
+    """``dataset[first]`` made in this process, then the items of ``rest`` (the forked workers'
+    loader, already started over the indices after ``first``); this process's sampler is
+    dropped once its batch is made."""
+    try:
+        yield dataset[first]
+    finally:
+        dataset.release()
+    yield from rest
+
+
 # Graphs up to this many nodes may have a new stream's first batches made in the training
 # process (ResumableLoader._head): its sampler's node-mark arrays, 16-24 bytes a node, are this
 # process's to hold meanwhile (~400 MB at this size).
@@ -527,13 +564,14 @@ HEAD_MAX_NODES = 1 << 24
 
 
 def start_fork_server() -> Any:
-    """The fork server that loader workers are forked from (``gnnpar train``'s, :func:`gnnpar.
-    data.sampling.loader.build_loader`: it imports torch and the sampler once, and holds no
-    process group), started if it is not running yet; returns its multiprocessing context.
+    """The fork server that loader workers are forked from where they are not forks of the
+    training process (:func:`worker_start`; ``gnnpar train``'s, :func:`gnnpar.data.sampling.
+    loader.build_loader`: it imports torch and the sampler once, and holds no process group),
+    started if it is not running yet; returns its multiprocessing context.
 
-    :class:`GraphDataModule` starts it when it is made with ``loader_workers``, not when the
-    first loader iterates: the server's import of torch (5-8 s on 2 loaded cores) then runs
-    while the model and the ``Trainer`` are set up instead of inside the first batch's wait."""
+    :class:`GraphDataModule` starts it when it is made, not when the first loader iterates: the
+    server's import of torch (5-8 s on 2 loaded cores) then runs while the model and the
+    ``Trainer`` are set up instead of inside the first batch's wait."""
     from gnnpar.data.sampling import loader
 
     ctx = mp.get_context("forkserver")
@@ -543,15 +581,58 @@ def start_fork_server() -> Any:
     return ctx
 
 
+LOADER_START = "GNNPAR_LOADER_START"
+
+
+def worker_start() -> str:
+    """How the data module's loader workers start: ``fork`` (forks of the training process, as
+    PyG's and torch's default loaders start theirs on Linux) or ``forkserver`` (forks of
+    :func:`start_fork_server`'s server). ``fork`` where the platform is Linux, the caller is the
+    main thread (Lightning makes and iterates its loaders there) and ``GNNPAR_LOADER_START``
+    does not ask for ``forkserver``.
+
+    Why fork: under Lightning's DDP the second rank is started by ``Trainer.fit``, and its fork
+    server imports torch (~1.3 s of CPU) while the first epoch runs; on 2 cores shared by 2
+    ranks that made gnnpar's first epoch 0.5-0.6 s longer than PyG's on a quiet machine, with
+    equal waits for batches (BENCHMARKS.md). A fork of the training process imports nothing.
+
+    Why it is safe here (the hazards of forking a rank, :mod:`gnnpar.strategies.sampled`): the
+    fork is made by the main thread, between steps (the stream's start, Lightning's ``iter``,
+    or an evaluation loader's), not by one of gnnpar's threads while the loop runs. A worker
+    runs torch's DataLoader worker loop over gnnpar's sampler and nothing else, so the locks
+    other threads may hold at that moment are ones it never takes: the process group's
+    threads' (a worker calls no collective and never reaches the store), torch's OpenMP pool
+    (idle between parallel regions; a worker runs with one thread, ``_worker_init``, so it never
+    enters the inherited pool), the previous stream's hand-off thread (stopped; it can only be
+    waiting on that stream's queues). What a worker does take is made safe by fork itself:
+    glibc's malloc locks (its fork handlers), Python's runtime and ``logging`` locks, torch's
+    shared-memory cache lock (re-made after a fork), and the CUDA context, which a worker never
+    uses (its batches are CPU tensors). Memory: the graph is in shared memory (mapped, not
+    copied); the rest of the training process is shared copy-on-write, as PyG's workers share
+    it. ``GNNPAR_LOADER_START=forkserver`` keeps the fork server (a user thread of their own
+    that holds a lock the sampler takes: none of the above)."""
+    asked = os.environ.get(LOADER_START, "")
+    if asked not in ("", "fork", "forkserver"):
+        raise UsageError(
+            f"{LOADER_START}={asked!r}: use fork (the default on Linux) or forkserver, or leave "
+            "it unset."
+        )
+    if asked == "forkserver" or not sys.platform.startswith("linux"):
+        return "forkserver"
+    if threading.current_thread() is not threading.main_thread():
+        return "forkserver"
+    return "fork"
+
+
 def _worker_kwargs(workers: int, timeout_s: float) -> dict[str, Any]:
     """What ``gnnpar train``'s loader gives its workers (:func:`gnnpar.data.sampling.loader.
-    build_loader`): a fork server that imported torch and the sampler only, one thread each,
-    exit with the training process, a bounded wait for every batch."""
+    build_loader`): workers started as :func:`worker_start` says, one thread each, exit with
+    the training process, a bounded wait for every batch."""
     if workers == 0:
         return {}
     from gnnpar.data.sampling import loader
 
-    ctx = start_fork_server()
+    ctx = mp.get_context("fork") if worker_start() == "fork" else start_fork_server()
     return {
         "num_workers": workers,
         "persistent_workers": True,
@@ -578,7 +659,8 @@ class GraphDataModule(pl.LightningDataModule):
         self.cfg = data_config(dataset, settings)
         # not in a process multiprocessing started (a loader worker importing the user's
         # script, which makes a data module too): workers never start loader workers
-        if self.sampled and self.cfg.strategy.loader_workers > 0 and mp.parent_process() is None:
+        workers = self.sampled and self.cfg.strategy.loader_workers > 0
+        if workers and mp.parent_process() is None and worker_start() == "forkserver":
             start_fork_server()
         self.dataset_name = self.cfg.data.dataset
         self.ds = None  # the loaded gnnpar GraphDataset (loaded once per process)
@@ -689,7 +771,7 @@ class GraphDataModule(pl.LightningDataModule):
         if isinstance(strategy, GossipStrategy):
             return self._pool_loader(strategy, ranks)
         s, r = self.cfg.strategy, self.cfg.run
-        head = False  # a new stream's first batches made here while the fork server starts
+        head = False  # a new stream's first batches made here while its workers start
         if self.sampled:
             from gnnpar.data.sampling.loader import SampledBatches, shard_plan
 
