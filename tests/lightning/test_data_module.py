@@ -341,7 +341,51 @@ def test_the_hand_off_thread_gives_every_batch_in_order_and_the_loaders_error_in
     while stream._thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not stream._thread.is_alive() and len(made) <= 4  # one queued, one in hand, no more
+    while "gnnpar-release" in [t.name for t in threading.enumerate()]:
+        assert time.monotonic() < deadline, "the release thread did not end after close()"
+        time.sleep(0.05)
     assert "gnnpar-hand-off" not in [t.name for t in threading.enumerate()]
+
+
+def test_the_hand_off_frees_the_batches_the_loop_let_go_of_on_its_own_thread():
+    """The loop does not pay for freeing a batch: once it has dropped batch i and taken
+    HandOff.KEEP more, the last reference to batch i is the hand-off's, let go on its release
+    thread; a batch the loop still holds is not freed; at the stream's end every kept batch goes
+    and the release thread ends."""
+    import threading
+    import time
+
+    from gnnpar.lightning.data import HandOff
+
+    freed: dict[int, str] = {}
+
+    class Batch:
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def __del__(self) -> None:
+            freed[self.i] = threading.current_thread().name
+
+    def wait_for(cond) -> None:
+        deadline = time.monotonic() + 5
+        while not cond():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    stream = HandOff(iter(range(6)), Batch)
+    held = next(stream)  # batch 0, kept by the loop all along
+    for _ in range(HandOff.KEEP + 2):  # batches 1..4, each dropped by the loop at once
+        next(stream)
+    wait_for(lambda: {1, 2} <= set(freed))
+    assert freed[1] == freed[2] == "gnnpar-release"  # not the loop's thread
+    assert 0 not in freed and held.i == 0
+    with pytest.raises(StopIteration):
+        for _ in range(5):
+            next(stream)
+    wait_for(lambda: {3, 4, 5} <= set(freed))
+    wait_for(lambda: "gnnpar-release" not in [t.name for t in threading.enumerate()])
+    del held
+    assert freed[0] == threading.current_thread().name  # the loop let go of it last
 
 
 def test_a_new_stream_makes_its_head_here_while_its_workers_start():

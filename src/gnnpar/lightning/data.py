@@ -60,6 +60,7 @@ rest of that epoch's batches, the same ones the uninterrupted run trains.
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import multiprocessing as mp
@@ -280,15 +281,40 @@ class HandOff:
 
     An error of the loader (a worker's, or its ``timeout``) is raised in the loop at the batch
     it stopped; :meth:`close` stops the thread at its next batch, which lets the DataLoader's
-    workers end."""
+    workers end.
+
+    The loop does not pay for freeing a batch either: the hand-off keeps a reference to the last
+    :data:`KEEP` batches it handed out and lets go of the oldest on a thread of its own
+    (``gnnpar-release``) when it hands out a new one. By then the loop has trained that batch
+    and dropped it (Lightning's fetcher holds the batch it trains and the one it fetched ahead),
+    so the last reference is this one, and unmapping the batch's shared-memory tensors happens
+    off the loop: at synthetic-reddit 0.1 (a 56 MB batch from a worker) that was 14-20 ms of
+    every ``next`` (BENCHMARKS.md). A batch the user still holds is freed where the user lets
+    go of it, as before; none is kept longer than :data:`KEEP` hand-outs."""
+
+    KEEP = 2  # batches handed out whose last reference may be this one's
 
     def __init__(self, batches: Iterator[Any], convert: Callable[[Any], Any], depth: int = 1):
         self._queue: queue.Queue = queue.Queue(depth)
         self._stop = threading.Event()
+        self._lent: collections.deque = collections.deque()
+        self._freed: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._run, args=(batches, convert), name="gnnpar-hand-off", daemon=True
         )
         self._thread.start()
+        self._releaser = threading.Thread(
+            target=self._release, args=(self._freed,), name="gnnpar-release", daemon=True
+        )
+        self._releaser.start()
+
+    @staticmethod
+    def _release(freed: queue.SimpleQueue) -> None:
+        while True:  # each batch's last reference, if it is this one, dropped here
+            item = freed.get()
+            if item is None:
+                return
+            del item
 
     def _run(self, batches: Iterator[Any], convert: Callable[[Any], Any]) -> None:
         try:
@@ -316,14 +342,28 @@ class HandOff:
             raise StopIteration
         ok, value = self._queue.get()
         if ok:
+            self._lent.append(value)
+            if len(self._lent) > self.KEEP:
+                self._freed.put(self._lent.popleft())
             return value
         self._stop.set()
+        self._let_go()
         if value is None:
             raise StopIteration
         raise value
 
+    def _let_go(self) -> None:
+        """The stream has ended: every batch still kept goes, then the release thread ends."""
+        if self._releaser is None:
+            return
+        while self._lent:
+            self._freed.put(self._lent.popleft())
+        self._freed.put(None)
+        self._releaser = None
+
     def close(self) -> None:
         self._stop.set()
+        self._let_go()
         while True:  # a thread waiting to put sees the stop within 0.5 s; drop what it queued
             try:
                 self._queue.get_nowait()
@@ -433,10 +473,13 @@ class ResumableLoader(GraphLoader):
             return
         self._open(indices[0])
         for _ in indices:
-            batch = next(self._stream)
-            self._stream_at += 1
-            self.yielded += 1
-            yield batch
+            yield self._take()  # this frame keeps no reference to a batch it handed out
+
+    def _take(self) -> Any:
+        batch = next(self._stream)
+        self._stream_at += 1
+        self.yielded += 1
+        return batch
 
     def _head(self) -> bool:
         """Whether a new stream's first batches are made in the training process: where the
