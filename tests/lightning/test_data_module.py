@@ -388,6 +388,19 @@ def test_the_hand_off_frees_the_batches_the_loop_let_go_of_on_its_own_thread():
     assert freed[0] == threading.current_thread().name  # the loop let go of it last
 
 
+class _HereItems:
+    """A batch dataset whose item ``i`` is ``"here i"`` (made in this process), recording its
+    ``release()``."""
+
+    released = False
+
+    def __getitem__(self, i):
+        return f"here {i}"
+
+    def release(self):
+        self.released = True
+
+
 def test_a_new_stream_makes_its_head_here_while_its_workers_start():
     """A new training stream makes its first batches in this process, one index at a time,
     until the workers' loader (started on a thread meanwhile: the fork server may still be
@@ -398,18 +411,9 @@ def test_a_new_stream_makes_its_head_here_while_its_workers_start():
 
     from gnnpar.lightning import data
 
-    class Items:
-        released = False
-
-        def __getitem__(self, i):
-            return f"here {i}"
-
-        def release(self):
-            self.released = True
-
     # the loader's workers ready at once (a DataLoader takes its first indices when it starts):
     # every index once, in order, those made here first
-    items, claims = Items(), data.Claims(3, 9)
+    items, claims = _HereItems(), data.Claims(3, 9)
 
     def ready_start():
         indices = claims.for_loader()
@@ -429,7 +433,7 @@ def test_a_new_stream_makes_its_head_here_while_its_workers_start():
         ahead = [next(indices)]
         return (f"worker {i}" for i in [*ahead, *indices])
 
-    stream = data.made_here(Items(), claims, slow_start)
+    stream = data.made_here(_HereItems(), claims, slow_start)
     assert [next(stream) for _ in range(3)] == ["here 0", "here 1", "here 2"]
     gate.set()
     deadline = time.monotonic() + 5
@@ -440,15 +444,15 @@ def test_a_new_stream_makes_its_head_here_while_its_workers_start():
     def broken():
         raise RuntimeError("the fork server is gone")
 
-    stream = data.made_here(Items(), data.Claims(0, 1), broken)
+    stream = data.made_here(_HereItems(), data.Claims(0, 1), broken)
     assert next(stream) == "here 0"
     with pytest.raises(RuntimeError, match="fork server is gone"):
         next(stream)
 
     # made here whether or not the fork server has answered: a ready server still leaves the
     # worker to start and map the graph before its first batch (0.40 s against PyG's 0.13-0.24 s)
-    loader = data.ResumableLoader(Items(), None, str, end=10, head=True)
-    assert loader._head() and not data.ResumableLoader(Items(), None, str, head=False)._head()
+    loader = data.ResumableLoader(_HereItems(), None, str, end=10, head=True)
+    assert loader._head() and not data.ResumableLoader(_HereItems(), None, str, head=False)._head()
 
 
 def test_loader_workers_are_forks_of_the_training_process_unless_asked_or_unsafe(monkeypatch):
@@ -500,16 +504,7 @@ def test_the_first_batch_is_made_here_then_the_forked_workers_batches():
     this process's sampler released."""
     from gnnpar.lightning import data
 
-    class Items:
-        released = False
-
-        def __getitem__(self, i):
-            return f"here {i}"
-
-        def release(self):
-            self.released = True
-
-    items = Items()
+    items = _HereItems()
     got = list(data.first_here(items, 4, (f"worker {i}" for i in range(5, 8))))
     assert got == ["here 4", "worker 5", "worker 6", "worker 7"] and items.released
 

@@ -431,7 +431,7 @@ class ResumableLoader(GraphLoader):
         at the first batch; the sampler itself is read at the first batch (a ``set_epoch`` in
         between that moves it makes the stream again there)."""
         self.yielded = self._start()
-        first = self._start() + self.sampler.epoch * self.sampler.steps
+        first = self.yielded + self.sampler.epoch * self.sampler.steps
         if self._end is None or first < self._end:
             self._open(first)
         return self._batches()
@@ -459,12 +459,11 @@ class ResumableLoader(GraphLoader):
             # tensors' storage into shared memory in place, under the feet of a reader
             here = copy.deepcopy(self.dataset)
             self._stream = HandOff(made_here(here, claims, loader.__iter__), self.convert)
-        elif workers:
+        else:  # taken from the workers, or sampled in this process when the loop asks
             loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
-            self._stream = HandOff(iter(loader), self.convert)
-        else:  # sampled in this process, when the loop asks
-            loader = DataLoader(self.dataset, batch_size=None, sampler=range(first, end), **kw)
-            self._stream = map(self.convert, loader)
+            self._stream = (
+                HandOff(iter(loader), self.convert) if workers else map(self.convert, loader)
+            )
         self._stream_at = first
 
     def _batches(self) -> Iterator[Any]:
