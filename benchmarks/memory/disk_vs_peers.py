@@ -325,7 +325,7 @@ def _watch(a, side: str, proc: subprocess.Popen, out: Path, t_start: float) -> d
                 if line.endswith("}") and '"event": "epoch"' in line:
                     now = time.time()
                     rec = json.loads(line)
-                    steps = sum('"event": "step"' in x for x in metrics.read_text().splitlines())
+                    steps = _steps_recorded(metrics)
                     return {
                         "e2e_s": now - t_start,
                         "epoch_s": rec["train_s"],
@@ -338,10 +338,13 @@ def _watch(a, side: str, proc: subprocess.Popen, out: Path, t_start: float) -> d
         if proc.poll() is not None:
             return {"exit": proc.returncode}
         time.sleep(0.05)
-    steps = 0
-    if metrics.exists():
-        steps = sum('"event": "step"' in x for x in metrics.read_text().splitlines())
+    steps = _steps_recorded(metrics) if metrics.exists() else 0
     return {"timed_out": True, "timeout_s": a.timeout, "steps_done": steps}
+
+
+def _steps_recorded(metrics: Path) -> int:
+    """The step records in gnnpar's metrics.jsonl."""
+    return sum('"event": "step"' in x for x in metrics.read_text().splitlines())
 
 
 def _peer_progress(out: Path) -> dict:
