@@ -51,24 +51,47 @@ def test_the_disk_serves_what_the_page_cache_the_limit_leaves_cannot_hold():
     assert adv_disk.io_per_step(no_disk, "1024") is None  # a run from memory
 
 
-def test_the_prediction_adds_the_reads_to_the_batch_and_workers_overlap_them():
-    """10 ms of reads per batch (1 MB at 100 MB/s, all from the disk) on a 10 ms step: without
-    workers the rank waits for them, every step; with two workers they overlap its compute."""
+def test_the_prediction_adds_the_reads_to_the_batch_and_workers_overlap_them(monkeypatch):
+    """10 ms of reads per batch (1 MB at 100 MB/s, all from the disk) on a 10 ms step: made in
+    line (``GNNPAR_BATCH_AHEAD=0``) the rank waits for them, every step; made on a thread (the
+    default without workers) or by two workers, they overlap its compute."""
     spec = ClusterSpec(1, 1)
     tight = _profile(0)  # nothing left to the page cache: every read from the disk
     roomy = _profile(64 << 30)
     c0 = Candidate("sampled", {"batch_size": 1024, "loader_workers": 0}, 1)
-    slow, fast = (predict(c0, p, spec, sim.NONE, 1) for p in (tight, roomy))
     cluster = make_cluster(spec, tight, 1)
     steps = 4  # 4096 training nodes, batches of 1024
+    monkeypatch.setenv("GNNPAR_BATCH_AHEAD", "0")
+    slow, fast = (predict(c0, p, spec, sim.NONE, 1) for p in (tight, roomy))
     want = sim.sampled(cluster, steps, 1, 0.010, 0.002 + 0.010, 0, 1000)
     assert slow.train_time_s == pytest.approx(want.train_time_s)
     assert slow.train_time_s - fast.train_time_s == pytest.approx(steps * 0.010, rel=1e-6)
     assert slow.disk["io_s"] == pytest.approx(0.010) and fast.disk["io_s"] == 0.0
     assert slow.to_json()["disk"]["hit_rate"] == 0.25
+    monkeypatch.delenv("GNNPAR_BATCH_AHEAD")
+    ahead = predict(c0, tight, spec, sim.NONE, 1)
+    # one batch ahead on a thread: 12 ms of making beside each 10 ms step
+    on_thread = sim.sampled(cluster, steps, 1, 0.010, 0.002 + 0.010, 1, 1000, prefetch=1)
+    assert ahead.train_time_s == pytest.approx(on_thread.train_time_s)
+    assert ahead.train_time_s < slow.train_time_s - (steps - 1) * 0.008
     c2 = Candidate("sampled", {"batch_size": 1024, "loader_workers": 2}, 1)
     overlapped = predict(c2, tight, spec, sim.NONE, 1)
     assert overlapped.train_time_s < slow.train_time_s - 2 * 0.010
+
+
+def test_what_is_made_on_a_thread_is_what_the_run_makes_there(monkeypatch):
+    """:func:`made_on_thread` against :func:`gnnpar.training.sources.made_ahead`: a thread
+    without loader workers, from a folder whose rows the cache does not all hold, or across
+    shards; never with workers, from memory, or with ``GNNPAR_BATCH_AHEAD=0``."""
+    from gnnpar.advise.predict import made_on_thread
+
+    missed, held = {"hit_rate": 0.25}, {"hit_rate": 1.0}
+    assert made_on_thread(0, False, missed) and made_on_thread(0, True, None)
+    assert not made_on_thread(0, False, held)  # only the sampling runs ahead: as in line
+    assert not made_on_thread(0, False, None)  # an in-memory graph
+    assert not made_on_thread(2, False, missed) and not made_on_thread(1, True, missed)
+    monkeypatch.setenv("GNNPAR_BATCH_AHEAD", "0")
+    assert not made_on_thread(0, True, missed)
 
 
 def test_the_profile_records_the_runs_cache_hits_and_bytes_read(tmp_path):

@@ -152,6 +152,28 @@ def test_advice_json_carries_the_exchange_of_each_deal_of_seeds():
     assert "exchange" not in predict(c, prof, ClusterSpec(1, 2), NONE, 1).to_json()
 
 
+def test_the_exchange_overlaps_the_step_where_the_next_batch_is_made_on_a_thread(monkeypatch):
+    """Across shards the run makes batch i+1 (its sampling and its exchanges) on a thread while
+    the model trains on batch i: a step costs the longer of the two, not their sum as in line
+    (``GNNPAR_BATCH_AHEAD=0``)."""
+    prof = _sharded_profile()
+    spec = ClusterSpec(2, 1, Link(1e-3, 125e6))
+    c = Candidate("sampled", {"batch_size": 1024, "loader_workers": 0, "seeds": "global"}, 2)
+    ahead = predict(c, prof, spec, NONE, 1)
+    monkeypatch.setenv("GNNPAR_BATCH_AHEAD", "0")
+    inline = predict(c, prof, spec, NONE, 1)
+    exchange = ahead.exchange["seconds_per_step"]
+    assert exchange > STEP["compute_s"]  # the link is the longer part here
+    assert inline.exchange == ahead.exchange  # the same bytes, the same seconds on the link
+    steps = 2  # 2048 training nodes a rank, batches of 1024
+    cluster = make_cluster(spec, prof, 2)
+    assert inline.train_time_s >= steps * (STEP["compute_s"] + STEP["main_sample_s"] + exchange)
+    making = STEP["main_sample_s"] + exchange
+    on_thread = (steps * making + STEP["compute_s"]) * 0.999
+    assert on_thread <= ahead.train_time_s < inline.train_time_s
+    assert cluster.world == 2
+
+
 def test_the_grid_deals_seeds_both_ways_only_on_several_hosts_of_a_sharded_graph():
     two = build_grid(("sampled",), 2, 2, {}, hosts=2)
     assert sorted(c.settings["seeds"] for c in two if c.settings["batch_size"] == 512

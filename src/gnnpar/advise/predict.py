@@ -38,6 +38,16 @@ the bytes a profiled batch read from the folder, the share of them the memory th
 leaves to the disk, the folder's measured read rate); with loader workers that wait overlaps the
 rank's compute as the making does. advice.json's sampled predictions then carry ``disk``.
 
+The batch made on a thread. Where a sampled run makes its batches in the training process
+(no loader workers) from a prepared folder whose rows the feature cache does not all hold, or
+across shards (where it always makes them so), gnnpar makes batch i+1 on a thread while the
+model trains on batch i (:func:`gnnpar.training.sources.made_ahead`, the shards'
+``exchange_ahead``): simulated as one loader worker that holds one batch ahead and starts as the
+rank's first batch does, its making (and the exchanges, the reads) overlapping the rank's
+compute, its CPU sharing the host's cores as a worker's does (the batch taken to fit in the
+memory the run may use). ``GNNPAR_BATCH_AHEAD=0`` in advise's environment predicts the run that
+makes every batch in line, as it does in training.
+
 Memory per rank: the bare rank measured here plus :func:`gnnpar.models.memory.estimate_bytes`
 for the run (a lower bound: see there), a pipeline stage holding its share of the model.
 """
@@ -72,7 +82,7 @@ from gnnpar.strategies.spec import (
     Advice,
     StrategySpec,
 )
-from gnnpar.training.sources import assign_parts, epoch_order
+from gnnpar.training.sources import assign_parts, batch_ahead_allowed, epoch_order
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
@@ -740,7 +750,8 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     s, world, epochs, loop = c.settings, c.world, r.epochs, r.loop
     w = s["loader_workers"]
     exchange = 0.0  # across shards: the frontier's and the rows' exchange, every step
-    if _across(c, prof, cluster):
+    across = _across(c, prof, cluster)
+    if across:
         w = 0  # made in the rank: its exchanges are collectives of the group
         exchange = shard_exchange.exchange_s(cluster, _step_traffic(c, prof, cluster))
     steps = shard_plan(prof.num_train, world, s["batch_size"])[1]
@@ -757,18 +768,26 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     # loader workers make batches on the cores the ranks leave idle first: every rank idles
     # while the slowest one pauses (DDP's all-reduce holds the others), so a worker's
     # batch time-shares a step only as far as it does not fit in that pause
+    # from disk: the batch's maker (a worker or the thread, overlapped with the rank's compute;
+    # else the rank) also waits for the reads the cache and the page cache miss (no core)
+    disk = io_per_step(prof, sampled_key(prof, s["batch_size"], world))
+    io = disk["io_s"] * seeds if disk else 0.0
+    ahead = made_on_thread(w, across, disk)
+    makers = w or int(ahead)  # the thread shares the rank's cores as a busy worker would
     idle = _pause_per_step(strag, compute * share) * prof.threads
-    busy = min(w, max(0.0, sample - idle) / max(compute, 1e-9)) if w else 0.0
+    busy = min(makers, max(0.0, sample - idle) / max(compute, 1e-9)) if makers else 0.0
     corun = _slowdown(prof, per_host, busy, "sampled_corun_factor")
     f = corun * seeds
     key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
     strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
-    # from disk: the batch's maker (a worker, overlapped with the rank's compute; else the
-    # rank) also waits for the reads the cache and the page cache miss (no core: not in busy)
-    disk = io_per_step(prof, sampled_key(prof, s["batch_size"], world))
-    io = disk["io_s"] * seeds if disk else 0.0
 
     def run_sampled(speed: list[float]) -> sim.SimResult:
+        if ahead:  # batch i+1 (its making, exchanges and reads) while the rank trains on i
+            return sim.sampled(
+                cluster, steps, epochs, compute * f + loop, sample * f + io + exchange, 1,
+                prof.param_bytes, strag, prefetch=1, start_s=b.get("first_batch_s", 0.0),
+                speed=speed,
+            )  # fmt: skip
         return sim.sampled(
             cluster,
             steps,
@@ -786,6 +805,17 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     # their next batch meanwhile, alone on the machine: slowed as far as they overlap
     alone = _time_share(prof, 1, busy) * max(1.0, prof.loop_factor) * seeds
     return _corun_by_overlap(run_sampled, world, per_host, f, min(f, alone))
+
+
+def made_on_thread(workers: int, across: bool, disk: dict[str, float] | None) -> bool:
+    """Whether a sampled run makes its next batch on a thread of the training process while
+    the model trains (see the module's "The batch made on a thread"): without loader workers,
+    across shards, or from a prepared folder whose rows the feature cache does not all hold
+    (``disk``'s hit rate below 1; where it holds them all, only the sampling runs ahead and the
+    rows' copy waits, as in line), and ``GNNPAR_BATCH_AHEAD`` not 0."""
+    if workers or not batch_ahead_allowed():
+        return False
+    return across or (disk is not None and disk["hit_rate"] < 1.0)
 
 
 SIMULATE = {
