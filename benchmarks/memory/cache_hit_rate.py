@@ -9,8 +9,13 @@ compiled sampler at ``--fanouts``) and every batch's rows (``n_id``) are looked 
 caches: the share served by each (rows served / rows gathered) and the rows each leaves to be
 read per batch. Two references: a presampled cache (GNNLab's, Yang et al. EuroSys'22: the rows
 most gathered by ``--presample`` other batches, timed too) and the oracle (the counted batches'
-own most gathered rows, chosen after them: no cache of that size does better on them). The CPU busy share of both cores over the run (/proc/stat) is printed with the
-load average (no feature rows are read: the folder's CSR alone, through its map).
+own most gathered rows, chosen after them: no cache of that size does better on them). Beside
+them, the **look-ahead** bound: a cache of the same size whose rows are replaced between batches
+knowing every later batch (Belady's rule: after each batch keep the rows needed soonest, drop
+those never needed again; filled before the first batch as the static caches are), the best any cache refilled between batches can do
+on them, which Ginex's superbatch caching approaches within its window. The CPU busy share of
+both cores over the run (/proc/stat) is printed with the load average (no feature rows are read:
+the folder's CSR alone, through its map).
 
     python -m benchmarks.memory.cache_hit_rate --folder /work/data/shared/papers100m-0.1 \\
         --cache 725M --batches 50
@@ -36,6 +41,46 @@ def cpu_times() -> tuple[int, int]:
     except OSError:
         return 0, 0
     return v[3] + v[4], sum(v)  # idle + iowait
+
+
+def lookahead_hits(batches: list[np.ndarray], n: int, k: int) -> int:
+    """Rows of ``batches`` (each batch's distinct node ids) that a cache of ``k`` rows serves when
+    its rows are replaced between batches with every later batch known: after batch t it holds
+    the ``k`` rows (of those it held and batch t's) whose next use comes soonest, none that is
+    never used again (Belady's rule; optimal for a cache that may also leave a row out). Starts
+    empty."""
+    never = len(batches)
+    nxt: list[np.ndarray] = []  # per batch: the batch that next needs each of its rows
+    last = np.full(n, never, dtype=np.int64)
+    for t in range(len(batches) - 1, -1, -1):
+        ids = batches[t]
+        nxt.append(last[ids])
+        last[ids] = t
+    nxt.reverse()
+    # filled before the first batch, as the static caches are: the rows first needed soonest
+    first = np.flatnonzero(last < never)
+    if first.size > k:
+        first = first[np.argpartition(last[first], k - 1)[:k]] if k else first[:0]
+    held, held_next = first.astype(np.int64), last[first]
+    in_cache, mark = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    in_cache[held] = True
+    hits = 0
+    for t, ids in enumerate(batches):
+        hits += int(in_cache[ids].sum())
+        mark[ids] = True
+        keep = ~mark[held]  # held rows this batch did not touch keep their next use
+        mark[ids] = False
+        rows = np.concatenate([held[keep], ids])
+        when = np.concatenate([held_next[keep], nxt[t]])
+        live = when < never
+        rows, when = rows[live], when[live]
+        if rows.size > k:
+            pick = np.argpartition(when, k - 1)[:k] if k else np.empty(0, np.int64)
+            rows, when = rows[pick], when[pick]
+        in_cache[held] = False
+        in_cache[rows] = True
+        held, held_next = rows, when
+    return hits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,13 +160,19 @@ def main(argv: list[str] | None = None) -> int:
             held[name] = mask
         gathered, hits = 0, {name: 0 for name in held}
         counts.zero_()  # rows gathered per node: the oracle's
+        kept: list[np.ndarray] = []  # every batch's rows, for the look-ahead bound
         t0 = time.perf_counter()
         for n_id in sampled(a.batches, a.seed):
             gathered += n_id.numel()
             counts += torch.bincount(n_id, minlength=n)
+            kept.append(n_id.numpy().astype(np.int64))
             for name, mask in held.items():
                 hits[name] += int(mask[n_id].sum())
         sample_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ahead_hits = lookahead_hits(kept, n, k)
+        ahead_s = time.perf_counter() - t0
+        del kept
         # the best any cache of k rows could have done on these batches (chosen after them)
         oracle = int(torch.topk(counts, k).values.sum()) if k else 0
         reached = int((counts > 0).sum())
@@ -131,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     res = {"cache_rows": k, "cache_bytes": k * row, "batches": a.batches,
            "rows_per_batch": gathered / max(1, a.batches), "sample_s": sample_s,
            "cpu_busy": busy, "load_1min": load, "oracle_hit_rate": oracle / max(1, gathered),
-           "nodes_reached": reached}  # fmt: skip
+           "nodes_reached": reached,
+           "lookahead": {"hit_rate": ahead_hits / max(1, gathered),
+                         "missed_rows_per_batch": (gathered - ahead_hits) / max(1, a.batches),
+                         "compute_s": ahead_s}}  # fmt: skip
     for name in held:
         rate = hits[name] / max(1, gathered)
         missed = (gathered - hits[name]) / max(1, a.batches)
@@ -144,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         f" oracle: hit rate {res['oracle_hit_rate']:.3f} (the batches' own most gathered "
         f"{k:,} rows, chosen after them); {reached / n:.1%} of nodes reached at all"
     )
+    la = res["lookahead"]
+    print(f" look-ahead: hit rate {la['hit_rate']:.3f}, {la['missed_rows_per_batch']:,.0f} rows "
+          f"missed a batch (Belady's rule between batches, every later batch known)")  # fmt: skip
     print(f"{a.batches} batches, {res['rows_per_batch']:,.0f} rows each, sampled in "
           f"{sample_s:.1f} s; CPU busy {busy:.0%} of both cores; load (1 min) "
           + " / ".join(f"{x:.1f}" for x in load))  # fmt: skip
