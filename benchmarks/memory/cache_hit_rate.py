@@ -9,13 +9,14 @@ compiled sampler at ``--fanouts``) and every batch's rows (``n_id``) are looked 
 caches: the share served by each (rows served / rows gathered) and the rows each leaves to be
 read per batch. Two references: a presampled cache (GNNLab's, Yang et al. EuroSys'22: the rows
 most gathered by ``--presample`` other batches, timed too) and the oracle (the counted batches'
-own most gathered rows, chosen after them: no cache of that size does better on them). Beside
-them, the **look-ahead** bound: a cache of the same size whose rows are replaced between batches
-knowing every later batch (Belady's rule: after each batch keep the rows needed soonest, drop
-those never needed again; filled before the first batch as the static caches are), the best any cache refilled between batches can do
-on them, which Ginex's superbatch caching approaches within its window. The CPU busy share of
-both cores over the run (/proc/stat) is printed with the load average (no feature rows are read:
-the folder's CSR alone, through its map).
+own most gathered rows, chosen after them: no static cache of that size does better on them).
+Beside them, the **look-ahead** bound: a cache of the same size whose rows are replaced between
+batches knowing every later batch (Belady's rule: after each batch keep the rows needed soonest,
+drop those never needed again; filled before the first batch as the static caches are), the
+best any cache refilled between batches can do on them, which Ginex's superbatch caching
+approaches within its window. The CPU busy share of both cores over the run (/proc/stat) is
+printed with the load average (no feature rows are read: the folder's CSR alone, through its
+map).
 
     python -m benchmarks.memory.cache_hit_rate --folder /work/data/shared/papers100m-0.1 \\
         --cache 725M --batches 50

@@ -82,7 +82,7 @@ from gnnpar.strategies.spec import (
     Advice,
     StrategySpec,
 )
-from gnnpar.training.sources import assign_parts, batch_ahead_allowed, epoch_order
+from gnnpar.training.sources import PREFETCH, assign_parts, batch_ahead_allowed, epoch_order
 
 # The default grid (issue 22): the settings the studies vary
 SYNC_EVERY = (1, 20)
@@ -765,38 +765,36 @@ def _simulate_sampled(r: _Run) -> sim.SimResult:
     share = b.get("slowed_share", prof.slowed_share)
     if w:  # receiving a worker's batch comes before the step's clock: never slowed
         share *= b.get("compute_recv_s", compute) / max(compute, 1e-12)
-    # loader workers make batches on the cores the ranks leave idle first: every rank idles
-    # while the slowest one pauses (DDP's all-reduce holds the others), so a worker's
-    # batch time-shares a step only as far as it does not fit in that pause
     # from disk: the batch's maker (a worker or the thread, overlapped with the rank's compute;
     # else the rank) also waits for the reads the cache and the page cache miss (no core)
     disk = io_per_step(prof, sampled_key(prof, s["batch_size"], world))
     io = disk["io_s"] * seeds if disk else 0.0
     ahead = made_on_thread(w, across, disk)
     makers = w or int(ahead)  # the thread shares the rank's cores as a busy worker would
+    # loader workers make batches on the cores the ranks leave idle first: every rank idles
+    # while the slowest one pauses (DDP's all-reduce holds the others), so a worker's
+    # batch time-shares a step only as far as it does not fit in that pause
     idle = _pause_per_step(strag, compute * share) * prof.threads
     busy = min(makers, max(0.0, sample - idle) / max(compute, 1e-9)) if makers else 0.0
     corun = _slowdown(prof, per_host, busy, "sampled_corun_factor")
     f = corun * seeds
     key = f"sampled{sampled_key(prof, s['batch_size'], world)}"
     strag = _resumed(replace(strag, slowed_share=share), prof, key, corun)
+    # across shards the exchange is the batch's making where the thread makes it (batch i+1
+    # while the rank trains on i, one batch ahead), the rank's step where it is made in line
+    in_step, in_making = (0.0, exchange) if ahead else (exchange, 0.0)
 
     def run_sampled(speed: list[float]) -> sim.SimResult:
-        if ahead:  # batch i+1 (its making, exchanges and reads) while the rank trains on i
-            return sim.sampled(
-                cluster, steps, epochs, compute * f + loop, sample * f + io + exchange, 1,
-                prof.param_bytes, strag, prefetch=1, start_s=b.get("first_batch_s", 0.0),
-                speed=speed,
-            )  # fmt: skip
         return sim.sampled(
             cluster,
             steps,
             epochs,
-            compute * f + loop + exchange,
-            sample * f + io,
-            w,
+            compute * f + loop + in_step,
+            sample * f + io + in_making,
+            makers,
             prof.param_bytes,
             strag,
+            prefetch=1 if ahead else PREFETCH,
             start_s=prof.loader_start_s if w else b.get("first_batch_s", 0.0),
             speed=speed,
         )
